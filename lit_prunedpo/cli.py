@@ -1,0 +1,48 @@
+"""The ``lit-prunedpo`` command: a LightningCLI over ``PrunedDPO`` and any LightningDataModule.
+
+Subcommands ``fit``, ``validate``, ``test`` (and ``--print_config``) come from LightningCLI; the data module
+is chosen by ``class_path`` like every other plug-in. The quickstart config ships inside the package and is
+the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone trains the quickstart. A given
+``--config`` is used alone, so nothing from the quickstart leaks into it unseen.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import resources
+from pathlib import Path
+
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.cli import LightningCLI
+
+from lit_prunedpo.module import PrunedDPO
+
+
+def quickstart_config() -> Path:
+    """Path of the packaged ``configs/quickstart.yaml``."""
+    return Path(str(resources.files("lit_prunedpo.configs").joinpath("quickstart.yaml")))
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
+    given = sys.argv[1:] if args is None else args
+    has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in given)
+    defaults = [] if has_config else [str(quickstart_config())]
+    return LightningCLI(
+        PrunedDPO,
+        LightningDataModule,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")},
+        args=args,
+        run=run,
+    )
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``lit-prunedpo`` and ``python -m lit_prunedpo``."""
+    build_cli(args)
+
+
+if __name__ == "__main__":
+    main()

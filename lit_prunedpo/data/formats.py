@@ -1,0 +1,223 @@
+"""Preference-row formats (TRL's) and the checks that turn a raw row into a prompt and two responses.
+
+Three formats are read, detected once from the dataset's column types (Arrow columns hold one type, so
+this is the first row's shape, but a bad first row cannot mislead it):
+
+* ``explicit``: ``{"prompt": str, "chosen": str, "rejected": str}``;
+* ``implicit``: ``{"chosen": str, "rejected": str}`` full dialogues (Anthropic HH-RLHF style). The prompt
+  is the shared prefix of both texts up to and including its last ``"\\n\\nAssistant:"``; a pair whose
+  shared prefix holds no such marker is refused rather than guessed at;
+* ``conversational``: ``prompt`` a list of ``{"role", "content"}`` messages, ``chosen``/``rejected``
+  lists of assistant messages, later rendered with the tokenizer's chat template.
+
+A row that cannot be used raises :class:`BadRow` naming the field and one of :data:`BAD_ROW_KINDS`;
+the data module decides whether that stops the run or skips the row (and counts it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence, Union
+
+EXPLICIT, IMPLICIT, CONVERSATIONAL = "explicit", "implicit", "conversational"
+ASSISTANT_MARKER = "\n\nAssistant:"
+
+#: Every way a row can be bad, with the phrase an error message uses for it.
+BAD_ROW_KINDS: dict[str, str] = {
+    "missing": "is missing (absent or null)",
+    "wrong_type": "has the wrong type",
+    "empty": "is empty",
+    "identical": "is identical to the other response, so the pair states no preference",
+    "prompt_not_prefix": "does not share a prompt with the other response",
+}
+
+Messages = list[dict[str, Any]]
+Text = Union[str, Messages]
+
+
+class BadRow(ValueError):
+    """A row that cannot be used, with the field at fault and its kind (a key of :data:`BAD_ROW_KINDS`)."""
+
+    def __init__(self, field: str, kind: str, detail: str = "") -> None:
+        if kind not in BAD_ROW_KINDS:
+            raise KeyError(f"unknown bad-row kind {kind!r}")
+        self.field, self.kind, self.detail = field, kind, detail
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        text = f"field {self.field!r} {BAD_ROW_KINDS[self.kind]} (kind '{self.kind}')"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Names of the three columns a preference row is read from."""
+
+    prompt: str = "prompt"
+    chosen: str = "chosen"
+    rejected: str = "rejected"
+
+
+@dataclass(frozen=True)
+class TextPair:
+    """A prompt and its two responses: strings, or message lists in the conversational format."""
+
+    prompt: Text
+    chosen: Text
+    rejected: Text
+
+
+def _type_name(feature: Any) -> str:
+    return type(feature).__name__
+
+
+def _is_string_feature(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def _is_list_feature(feature: Any) -> bool:
+    # datasets >= 4 calls it List/LargeList, older releases Sequence; a plain python list is the legacy spelling.
+    return isinstance(feature, list) or _type_name(feature) in ("List", "LargeList", "Sequence")
+
+
+def detect_format(features: Mapping[str, Any], columns: Columns, source: str) -> str:
+    """Say which format a dataset is in from its column types.
+
+    Args:
+        features: the dataset's ``features`` (column name -> feature).
+        columns: the configured column names.
+        source: the file or dataset name, for error messages.
+
+    Returns:
+        One of ``"explicit"``, ``"implicit"``, ``"conversational"``.
+
+    Raises:
+        ValueError: a response column is absent, or the columns have types no format uses.
+    """
+    available = sorted(features)
+    for name, role in ((columns.chosen, "chosen_column"), (columns.rejected, "rejected_column")):
+        if name not in features:
+            raise ValueError(
+                f"{source}: no column {name!r} (set by {role}); the columns are {available}"
+            )
+    if columns.prompt in features:
+        prompt = features[columns.prompt]
+        if _is_list_feature(prompt):
+            return CONVERSATIONAL
+        if _is_string_feature(prompt) or _type_name(prompt) == "Json":
+            return EXPLICIT
+        raise ValueError(
+            f"{source}: column {columns.prompt!r} holds {prompt!r}; expected strings (explicit prompt) "
+            "or lists of {'role', 'content'} messages (conversational)"
+        )
+    if _is_list_feature(features[columns.chosen]):
+        raise ValueError(
+            f"{source}: conversational rows without a {columns.prompt!r} column (implicit-prompt conversations) "
+            "are not supported; split the prompt messages into their own column"
+        )
+    return IMPLICIT
+
+
+def _require_str(row: Mapping[str, Any], column: str, allow_empty: bool = False) -> str:
+    value = row.get(column)
+    if value is None:
+        raise BadRow(column, "missing")
+    if not isinstance(value, str):
+        raise BadRow(column, "wrong_type", f"expected a string, got {type(value).__name__}")
+    if not value and not allow_empty:
+        raise BadRow(column, "empty")
+    return value
+
+
+def _require_messages(row: Mapping[str, Any], column: str) -> Messages:
+    value = row.get(column)
+    if value is None:
+        raise BadRow(column, "missing")
+    if not isinstance(value, (list, tuple)):
+        raise BadRow(column, "wrong_type", f"expected a list of messages, got {type(value).__name__}")
+    if not value:
+        raise BadRow(column, "empty", "no messages")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, Mapping):
+            raise BadRow(column, "wrong_type", f"message {i} is a {type(message).__name__}, not a mapping")
+        for key in ("role", "content"):
+            if message.get(key) is None:
+                raise BadRow(column, "missing", f"message {i} has no {key!r}")
+            if not isinstance(message[key], str):
+                raise BadRow(column, "wrong_type", f"message {i} {key!r} is a {type(message[key]).__name__}")
+        messages.append(dict(message))
+    return messages
+
+
+def split_implicit_prompt(chosen: str, rejected: str, columns: Columns) -> TextPair:
+    """Cut two full dialogues into their shared prompt and the two responses.
+
+    The prompt is the longest common prefix of both texts, cut back to just after its last
+    :data:`ASSISTANT_MARKER`, so a response that happens to begin with the same words stays whole.
+
+    Raises:
+        BadRow: the texts share no marker-delimited prefix, or a response is empty.
+    """
+    common = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        common += 1
+    cut = chosen.rfind(ASSISTANT_MARKER, 0, common)
+    if cut < 0:
+        if ASSISTANT_MARKER not in chosen:
+            raise BadRow(columns.chosen, "prompt_not_prefix", f"no {ASSISTANT_MARKER!r} marker in the text")
+        raise BadRow(
+            columns.rejected,
+            "prompt_not_prefix",
+            f"it does not start with the prompt of {columns.chosen!r} (the text up to its {ASSISTANT_MARKER!r})",
+        )
+    end = cut + len(ASSISTANT_MARKER)
+    prompt, chosen_response, rejected_response = chosen[:end], chosen[end:], rejected[end:]
+    for column, response in ((columns.chosen, chosen_response), (columns.rejected, rejected_response)):
+        if not response:
+            raise BadRow(column, "empty", f"nothing follows the last {ASSISTANT_MARKER!r}")
+    return TextPair(prompt, chosen_response, rejected_response)
+
+
+def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair:
+    """Check one raw row and return its prompt and responses.
+
+    An empty explicit prompt is allowed (an unconditional preference): the tokenizer step gives every
+    prompt at least one token.
+
+    Raises:
+        BadRow: the row is unusable; its ``field`` and ``kind`` say why.
+    """
+    if fmt == CONVERSATIONAL:
+        prompt: Text = _require_messages(row, columns.prompt)
+        chosen: Text = _require_messages(row, columns.chosen)
+        rejected: Text = _require_messages(row, columns.rejected)
+        for column, messages in ((columns.chosen, chosen), (columns.rejected, rejected)):
+            if not any(m["content"] for m in messages):
+                raise BadRow(column, "empty", "every message has empty content")
+    elif fmt == EXPLICIT:
+        prompt = _require_str(row, columns.prompt, allow_empty=True)
+        chosen = _require_str(row, columns.chosen)
+        rejected = _require_str(row, columns.rejected)
+    elif fmt == IMPLICIT:
+        chosen = _require_str(row, columns.chosen)
+        rejected = _require_str(row, columns.rejected)
+        if chosen == rejected:
+            raise BadRow(columns.rejected, "identical")
+        return split_implicit_prompt(chosen, rejected, columns)
+    else:
+        raise ValueError(f"unknown format {fmt!r}")
+    if chosen == rejected:
+        raise BadRow(columns.rejected, "identical")
+    return TextPair(prompt, chosen, rejected)
+
+
+def count_kinds(kinds: Sequence[str]) -> dict[str, int]:
+    """Count bad-row kinds (empty strings mark good rows), listing every kind so zeros show too."""
+    counts = dict.fromkeys(BAD_ROW_KINDS, 0)
+    for kind in kinds:
+        if kind:
+            counts[kind] += 1
+    return counts

@@ -1,0 +1,393 @@
+"""``PreferenceDataModule``: preference pairs from a file or the hub, tokenized once, batched as ``PreferenceBatch``.
+
+The pipeline per split: load (:mod:`~lit_prunedpo.data.sources`) -> detect the format
+(:mod:`~lit_prunedpo.data.formats`) -> one cached ``datasets.map`` that checks, renders and tokenizes
+every row (:mod:`~lit_prunedpo.data.tokenize`) -> apply the bad-row policy and drop pairs left with an
+empty response (counted, never silent) -> hold out a seeded validation share when there is no
+validation split -> length statistics, logged once -> DataLoaders (length-grouped order for training,
+:mod:`~lit_prunedpo.data.length_grouped`).
+
+``index`` in every batch is the row's number in the split it was read from, counted before any row is
+dropped; a validation share held out of the training split keeps the training split's numbering, so
+one reference-logprob cache per loaded split is keyed consistently.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from lit_prunedpo.batch import collate_pairs
+from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
+from lit_prunedpo.data.length_grouped import LengthGroupedSampler
+from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler
+from lit_prunedpo.data.sources import is_single_split, load_split
+from lit_prunedpo.data.stats import format_stats, summarize
+from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer
+
+BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
+
+
+@dataclass
+class _Built:
+    """What one pass of the pipeline yields: the two splits, training lengths and statistics."""
+
+    stats: dict[str, Any]
+    train: datasets.Dataset
+    val: datasets.Dataset
+    train_lengths: np.ndarray
+
+
+class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
+    """Preference pairs (prompt, chosen, rejected) for DPO, batched as :class:`~lit_prunedpo.batch.PreferenceBatch`.
+
+    Reads TRL's three formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
+    prompt ``{"chosen", "rejected"}`` full dialogues whose prompt is their shared prefix up to and
+    including the last ``"\\n\\nAssistant:"`` (HH-RLHF); conversational, with message lists rendered by the
+    tokenizer's chat template. The format is detected from the column types.
+
+    Tokenization runs once in a ``datasets.map`` cached by fingerprint. Prompts keep their end
+    (left-truncated to ``max_prompt_length``) and get BOS in front when the tokenizer has one; a prompt
+    that tokenizes to nothing becomes the single token BOS, else EOS, else pad. Plain-text responses
+    get EOS appended and keep their start, so that prompt + response <= ``max_length``. Pairs left with
+    an empty response are dropped and counted in :attr:`stats`.
+
+    Args:
+        path: Where the pairs are: a local ``.json``, ``.jsonl``, ``.jsonl.gz``, ``.parquet`` or ``.csv``
+            file, a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``, or a hub
+            dataset name (``datasets.load_dataset(path, split=...)``).
+        tokenizer: Tokenizer name or path for ``AutoTokenizer.from_pretrained``; ``"byt5"`` builds the
+            byte-level ``ByT5Tokenizer()``, which needs no files.
+        train_split: Split to train on. A single file or saved ``Dataset`` has no splits and is used whole.
+        val_split: Split to validate on; None holds out ``val_fraction`` of the training split instead.
+        val_fraction: Share of the training split held out for validation (seeded) when ``val_split`` is None;
+            must be in (0, 1).
+        seed: Seed of the validation hold-out and of the training order (with the epoch).
+        batch_size: Pairs per training batch (per device).
+        val_batch_size: Pairs per validation batch; None uses ``batch_size``.
+        max_length: Most tokens of a prompt plus one response.
+        max_prompt_length: Most prompt tokens (a longer prompt keeps its end); must be < ``max_length``.
+        prompt_column: Column holding the prompt (absent in the implicit-prompt format).
+        chosen_column: Column holding the preferred response.
+        rejected_column: Column holding the dispreferred response.
+        chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
+            tokenizer has none; it replaces the tokenizer's own.
+        on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses, no shared
+            prompt) does: "error" stops with one message naming the source, row, field and kind; "skip"
+            drops such rows and counts them by kind in ``stats``.
+        group_by_length: Order training pairs so that each batch holds similar lengths (less padding).
+        num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
+        num_workers: DataLoader worker processes.
+        max_rows: Keep only the first N rows of each loaded split (for quick runs), before the hold-out.
+
+    Raises:
+        ValueError: an argument is out of range, or the chat template file is unreadable.
+
+    Example:
+        >>> dm = PreferenceDataModule("pairs.jsonl", tokenizer="byt5", max_rows=100)  # doctest: +SKIP
+        >>> dm.setup("fit"); batch = next(iter(dm.train_dataloader()))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer: str,
+        train_split: str = "train",
+        val_split: str | None = None,
+        val_fraction: float = 0.05,
+        seed: int = 0,
+        batch_size: int = 8,
+        val_batch_size: int | None = None,
+        max_length: int = 512,
+        max_prompt_length: int = 256,
+        prompt_column: str = "prompt",
+        chosen_column: str = "chosen",
+        rejected_column: str = "rejected",
+        chat_template: str | None = None,
+        on_bad_row: Literal["error", "skip"] = "error",
+        group_by_length: bool = True,
+        num_proc: int | None = None,
+        num_workers: int = 0,
+        max_rows: int | None = None,
+    ) -> None:
+        super().__init__()
+        _check_args(
+            val_fraction=val_fraction,
+            batch_size=batch_size,
+            val_batch_size=val_batch_size,
+            max_length=max_length,
+            max_prompt_length=max_prompt_length,
+            on_bad_row=on_bad_row,
+            num_proc=num_proc,
+            num_workers=num_workers,
+            max_rows=max_rows,
+        )
+        if len({prompt_column, chosen_column, rejected_column}) < 3:
+            raise ValueError(
+                f"prompt_column, chosen_column and rejected_column must differ, got "
+                f"{prompt_column!r}, {chosen_column!r}, {rejected_column!r}"
+            )
+        self.save_hyperparameters()
+        self.path = path
+        self.train_split = train_split
+        self.val_split = val_split
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.max_length = max_length
+        self.max_prompt_length = max_prompt_length
+        self.columns = Columns(prompt_column, chosen_column, rejected_column)
+        self.on_bad_row = on_bad_row
+        self.group_by_length = group_by_length
+        self.num_proc = num_proc
+        self.num_workers = num_workers
+        self.max_rows = max_rows
+        self.tokenizer = load_tokenizer(tokenizer)
+        if chat_template is not None:
+            self.tokenizer.chat_template = _read_template(chat_template)
+        self.train_dataset: datasets.Dataset | None = None
+        self.val_dataset: datasets.Dataset | None = None
+        self.stats: dict[str, Any] = {}
+        self._train_lengths: np.ndarray | None = None
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id batches are padded with: the tokenizer's pad, else EOS, else 0 (masks mark real tokens)."""
+        for token_id in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
+            if token_id is not None:
+                return int(token_id)
+        return 0
+
+    @property
+    def vocab_size(self) -> int:
+        """``len(tokenizer)``: base vocabulary plus added tokens, the embedding rows a model needs."""
+        return len(self.tokenizer)
+
+    # -- building the splits -------------------------------------------------------------------------
+
+    def _source_name(self, split: str) -> str:
+        return self.path if is_single_split(self.path) else f"{self.path} (split {split!r})"
+
+    def _encode(self, split: str) -> tuple[datasets.Dataset, str, str]:
+        """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
+        if split == self.val_split and is_single_split(self.path):
+            raise ValueError(
+                f"{self.path} holds a single split, so val_split={split!r} cannot be read from it; leave "
+                "val_split unset to hold out val_fraction of it, or save a DatasetDict with that split"
+            )
+        source = self._source_name(split)
+        raw = load_split(self.path, split)
+        if self.max_rows is not None and len(raw) > self.max_rows:
+            raw = raw.select(range(self.max_rows))
+        if len(raw) == 0:
+            raise ValueError(f"{source}: no rows")
+        fmt = detect_format(raw.features, self.columns, source)
+        if fmt == CONVERSATIONAL and not self.tokenizer.chat_template:
+            name = self.tokenizer.name_or_path or type(self.tokenizer).__name__
+            raise ValueError(
+                f"{source} is conversational, but tokenizer {name!r} has no chat template to render it; "
+                "pass chat_template (a Jinja template string or file)"
+            )
+        encoder = PairEncoder(self.tokenizer, fmt, self.columns, self.max_length, self.max_prompt_length)
+        return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}"), fmt, source
+
+    def _check_bad_rows(self, encoded: datasets.Dataset, bad_kind: np.ndarray, source: str) -> None:
+        bad = np.flatnonzero(bad_kind != "")
+        if self.on_bad_row == "skip" or bad.size == 0:
+            return
+        row = encoded[int(bad[0])]
+        detail = f": {row['bad_detail']}" if row["bad_detail"] else ""
+        more = f"; {bad.size - 1} more bad rows follow" if bad.size > 1 else ""
+        raise ValueError(
+            f"{source}: row {row['index']} (0-based): field {row['bad_field']!r} "
+            f"{BAD_ROW_KINDS[row['bad_kind']]} (kind '{row['bad_kind']}'){detail}{more}. "
+            "Fix the data, or pass on_bad_row='skip' to drop such rows (they are counted in stats)"
+        )
+
+    def _split_stats(self, rows: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, Any]:
+        """Statistics of the split made of ``rows`` (positions in the encoded table)."""
+        good = rows[cols["bad_kind"][rows] == ""]
+        kept = rows[keep[rows]]
+        return {
+            "rows": int(rows.size),
+            "pairs": int(kept.size),
+            "bad_rows": count_kinds(cols["bad_kind"][rows].tolist()),
+            "dropped_empty_response": int(good.size - kept.size),
+            "truncated_prompts": int(cols["prompt_truncated"][kept].sum()),
+            "truncated_responses": int(cols["response_truncated"][kept].sum()),
+            "prompt_tokens": summarize(cols["prompt"][kept]),
+            "response_tokens": summarize(np.concatenate([cols["chosen"][kept], cols["rejected"][kept]])),
+        }
+
+    def _columns(self, encoded: datasets.Dataset) -> dict[str, np.ndarray]:
+        table = encoded.data
+        cols = {
+            name: pc.list_value_length(table.column(f"{name}_ids")).to_numpy(zero_copy_only=False)
+            for name in ("prompt", "chosen", "rejected")
+        }
+        cols["bad_kind"] = np.asarray(table.column("bad_kind").to_pylist(), dtype=object)
+        for flag in ("prompt_truncated", "response_truncated"):
+            cols[flag] = table.column(flag).to_numpy(zero_copy_only=False).astype(bool)
+        return cols
+
+    def _build(self) -> _Built:
+        encoded, fmt, source = self._encode(self.train_split)
+        cols = self._columns(encoded)
+        self._check_bad_rows(encoded, cols["bad_kind"], source)
+        keep = (cols["bad_kind"] == "") & (cols["chosen"] > 0) & (cols["rejected"] > 0)
+        rows = np.arange(len(encoded))
+        if self.val_split is None:
+            if len(encoded) < 2:
+                raise ValueError(f"{source}: {len(encoded)} row cannot be split into training and validation")
+            order = np.random.default_rng(self.seed).permutation(len(encoded))
+            n_val = min(max(1, round(len(encoded) * self.val_fraction)), len(encoded) - 1)
+            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+            val_encoded, val_cols, val_keep = encoded, cols, keep
+        else:
+            train_rows = rows
+            val_encoded, val_fmt, val_source = self._encode(self.val_split)
+            if val_fmt != fmt:
+                raise ValueError(f"{val_source} is in the {val_fmt} format but {source} in the {fmt} format")
+            val_cols = self._columns(val_encoded)
+            self._check_bad_rows(val_encoded, val_cols["bad_kind"], val_source)
+            val_keep = (val_cols["bad_kind"] == "") & (val_cols["chosen"] > 0) & (val_cols["rejected"] > 0)
+            val_rows = np.arange(len(val_encoded))
+        stats = {
+            "source": self.path,
+            "format": fmt,
+            "train": self._split_stats(train_rows, cols, keep),
+            "val": self._split_stats(val_rows, val_cols, val_keep),
+        }
+        for split, kept in (("train", train_rows[keep[train_rows]]), ("val", val_rows[val_keep[val_rows]])):
+            if kept.size == 0:
+                raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
+        train_kept = train_rows[keep[train_rows]]
+        longest_response = np.maximum(cols["chosen"][train_kept], cols["rejected"][train_kept])
+        return _Built(
+            stats=stats,
+            train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
+            val=val_encoded.select_columns(BATCH_COLUMNS).select(val_rows[val_keep[val_rows]]),
+            # A batch pads its prompts once and its responses twice (chosen, rejected): weigh them so.
+            train_lengths=cols["prompt"][train_kept] + 2 * longest_response,
+        )
+
+    # -- LightningDataModule hooks -------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Download and tokenize on one process per node, so that ``setup`` on every rank reads the cache.
+
+        Lightning forbids keeping state here (other ranks would not have it), so the result is dropped.
+        """
+        self._build()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the training and validation pairs (from the map cache when warm) and log their statistics once."""
+        if self.train_dataset is not None:
+            return
+        built = self._build()
+        self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
+        self.stats = built.stats
+        rank_zero_info(format_stats(self.stats))
+
+    def _collate(self) -> functools.partial:
+        return functools.partial(collate_pairs, pad_id=self.pad_token_id)
+
+    def _require_setup(self) -> None:
+        if self.train_dataset is None or self.val_dataset is None:
+            raise RuntimeError("PreferenceDataModule.setup() must run before its dataloaders are requested")
+
+    def _distributed(self) -> tuple[int, int]:
+        """(num_replicas, rank) when a trainer runs a distributed strategy, else (1, 0)."""
+        trainer = getattr(self, "trainer", None)
+        kwargs = getattr(trainer, "distributed_sampler_kwargs", None) if trainer is not None else None
+        if not kwargs:
+            return 1, 0
+        return int(kwargs.get("num_replicas", 1)), int(kwargs.get("rank", 0))
+
+    def train_dataloader(self) -> DataLoader:
+        """Training pairs, length-grouped (or shuffled) with an epoch-seeded order."""
+        self._require_setup()
+        assert self.train_dataset is not None and self._train_lengths is not None
+        num_replicas, rank = self._distributed()
+        sampler: ResumableSampler
+        if self.group_by_length:
+            sampler = LengthGroupedSampler(
+                self._train_lengths.tolist(), self.batch_size, seed=self.seed, num_replicas=num_replicas, rank=rank
+            )
+        else:
+            sampler = ResumableSampler(self.train_dataset, num_replicas=num_replicas, rank=rank, seed=self.seed)
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self.batch_size,
+            sampler=self.resume(sampler, self.batch_size),
+            collate_fn=self._collate(),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation pairs in dataset order."""
+        self._require_setup()
+        return DataLoader(
+            self.val_dataset,
+            batch_size=self.val_batch_size,
+            shuffle=False,
+            collate_fn=self._collate(),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+
+def _check_args(
+    *,
+    val_fraction: float,
+    batch_size: int,
+    val_batch_size: int | None,
+    max_length: int,
+    max_prompt_length: int,
+    on_bad_row: str,
+    num_proc: int | None,
+    num_workers: int,
+    max_rows: int | None,
+) -> None:
+    """Fail fast on arguments out of range, naming the argument."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if val_batch_size is not None and val_batch_size < 1:
+        raise ValueError(f"val_batch_size must be >= 1 or None, got {val_batch_size}")
+    if max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+    if max_prompt_length >= max_length:
+        raise ValueError(
+            f"max_prompt_length ({max_prompt_length}) must be < max_length ({max_length}) to leave room for responses"
+        )
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if num_proc is not None and num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1 or None, got {num_proc}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
+
+
+def _read_template(chat_template: str) -> str:
+    """A template given as a path to an existing file is read; anything else is the template itself."""
+    if "{" not in chat_template:
+        path = Path(chat_template).expanduser()
+        if path.is_file():
+            return path.read_text()
+        raise ValueError(f"chat_template {chat_template!r} is neither a Jinja template nor an existing file")
+    return chat_template

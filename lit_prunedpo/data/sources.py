@@ -1,0 +1,90 @@
+"""Open one split of preference data from a local file, a ``save_to_disk`` directory or the hub.
+
+Every local source goes through ``datasets`` so its rows live in Arrow cache files: that is what lets
+``Dataset.map`` cache the tokenized result by fingerprint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+
+#: Local file endings and the ``datasets`` builder that reads each (``.gz`` is decompressed by datasets).
+FILE_BUILDERS: dict[str, str] = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".json.gz": "json",
+    ".jsonl.gz": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
+
+
+def _builder_for(path: Path) -> str | None:
+    name = path.name.lower()
+    for ending, builder in FILE_BUILDERS.items():
+        if name.endswith(ending):
+            return builder
+    return None
+
+
+def _looks_local(path: str) -> bool:
+    """A string that names a file rather than a hub dataset (hub names like ``org/name-2.5`` pass)."""
+    return path.startswith(("/", "./", "../", "~")) or _builder_for(Path(path)) is not None
+
+
+def is_single_split(path: str) -> bool:
+    """True when ``path`` is one file or one saved ``Dataset``: a source with no split names."""
+    local = Path(path).expanduser()
+    if local.is_file():
+        return True
+    if local.is_dir():
+        return not (local / "dataset_dict.json").exists()
+    return False
+
+
+def load_split(path: str, split: str) -> datasets.Dataset:
+    """Load one split of a preference dataset.
+
+    Args:
+        path: a local ``.json``/``.jsonl``/``.jsonl.gz``/``.parquet``/``.csv`` file, a directory written by
+            ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, or a hub dataset name.
+        split: the split to read. A single file or a saved ``Dataset`` has no splits and is returned whole.
+
+    Raises:
+        FileNotFoundError: ``path`` looks like a local path but does not exist, or the hub load failed.
+        ValueError: the file ending is unknown, or the split is not in a saved ``DatasetDict``.
+    """
+    local = Path(path).expanduser()
+    if local.is_file():
+        builder = _builder_for(local)
+        if builder is None:
+            raise ValueError(
+                f"{path}: unknown file type; expected one of {sorted(FILE_BUILDERS)} or a save_to_disk directory"
+            )
+        try:
+            return datasets.load_dataset(builder, data_files=str(local.resolve()), split="train")
+        except Exception as err:  # datasets wraps Arrow/parse errors in many types; name the file once.
+            raise ValueError(f"{path}: could not read it as {builder}: {err}") from err
+    if local.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(local))
+        except FileNotFoundError as err:
+            raise FileNotFoundError(
+                f"{path}: a directory, but not one written by Dataset.save_to_disk or DatasetDict.save_to_disk"
+            ) from err
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(f"{path}: no split {split!r}; the splits are {sorted(loaded)}")
+            return loaded[split]
+        return loaded
+    if _looks_local(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    try:
+        return datasets.load_dataset(path, split=split)
+    except Exception as err:  # offline, unknown name, unknown split: all end here with the name in front.
+        raise FileNotFoundError(
+            f"{path}: no local file or directory has this path, and loading it as a hub dataset "
+            f"(split {split!r}) failed: {err}"
+        ) from err

@@ -1,0 +1,246 @@
+"""Turn checked preference rows into token ids once, inside ``datasets.map``, never per training step.
+
+Layout rules (what :func:`build_pair_ids` does):
+
+* the prompt gets BOS in front when the tokenizer has one and the ids do not already start with it
+  (ids are made with ``add_special_tokens=False``, so a tokenizer never adds it a second time);
+* a prompt left with no tokens gets one: BOS, else EOS, else the pad id, because the first response
+  token must be predicted from something;
+* a prompt longer than ``max_prompt_length`` keeps its **end** (the turn being answered), and keeps its
+  leading BOS;
+* plain-text responses get EOS appended (if the tokenizer has one); conversational ones do not, since
+  the chat template closes the turn itself;
+* responses keep their **start**, cut so that prompt + response <= ``max_length``.
+
+The map writes every row, bad ones included (with empty ids and their ``bad_kind``/``bad_field``), so
+the cached result does not depend on the bad-row policy; the data module filters afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import datasets
+from datasets.fingerprint import Hasher
+from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
+
+from lit_prunedpo.data.formats import CONVERSATIONAL, BadRow, Columns, TextPair, extract_pair
+
+#: Bump when the map's output changes, so old caches are not reused.
+ENCODING_VERSION = "1"
+
+OUTPUT_FEATURES = datasets.Features(
+    {
+        "index": datasets.Value("int64"),
+        "prompt_ids": datasets.List(datasets.Value("int32")),
+        "chosen_ids": datasets.List(datasets.Value("int32")),
+        "rejected_ids": datasets.List(datasets.Value("int32")),
+        "prompt_truncated": datasets.Value("bool"),
+        "response_truncated": datasets.Value("bool"),
+        "bad_kind": datasets.Value("string"),
+        "bad_field": datasets.Value("string"),
+        "bad_detail": datasets.Value("string"),
+    }
+)
+
+
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    """Load a tokenizer by hub name or local path; ``"byt5"`` builds the file-free byte-level ByT5 one."""
+    if name == "byt5":
+        return ByT5Tokenizer()
+    return AutoTokenizer.from_pretrained(name)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A stable hash of everything about the tokenizer that changes the ids (vocabulary, specials, template)."""
+    return Hasher.hash(tokenizer)
+
+
+def prompt_fallback_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The single token given to a prompt that tokenizes to nothing: BOS, else EOS, else pad."""
+    for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id):
+        if token_id is not None:
+            return int(token_id)
+    raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no BOS, EOS or pad token to start an empty prompt")
+
+
+@dataclass
+class EncodedPair:
+    """Token ids of one pair after the layout rules, and whether anything was cut."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    prompt_truncated: bool
+    response_truncated: bool
+
+
+def build_pair_ids(
+    prompt: Sequence[int],
+    chosen: Sequence[int],
+    rejected: Sequence[int],
+    *,
+    max_length: int,
+    max_prompt_length: int,
+    bos_id: int | None,
+    eos_id: int | None,
+    fallback_id: int,
+) -> EncodedPair:
+    """Apply the layout rules of this module to raw token ids.
+
+    Args:
+        prompt: prompt ids, without special tokens added by the tokenizer.
+        chosen: chosen-response ids.
+        rejected: rejected-response ids.
+        max_length: most tokens of prompt + one response.
+        max_prompt_length: most prompt tokens (BOS included).
+        bos_id: put in front of the prompt when not None and not already there.
+        eos_id: appended to each response when not None (pass None for chat-rendered responses).
+        fallback_id: the single prompt token when the prompt is empty and there is no BOS.
+
+    Returns:
+        The ids; a response may come back empty (the caller drops and counts such pairs).
+    """
+    prompt = list(prompt)
+    if bos_id is not None and (not prompt or prompt[0] != bos_id):
+        prompt.insert(0, bos_id)
+    if not prompt:
+        prompt = [fallback_id]
+    prompt_truncated = len(prompt) > max_prompt_length
+    if prompt_truncated:
+        # Keep the end (the turn being answered) and a leading BOS, which models are trained to see first.
+        head = prompt[:1] if bos_id is not None and prompt[0] == bos_id and max_prompt_length > 1 else []
+        prompt = head + prompt[len(prompt) - (max_prompt_length - len(head)):]
+    room = max(max_length - len(prompt), 0)
+    responses = []
+    response_truncated = False
+    for response in (chosen, rejected):
+        response = list(response) + ([eos_id] if eos_id is not None else [])
+        response_truncated |= len(response) > room
+        responses.append(response[:room])
+    return EncodedPair(prompt, responses[0], responses[1], prompt_truncated, response_truncated)
+
+
+class PairEncoder:
+    """The batched ``datasets.map`` function: check, render, tokenize and lay out rows.
+
+    Args:
+        tokenizer: the tokenizer (with a chat template for the conversational format).
+        fmt: the detected format (:mod:`lit_prunedpo.data.formats`).
+        columns: the column names rows are read from.
+        max_length: most tokens of prompt + one response.
+        max_prompt_length: most prompt tokens.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        fmt: str,
+        columns: Columns,
+        max_length: int,
+        max_prompt_length: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.columns = columns
+        self.max_length = max_length
+        self.max_prompt_length = max_prompt_length
+
+    def fingerprint(self, parent: str) -> str:
+        """The cache key of this map over a dataset whose fingerprint is ``parent``."""
+        return Hasher.hash(
+            [
+                parent,
+                ENCODING_VERSION,
+                self.fmt,
+                self.columns,
+                self.max_length,
+                self.max_prompt_length,
+                tokenizer_fingerprint(self.tokenizer),
+            ]
+        )
+
+    def _render(self, pair: TextPair) -> tuple[str, str, str]:
+        """Chat-render a conversational pair; each response is the text its turn adds after the prompt."""
+        prompt = self.tokenizer.apply_chat_template(pair.prompt, tokenize=False, add_generation_prompt=True)
+        responses = []
+        for column, messages in ((self.columns.chosen, pair.chosen), (self.columns.rejected, pair.rejected)):
+            full = self.tokenizer.apply_chat_template(pair.prompt + messages, tokenize=False)
+            if not full.startswith(prompt):
+                raise BadRow(
+                    column,
+                    "prompt_not_prefix",
+                    "the chat template renders the prompt differently once this response follows it",
+                )
+            responses.append(full[len(prompt):])
+        return prompt, responses[0], responses[1]
+
+    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {name: [] for name in OUTPUT_FEATURES}
+        texts: list[tuple[str, str, str]] = []
+        good: list[int] = []
+        names = list(batch)
+        for position, index in enumerate(indices):
+            row = {name: batch[name][position] for name in names}
+            kind = field = detail = ""
+            try:
+                pair = extract_pair(row, self.fmt, self.columns)
+                if self.fmt == CONVERSATIONAL:
+                    texts.append(self._render(pair))
+                else:
+                    texts.append((pair.prompt, pair.chosen, pair.rejected))  # type: ignore[arg-type]
+                good.append(position)
+            except BadRow as bad:
+                kind, field, detail = bad.kind, bad.field, bad.detail
+            out["index"].append(index)
+            out["bad_kind"].append(kind)
+            out["bad_field"].append(field)
+            out["bad_detail"].append(detail)
+            for name in ("prompt_ids", "chosen_ids", "rejected_ids"):
+                out[name].append([])
+            out["prompt_truncated"].append(False)
+            out["response_truncated"].append(False)
+        if not texts:
+            return out
+        # One tokenizer call per column and batch: fast tokenizers parallelize inside it.
+        encoded = [
+            self.tokenizer([t[k] for t in texts], add_special_tokens=False)["input_ids"] for k in range(3)
+        ]
+        tok = self.tokenizer
+        eos = tok.eos_token_id if self.fmt != CONVERSATIONAL else None
+        fallback = prompt_fallback_id(tok)
+        for j, position in enumerate(good):
+            pair = build_pair_ids(
+                encoded[0][j],
+                encoded[1][j],
+                encoded[2][j],
+                max_length=self.max_length,
+                max_prompt_length=self.max_prompt_length,
+                bos_id=tok.bos_token_id,
+                eos_id=eos,
+                fallback_id=fallback,
+            )
+            out["prompt_ids"][position] = pair.prompt_ids
+            out["chosen_ids"][position] = pair.chosen_ids
+            out["rejected_ids"][position] = pair.rejected_ids
+            out["prompt_truncated"][position] = pair.prompt_truncated
+            out["response_truncated"][position] = pair.response_truncated
+        return out
+
+
+def encode_split(
+    raw: datasets.Dataset, encoder: PairEncoder, num_proc: int | None = None, desc: str = "Tokenizing pairs"
+) -> datasets.Dataset:
+    """Run :class:`PairEncoder` over a split, cached under a fingerprint of the inputs and settings."""
+    return raw.map(
+        encoder,
+        batched=True,
+        batch_size=1000,
+        with_indices=True,
+        remove_columns=raw.column_names,
+        features=OUTPUT_FEATURES,
+        num_proc=num_proc,
+        new_fingerprint=encoder.fingerprint(raw._fingerprint),
+        desc=desc,
+    )

@@ -1,0 +1,105 @@
+"""Model sources: where a policy or reference model comes from, chosen by ``class_path`` in a config.
+
+``Pretrained`` loads a ``transformers`` causal LM by hub name or local path (real loading code; this
+project's tests run it on local copies). ``FromConfig`` builds a randomly initialised model from a config,
+which is what the tests and the quickstart use.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or null, got {name!r}")
+    return _DTYPES[name]
+
+
+class ModelSource(ABC):
+    """Builds an ``nn.Module`` causal LM (a ``transformers`` ``*ForCausalLM``)."""
+
+    @abstractmethod
+    def build(self) -> nn.Module:
+        """Return a new model."""
+
+
+class Pretrained(ModelSource):
+    """A pretrained causal LM from the hub or a local directory, via ``AutoModelForCausalLM.from_pretrained``.
+
+    Args:
+        name_or_path: hub model id (e.g. ``gpt2``) or a local directory saved with ``save_pretrained``.
+        dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``); ``None`` keeps the checkpoint's.
+        revision: hub revision (branch, tag or commit).
+        attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` lets transformers pick.
+        trust_remote_code: allow model code from the hub repository.
+    """
+
+    def __init__(
+        self,
+        name_or_path: str,
+        dtype: str | None = None,
+        revision: str | None = None,
+        attn_implementation: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.name_or_path = name_or_path
+        self.dtype = _dtype(dtype)
+        self.revision = revision
+        self.attn_implementation = attn_implementation
+        self.trust_remote_code = trust_remote_code
+
+    def build(self) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
+        if self.revision is not None:
+            kwargs["revision"] = self.revision
+        if self.attn_implementation is not None:
+            kwargs["attn_implementation"] = self.attn_implementation
+        if self.dtype is not None:
+            kwargs["dtype"] = self.dtype
+        looks_local = Path(self.name_or_path).expanduser().exists()
+        try:
+            return AutoModelForCausalLM.from_pretrained(str(Path(self.name_or_path).expanduser()) if looks_local else self.name_or_path, **kwargs)
+        except OSError as err:
+            where = "local directory" if looks_local else "hub model id (set HF_HUB_OFFLINE=1 to fail fast offline)"
+            raise OSError(f"could not load a causal LM from {self.name_or_path!r} as a {where}: {err}") from err
+
+
+class FromConfig(ModelSource):
+    """A randomly initialised causal LM built from a ``transformers`` config.
+
+    Args:
+        model_type: a ``transformers`` model type, e.g. ``llama``, ``gpt2``, ``qwen2``.
+        config: keyword arguments of that model type's config (sizes, vocabulary, ...).
+        seed: seed of the weight initialisation; the global RNG is left untouched.
+        dtype: parameter dtype; ``None`` is float32.
+    """
+
+    def __init__(self, model_type: str = "llama", config: dict[str, Any] | None = None, seed: int = 0, dtype: str | None = None) -> None:
+        self.model_type = model_type
+        self.config = dict(config or {})
+        self.seed = int(seed)
+        self.dtype = _dtype(dtype)
+
+    def build(self) -> nn.Module:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        try:
+            config = AutoConfig.for_model(self.model_type, **self.config)
+        except ValueError as err:
+            raise ValueError(f"FromConfig: unknown model_type {self.model_type!r}: {err}") from err
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = AutoModelForCausalLM.from_config(config)
+        return model.to(self.dtype) if self.dtype is not None else model

@@ -1,0 +1,242 @@
+"""``PrunedDPO``: the LightningModule that wires samplers, scorer, reference and loss into a DPO step.
+
+A training step reads in the order data flows:
+
+    plan      samplers draw branches, prefixes and positions (``plan.plan_step``), before any compute
+    execute   one forward per row group: the gradient rows, then the no-grad rows (``scoring``),
+              and the reference on the same truncated inputs (``reference``)
+    estimate  IPW sums, margin and the single-branch surrogate (``estimate.estimate``)
+    backward  Lightning back-propagates the returned objective
+
+With every sampler at "no pruning" this is concatenated DPO: one forward of the ``2B`` rows with a graph and
+one reference forward. Validation and test always compute the exact, unpruned objective, so runs with
+different samplers compare.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
+from lit_prunedpo.estimate import Estimate, estimate
+from lit_prunedpo.losses import MarginLoss, SigmoidLoss
+from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
+from lit_prunedpo.models import ModelSource
+from lit_prunedpo.optim import WarmupCosineLR
+from lit_prunedpo.plan import RowGroup, StepPlan, plan_step
+from lit_prunedpo.reference import OnlineReference, ReferenceSource
+from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.samplers import (
+    AllPositions,
+    BothBranches,
+    BranchSampler,
+    FullPrefix,
+    PositionSampler,
+    PrefixSampler,
+)
+from lit_prunedpo.scoring import TokenScorer, group_inputs
+
+_EXACT = (FullPrefix(), AllPositions(), BothBranches())
+
+
+class PrunedDPO(L.LightningModule):
+    """DPO with random pruning of positions, prefixes and branches, re-weighted to stay unbiased.
+
+    Args:
+        policy: where the trainable policy comes from (``lit_prunedpo.models.FromConfig`` or ``Pretrained``).
+        reference: source of reference log-probs; ``None`` is a frozen copy of the initial policy, run online.
+        loss: the margin loss; ``None`` is DPO's sigmoid loss.
+        beta: DPO's inverse temperature (> 0).
+        prefix_sampler: which response prefixes run; ``None`` keeps them whole.
+        position_sampler: which kept positions are scored; ``None`` scores all.
+        branch_sampler: which branches get a gradient; ``None`` back-propagates both.
+        scorer: how per-token log-probs are computed from the model; ``None`` is ``TokenScorer``.
+        optimizer: optimizer factory over the policy's trainable parameters; ``None`` is ``torch.optim.AdamW``
+            with its defaults.
+        scheduler: learning-rate scheduler factory, stepped every optimizer step; ``None`` keeps the rate.
+        sampler_seed: seed of the samplers' dedicated generator; ``None`` uses the run's ``seed_everything``
+            seed (``PL_GLOBAL_SEED``), or 0.
+        gradient_checkpointing: recompute the policy's activations in backward (less memory, more time).
+        on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
+            step (on every rank together), counts and logs it.
+
+    Raises:
+        ValueError: on a non-positive ``beta`` or an unknown ``on_nonfinite``.
+    """
+
+    def __init__(
+        self,
+        policy: ModelSource,
+        reference: ReferenceSource | None = None,
+        loss: MarginLoss | None = None,
+        beta: float = 0.1,
+        prefix_sampler: PrefixSampler | None = None,
+        position_sampler: PositionSampler | None = None,
+        branch_sampler: BranchSampler | None = None,
+        scorer: TokenScorer | None = None,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
+        sampler_seed: int | None = None,
+        gradient_checkpointing: bool = False,
+        on_nonfinite: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__()
+        if not beta > 0:
+            raise ValueError(f"beta must be > 0, got {beta!r}")
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        self.beta = float(beta)
+        self.loss = loss if loss is not None else SigmoidLoss()
+        self.prefix_sampler = prefix_sampler if prefix_sampler is not None else FullPrefix()
+        self.position_sampler = position_sampler if position_sampler is not None else AllPositions()
+        self.branch_sampler = branch_sampler if branch_sampler is not None else BothBranches()
+        self.scorer = scorer if scorer is not None else TokenScorer()
+        self.optimizer_factory = optimizer if optimizer is not None else torch.optim.AdamW
+        self.scheduler_factory = scheduler
+        self.sampler_seed = sampler_seed
+        self.on_nonfinite = on_nonfinite
+
+        self.policy = policy.build()
+        if gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.reference = reference if reference is not None else OnlineReference()
+        self.reference.configure(self.policy)
+
+        self.sampler_rng = SamplerRNG()
+        self.step_stats: StepStats | None = None
+        self.skipped_steps = 0
+        self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
+        self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
+
+    # ----------------------------------------------------------------------------------------- set-up
+    def setup(self, stage: str) -> None:
+        seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
+        self._check_vocabulary()
+
+    def _check_vocabulary(self) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        data_vocab = getattr(datamodule, "vocab_size", None)
+        model_vocab = self.policy.get_input_embeddings().num_embeddings
+        if data_vocab is not None and data_vocab > model_vocab:
+            raise ValueError(
+                f"the data's tokenizer has {data_vocab} tokens but the policy's embedding has {model_vocab}: "
+                "set the model config's vocab_size to at least the tokenizer's"
+            )
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
+            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------------ the step
+    def plan(self, batch: PreferenceBatch) -> StepPlan:
+        """Stage 1: all samplers draw from this step's generator."""
+        return plan_step(batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next())
+
+    def score_policy(self, batch: PreferenceBatch, group: RowGroup) -> Tensor:
+        """Stage 2 for one group: a graph only for the gradient rows."""
+        inputs = group_inputs(batch, group.to(batch.prompt_ids.device))
+        with torch.set_grad_enabled(group.requires_grad and torch.is_grad_enabled()):
+            return self.scorer(self.policy, inputs)
+
+    def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan) -> Estimate:
+        """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""
+        policy_logps = [self.score_policy(batch, group) for group in plan.groups]
+        reference_logps = self.reference.token_logps(batch, plan)
+        return estimate(plan, policy_logps, reference_logps, self.loss, self.beta)
+
+    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
+        batch.validate()
+        plan = self.plan(batch)
+        est = self.execute_and_estimate(batch, plan)
+        self.step_stats = StepStats.of(plan, self.reference.tokens_executed(plan))
+        if not self._finite_or_skip(est, batch, batch_idx):
+            return None
+        B = batch.num_pairs
+        values = {f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()}
+        values.update({f"train/{k}": v for k, v in self.step_stats.as_metrics().items()})
+        self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B)
+        self.log_dict(values, on_step=True, on_epoch=False, batch_size=B)
+        return est.objective
+
+    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
+        self._exact_step(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
+        self._exact_step(batch, self.test_metrics, "test")
+
+    def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
+        """The unpruned objective: every position of every whole response, whatever the samplers are."""
+        batch.validate()
+        plan = plan_step(batch, *_EXACT, generator=torch.Generator())
+        est = self.execute_and_estimate(batch, plan)
+        for name, value in pair_metrics(est, self.beta).items():
+            metric = metrics[_key(name)]
+            metric.update(value)
+            self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True, prog_bar=name == "rewards/accuracies")
+
+    # ---------------------------------------------------------------------------- failure policy
+    def _finite_or_skip(self, est: Estimate, batch: PreferenceBatch, batch_idx: int) -> bool:
+        finite = bool(torch.isfinite(est.objective).all() and torch.isfinite(est.log_ratio).all())
+        if self.on_nonfinite == "skip":
+            # Decided by all ranks together: one rank skipping its backward alone would hang DDP.
+            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+            if not finite:
+                self.skipped_steps += 1
+                rank_zero_warn(f"skipping step {self.global_step} (batch {batch_idx}): non-finite DPO loss")
+                self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            return finite
+        if finite:
+            return True
+        bad = (~torch.isfinite(est.log_ratio).all(-1) | ~torch.isfinite(est.loss)).nonzero().flatten()
+        parts = []
+        for i in bad[:4].tolist():
+            row = int(batch.index[i])
+            for b, name in enumerate(BRANCH_NAMES):
+                parts.append(
+                    f"row {row} {name}: policy logp {float(est.policy_logps[i, b]):.4g}, "
+                    f"reference logp {float(est.reference_logps[i, b]):.4g}"
+                )
+            parts.append(f"row {row}: margin {float(est.margin[i]):.4g}, loss {float(est.loss[i]):.4g}")
+        raise FloatingPointError(
+            f"non-finite DPO loss at step {self.global_step} (batch {batch_idx}); "
+            + "; ".join(parts)
+            + ". Set model.on_nonfinite=skip to skip such steps."
+        )
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
+        checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("sampler_rng")
+        if state is None:
+            rank_zero_warn("checkpoint has no sampler generator state: sampler draws restart from step 0")
+            return
+        if self.sampler_seed is not None and int(state["seed"]) != self.sampler_seed:
+            rank_zero_info(f"resuming with the checkpoint's sampler seed {state['seed']} (config says {self.sampler_seed})")
+        # Each rank re-derives its own stream from (seed, its rank, step); rank 0 wrote the checkpoint.
+        self.sampler_rng.seed = int(state["seed"])
+        self.sampler_rng.step = int(state["step"])
+        if int(state.get("rank", 0)) == self.sampler_rng.rank:
+            self.sampler_rng.generator.set_state(state["generator"])
+        self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
+
+
+def _key(name: str) -> str:
+    return name.replace("/", "__")

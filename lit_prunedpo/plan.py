@@ -1,0 +1,182 @@
+"""Stage 1 of a step, **plan**: every sampler draws before any compute, and the draws become row groups.
+
+A batch of ``B`` pairs has ``2B`` response rows (row ``2i + b``: pair ``i``, branch ``b``). The plan splits
+them into at most two groups, each one forward pass:
+
+* the rows that get a gradient (all ``2B`` of them for concatenated DPO), and
+* the rows that only need their log-ratio, run under ``torch.no_grad()``.
+
+Each group carries its executed width (``P + max kept length - 1``: the padded tensor really shrinks),
+the positions to score and their inverse-probability weights ``1 / (s_t * p_t(L))``: marginal prefix
+survival times *conditional* position probability.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Response rows executed together in one forward pass.
+
+    Attributes:
+        pair: ``[n]`` pair index of each row.
+        branch: ``[n]`` branch of each row (0 chosen, 1 rejected).
+        kept: ``[n]`` kept response length ``L`` of each row (>= 1).
+        width: number of input columns executed, ``P + max(kept) - 1``.
+        scored_row: ``[K]`` row (within the group) of each scored position.
+        scored_t: ``[K]`` 0-based response position of each scored position.
+        weight: ``[K]`` float64 inverse-probability weight of each scored position.
+        requires_grad: whether the group's forward keeps a graph.
+    """
+
+    pair: Tensor
+    branch: Tensor
+    kept: Tensor
+    width: int
+    scored_row: Tensor
+    scored_t: Tensor
+    weight: Tensor
+    requires_grad: bool
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.pair.numel())
+
+    @property
+    def num_scored(self) -> int:
+        return int(self.scored_row.numel())
+
+    @property
+    def tokens_executed(self) -> int:
+        """Padded tokens that enter the model body for this group."""
+        return self.num_rows * self.width
+
+    def to(self, device: torch.device | str) -> "RowGroup":
+        move = lambda x: x.to(device)  # noqa: E731
+        return RowGroup(
+            move(self.pair), move(self.branch), move(self.kept), self.width,
+            move(self.scored_row), move(self.scored_t), move(self.weight), self.requires_grad,
+        )
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything the samplers decided for one step.
+
+    Attributes:
+        groups: the forward passes to run, the gradient group first.
+        grad_mask: ``[B, 2]`` bool, branches that get a gradient.
+        branch_prob: ``[B, 2]`` float64, ``q_b``: probability that each branch gets a gradient.
+        unpruned_tokens: tokens a concatenated, unpruned step would execute (``2B * (P + T - 1)``).
+        unpruned_positions: response positions an unpruned step would score.
+    """
+
+    groups: tuple[RowGroup, ...]
+    grad_mask: Tensor
+    branch_prob: Tensor
+    unpruned_tokens: int
+    unpruned_positions: int
+
+    @property
+    def tokens_executed(self) -> int:
+        return sum(g.tokens_executed for g in self.groups)
+
+    @property
+    def positions_scored(self) -> int:
+        return sum(g.num_scored for g in self.groups)
+
+    @property
+    def branches_backpropagated(self) -> int:
+        return int(self.grad_mask.sum())
+
+
+def _group(
+    rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, prompt_width: int, requires_grad: bool
+) -> RowGroup | None:
+    if rows.numel() == 0:
+        return None
+    kept_g = kept[rows]
+    scored_row, scored_t = scored[rows].nonzero(as_tuple=True)
+    return RowGroup(
+        pair=rows // 2,
+        branch=rows % 2,
+        kept=kept_g,
+        width=prompt_width + int(kept_g.max()) - 1,
+        scored_row=scored_row,
+        scored_t=scored_t,
+        weight=weight[rows][scored_row, scored_t],
+        requires_grad=requires_grad,
+    )
+
+
+def plan_step(
+    batch: PreferenceBatch,
+    prefix: PrefixSampler,
+    position: PositionSampler,
+    branch: BranchSampler,
+    generator: torch.Generator,
+) -> StepPlan:
+    """Draw branches, then prefixes, then positions (the order data flows) and group the rows.
+
+    All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too.
+    """
+    B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
+    lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
+
+    grad_mask = branch.draw(B, generator)
+    branch_prob = branch.probabilities(B)
+    kept = prefix.draw(lengths, generator)
+    scored = position.draw(kept, T, generator)
+    survival = prefix.survival(lengths, T)
+    inclusion = position.inclusion(kept, T)
+
+    _check_draws(lengths, kept, scored, survival, inclusion, grad_mask, branch_prob, B)
+    weight = torch.where(scored, 1.0 / (survival * inclusion).clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+
+    rows = torch.arange(2 * B)
+    flat_grad = grad_mask.reshape(-1)
+    groups = tuple(
+        g
+        for g in (
+            _group(rows[flat_grad], kept, scored, weight, P, requires_grad=True),
+            _group(rows[~flat_grad], kept, scored, weight, P, requires_grad=False),
+        )
+        if g is not None
+    )
+    return StepPlan(
+        groups=groups,
+        grad_mask=grad_mask,
+        branch_prob=branch_prob,
+        unpruned_tokens=2 * B * (P + T - 1),
+        unpruned_positions=int(lengths.sum()),
+    )
+
+
+def _check_draws(
+    lengths: Tensor, kept: Tensor, scored: Tensor, survival: Tensor, inclusion: Tensor,
+    grad_mask: Tensor, branch_prob: Tensor, num_pairs: int,
+) -> None:
+    """Catch a sampler that breaks its contract here, where the culprit is known, not as a biased loss later."""
+    if kept.shape != lengths.shape or bool(((kept < 1) | (kept > lengths)).any()):
+        raise RuntimeError("prefix sampler drew kept lengths outside [1, response length]")
+    T = scored.shape[1]
+    valid = torch.arange(T)[None, :] < lengths[:, None]
+    if bool((survival[valid] <= 0).any()):
+        raise RuntimeError("prefix sampler reports a zero survival probability for a response position")
+    kept_valid = torch.arange(T)[None, :] < kept[:, None]
+    if bool((scored & ~kept_valid).any()):
+        raise RuntimeError("position sampler scored a position past the kept prefix")
+    if bool((inclusion[kept_valid] <= 0).any()):
+        raise RuntimeError("position sampler reports a zero inclusion probability for a kept position")
+    if grad_mask.shape != (num_pairs, 2) or branch_prob.shape != (num_pairs, 2):
+        raise RuntimeError("branch sampler returned a mask or probabilities not shaped [num_pairs, 2]")
+    if bool((branch_prob <= 0).any()):
+        raise RuntimeError("branch sampler reports a zero probability for a branch")

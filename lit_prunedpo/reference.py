@@ -1,0 +1,97 @@
+"""Where reference log-probabilities come from: the seam between the step and the frozen reference.
+
+A :class:`ReferenceSource` returns, for every row group of a plan, the reference log-probs at exactly the
+group's scored positions of exactly its executed prefixes. :class:`OnlineReference` runs a frozen model
+(by default a copy of the initial policy) once per step on the union of the plan's rows, under
+``torch.no_grad()`` and with the LM head on scored positions only, so pruning saves reference compute too.
+A cached source (per-token log-probs computed once) plugs in at the same seam.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.models import ModelSource
+from lit_prunedpo.plan import RowGroup, StepPlan
+from lit_prunedpo.scoring import TokenScorer, group_inputs
+
+
+class ReferenceSource(nn.Module, ABC):
+    """Reference log-probs for the scored positions of a plan. An ``nn.Module`` so that Lightning moves and
+    shards whatever state it holds."""
+
+    def configure(self, policy: nn.Module) -> None:
+        """Called once with the freshly built policy, before training (e.g. to copy it)."""
+
+    @abstractmethod
+    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        """One ``[K_g]`` tensor per group of ``plan``, aligned with the group's scored positions."""
+
+    def tokens_executed(self, plan: StepPlan) -> int:
+        """Padded tokens a reference model runs for ``plan`` (0 for sources that run no model)."""
+        return 0
+
+
+def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
+    """One group holding the rows of all ``groups`` (widest width), for a single forward pass."""
+    if len(groups) == 1:
+        return groups[0]
+    offsets = torch.tensor([0] + [g.num_rows for g in groups[:-1]]).cumsum(0).tolist()
+    cat = lambda name: torch.cat([getattr(g, name) for g in groups])  # noqa: E731
+    return RowGroup(
+        pair=cat("pair"),
+        branch=cat("branch"),
+        kept=cat("kept"),
+        width=max(g.width for g in groups),
+        scored_row=torch.cat([g.scored_row + o for g, o in zip(groups, offsets)]),
+        scored_t=cat("scored_t"),
+        weight=cat("weight"),
+        requires_grad=False,
+    )
+
+
+class OnlineReference(ReferenceSource):
+    """A frozen causal LM scored on the same truncated inputs as the policy, one no-grad forward per step.
+
+    Args:
+        model: where the reference comes from; ``None`` (default) freezes a copy of the initial policy.
+    """
+
+    def __init__(self, model: ModelSource | None = None) -> None:
+        super().__init__()
+        self.source = model
+        self.model: nn.Module | None = model.build() if model is not None else None
+        self.scorer = TokenScorer()
+        if self.model is not None:
+            self._freeze()
+
+    def configure(self, policy: nn.Module) -> None:
+        if self.model is None:
+            self.model = copy.deepcopy(policy)
+            self._freeze()
+
+    def _freeze(self) -> None:
+        self.model.requires_grad_(False)
+        self.model.eval()
+
+    def train(self, mode: bool = True) -> "OnlineReference":
+        # The reference never trains: dropout stays off whatever Lightning asks of the parent module.
+        super().train(False)
+        return self
+
+    def tokens_executed(self, plan: StepPlan) -> int:
+        return merge_groups(plan.groups).tokens_executed
+
+    @torch.no_grad()
+    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        if self.model is None:
+            raise RuntimeError("OnlineReference.configure(policy) was not called before scoring")
+        merged = merge_groups(plan.groups)
+        logps = self.scorer(self.model, group_inputs(batch, merged.to(batch.prompt_ids.device)))
+        return list(logps.split([g.num_scored for g in plan.groups]))

@@ -1,0 +1,26 @@
+"""Sampler plug-ins. Select one of each with ``class_path`` in a config, or write your own subclass."""
+
+from lit_prunedpo.samplers.base import BranchSampler, PositionSampler, PrefixSampler
+from lit_prunedpo.samplers.branch import AntitheticBranch, BothBranches, RandomBranch
+from lit_prunedpo.samplers.position import (
+    AllPositions,
+    BernoulliPositions,
+    FixedCountPositions,
+    StratifiedPositions,
+)
+from lit_prunedpo.samplers.prefix import FullPrefix, SharedFractionPrefix
+
+__all__ = [
+    "AllPositions",
+    "AntitheticBranch",
+    "BernoulliPositions",
+    "BothBranches",
+    "BranchSampler",
+    "FixedCountPositions",
+    "FullPrefix",
+    "PositionSampler",
+    "PrefixSampler",
+    "RandomBranch",
+    "SharedFractionPrefix",
+    "StratifiedPositions",
+]

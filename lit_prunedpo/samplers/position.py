@@ -1,0 +1,161 @@
+"""Position samplers: which kept response positions ``t <= L`` are scored.
+
+Each reports the *conditional* first-order inclusion probability ``p_t(L)`` of what it draws; the LM head
+and the log-softmax then run on the drawn positions only. All designs are vectorised over the rows of a
+batch; all accept a generator and never touch the global RNG.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from lit_prunedpo.samplers.base import PositionSampler, check_probability
+
+
+def _valid(kept: Tensor, width: int) -> Tensor:
+    return torch.arange(width)[None, :] < kept[:, None]
+
+
+class AllPositions(PositionSampler):
+    """Score every kept position (no position pruning)."""
+
+    def inclusion(self, kept: Tensor, width: int) -> Tensor:
+        return _valid(kept, width).to(torch.float64)
+
+    def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
+        return _valid(kept, width)
+
+    def support(self, kept: int) -> Iterator[tuple[Tensor, float]]:
+        yield torch.ones(kept, dtype=torch.bool), 1.0
+
+    @property
+    def prunes(self) -> bool:
+        return False
+
+
+class BernoulliPositions(PositionSampler):
+    """Score each kept position independently with probability ``p(L) = min(1, max(rate, min_expected / L))``.
+
+    Args:
+        rate: inclusion probability of a position, in (0, 1].
+        min_expected: the floor: short sequences are scored at a higher rate so that at least this many
+            positions are scored in expectation; it also caps the IPW weight ``1/p`` at ``L / min_expected``.
+            0 disables the floor.
+
+    Raises:
+        ValueError: if ``rate`` is outside (0, 1] or ``min_expected`` is negative.
+    """
+
+    def __init__(self, rate: float = 0.5, min_expected: float = 1.0) -> None:
+        check_probability("rate", rate)
+        if min_expected < 0:
+            raise ValueError(f"min_expected must be >= 0, got {min_expected!r}")
+        self.rate = float(rate)
+        self.min_expected = float(min_expected)
+
+    def _p(self, kept: Tensor) -> Tensor:
+        floor = self.min_expected / kept.to(torch.float64).clamp(min=1)
+        return floor.clamp(min=self.rate).clamp(max=1.0)
+
+    def inclusion(self, kept: Tensor, width: int) -> Tensor:
+        return self._p(kept)[:, None] * _valid(kept, width)
+
+    def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
+        u = torch.rand(kept.shape[0], width, generator=generator, dtype=torch.float64)
+        return (u < self._p(kept)[:, None]) & _valid(kept, width)
+
+    def support(self, kept: int) -> Iterator[tuple[Tensor, float]]:
+        p = float(self._p(torch.tensor([kept])))
+        for bits in itertools.product((True, False), repeat=kept):
+            mask = torch.tensor(bits, dtype=torch.bool)
+            n = int(mask.sum())
+            yield mask, p**n * (1 - p) ** (kept - n)
+
+
+class FixedCountPositions(PositionSampler):
+    """Score ``min(k, L)`` kept positions per sequence, drawn uniformly without replacement: ``p = min(1, k / L)``.
+
+    Args:
+        k: number of positions scored per sequence, >= 1.
+
+    Raises:
+        ValueError: if ``k < 1``.
+    """
+
+    def __init__(self, k: int = 16) -> None:
+        if int(k) != k or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        self.k = int(k)
+
+    def inclusion(self, kept: Tensor, width: int) -> Tensor:
+        p = (self.k / kept.to(torch.float64).clamp(min=1)).clamp(max=1.0)
+        return p[:, None] * _valid(kept, width)
+
+    def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
+        valid = _valid(kept, width)
+        scores = torch.rand(kept.shape[0], width, generator=generator, dtype=torch.float64)
+        scores = scores.masked_fill(~valid, 2.0)  # invalid positions sort last
+        rank = scores.argsort(dim=1).argsort(dim=1)
+        return (rank < self.k) & valid
+
+    def support(self, kept: int) -> Iterator[tuple[Tensor, float]]:
+        k = min(self.k, kept)
+        prob = 1.0 / math.comb(kept, k)
+        for subset in itertools.combinations(range(kept), k):
+            mask = torch.zeros(kept, dtype=torch.bool)
+            mask[list(subset)] = True
+            yield mask, prob
+
+
+class StratifiedPositions(PositionSampler):
+    """Split the kept positions into ``m = ceil(rate * L)`` contiguous strata of near-equal size and score one
+    uniformly drawn position in each: ``p_t = 1 / |stratum(t)|``.
+
+    Scored positions are spread along the response, which lowers the variance of the IPW sum compared with
+    Bernoulli sampling at the same rate (neighbouring tokens' log-ratios are correlated).
+
+    Args:
+        rate: fraction of kept positions scored, in (0, 1].
+
+    Raises:
+        ValueError: if ``rate`` is outside (0, 1].
+    """
+
+    def __init__(self, rate: float = 0.25) -> None:
+        check_probability("rate", rate)
+        self.rate = float(rate)
+
+    def _strata(self, kept: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Per position: stratum index, stratum start and stratum size (all ``[N, width]``)."""
+        L = kept.clamp(min=1)[:, None]
+        m = torch.ceil(self.rate * L.to(torch.float64)).long().clamp(min=1)
+        t = torch.arange(width)[None, :]
+        j = (t * m) // L
+        start = (j * L + m - 1) // m
+        size = ((j + 1) * L + m - 1) // m - start
+        return j, start, size
+
+    def inclusion(self, kept: Tensor, width: int) -> Tensor:
+        _, _, size = self._strata(kept, width)
+        return _valid(kept, width) / size.to(torch.float64)
+
+    def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
+        j, start, size = self._strata(kept, width)
+        u = torch.rand(kept.shape[0], width, generator=generator, dtype=torch.float64)
+        pick = torch.floor(u.gather(1, j.clamp(max=width - 1)) * size).long()
+        t = torch.arange(width)[None, :]
+        return (t - start == pick) & _valid(kept, width)
+
+    def support(self, kept: int) -> Iterator[tuple[Tensor, float]]:
+        j, start, size = (x[0] for x in self._strata(torch.tensor([kept]), kept))
+        strata = [list(range(int(start[t]), int(start[t] + size[t]))) for t in range(kept) if t == start[t]]
+        prob = 1.0 / math.prod(len(s) for s in strata)
+        for picks in itertools.product(*strata):
+            mask = torch.zeros(kept, dtype=torch.bool)
+            mask[list(picks)] = True
+            yield mask, prob

@@ -1,0 +1,239 @@
+"""Check any sampler's unbiasedness, exactly where its support is small and by Monte Carlo otherwise.
+
+For your own sampler, in your own tests::
+
+    from lit_prunedpo.testing import check_position_sampler
+    check_position_sampler(MyPositions(rate=0.3))   # raises AssertionError with the numbers if it is biased
+
+What is checked, and the tolerances:
+
+* **exact** (where ``support`` enumerates at most ``max_support`` outcomes): the outcome probabilities sum to 1
+  and the probability-weighted outcomes equal the reported inclusion (or branch) probabilities, to ``1e-9``;
+  hence ``E[R_hat] = R`` exactly.
+* **Monte Carlo** (always): over ``num_draws`` draws, each empirical inclusion frequency lies within
+  ``z`` binomial standard errors of its reported probability, and the mean of the IPW estimate
+  ``R_hat`` of a random sum lies within ``z`` standard errors of the true sum. The default ``z = 5``
+  gives a false alarm less than once in a million checks.
+* **end to end** (:func:`check_unbiased`): the real :func:`lit_prunedpo.plan.plan_step` and
+  :func:`lit_prunedpo.estimate.ipw_sums` are run with any combination of samplers, and the mean of the
+  branch-weighted estimate matches ``R_w - R_l`` within ``z`` standard errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.estimate import ipw_sums
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.samplers import (
+    AllPositions,
+    BothBranches,
+    BranchSampler,
+    FullPrefix,
+    PositionSampler,
+    PrefixSampler,
+)
+
+DEFAULT_LENGTHS = (1, 2, 3, 5, 8, 13, 40)
+EXACT_TOL = 1e-9
+
+
+@dataclass
+class SamplerReport:
+    """What was checked: counts of exact and Monte Carlo checks and the largest deviation in standard errors."""
+
+    exact_checks: int = 0
+    monte_carlo_checks: int = 0
+    max_z: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _mc(report: SamplerReport, what: str, observed: Tensor, expected: Tensor, stderr: Tensor, z: float) -> None:
+    dev = (observed - expected).abs() / stderr.clamp(min=1e-12)
+    # A deviation with zero standard error must be exactly zero (deterministic outcome).
+    dev = torch.where(stderr > 0, dev, torch.where((observed - expected).abs() < 1e-12, 0.0, math.inf))
+    worst = float(dev.max()) if dev.numel() else 0.0
+    report.monte_carlo_checks += 1
+    report.max_z = max(report.max_z, worst)
+    if worst > z:
+        i = int(dev.argmax())
+        raise AssertionError(
+            f"{what}: Monte Carlo mean {float(observed.flatten()[i]):.6g} vs expected {float(expected.flatten()[i]):.6g} "
+            f"is {worst:.2f} standard errors away (tolerance {z})"
+        )
+
+
+def _exact(report: SamplerReport, what: str, value: Tensor, expected: Tensor) -> None:
+    report.exact_checks += 1
+    err = float((value - expected).abs().max()) if value.numel() else 0.0
+    if err > EXACT_TOL:
+        raise AssertionError(f"{what}: exact enumeration gives {value.tolist()} but expected {expected.tolist()}")
+
+
+def _support(sampler, arg, max_support: int):
+    try:
+        outcomes = []
+        for outcome in sampler.support(arg):
+            outcomes.append(outcome)
+            if len(outcomes) > max_support:
+                return None
+        return outcomes
+    except NotImplementedError:
+        return None
+
+
+def check_position_sampler(
+    sampler: PositionSampler,
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+    num_draws: int = 20_000,
+    z: float = 5.0,
+    max_support: int = 4096,
+    seed: int = 0,
+) -> SamplerReport:
+    """Check that ``sampler`` draws positions with the inclusion probabilities it reports (see module doc)."""
+    report = SamplerReport()
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths) + 2
+    for L in lengths:
+        kept = torch.tensor([L])
+        p = sampler.inclusion(kept, width)[0].to(torch.float64)
+        assert p.shape == (width,), f"inclusion() returned shape {tuple(p.shape)}, expected ({width},)"
+        assert bool((p[:L] > 0).all()), f"L={L}: a kept position has inclusion probability 0: {p[:L].tolist()}"
+        assert bool((p[L:] == 0).all()), f"L={L}: positions past the kept prefix have non-zero probability"
+        outcomes = _support(sampler, L, max_support)
+        rho = torch.randn(L, generator=g, dtype=torch.float64)
+        if outcomes is not None:
+            total = sum(prob for _, prob in outcomes)
+            _exact(report, f"L={L}: support probabilities sum", torch.tensor([total], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+            marginal = sum(prob * mask.to(torch.float64) for mask, prob in outcomes)
+            _exact(report, f"L={L}: inclusion probabilities", marginal, p[:L])
+            mean = sum(prob * (mask * rho / p[:L]).sum() for mask, prob in outcomes)
+            _exact(report, f"L={L}: E[R_hat]", torch.tensor([float(mean)], dtype=torch.float64), rho.sum()[None])
+        masks = sampler.draw(kept.expand(num_draws), width, g)
+        assert masks.shape == (num_draws, width) and masks.dtype == torch.bool, "draw() must return a bool [N, width] mask"
+        assert not bool(masks[:, L:].any()), f"L={L}: draw() scored a position past the kept prefix"
+        freq = masks[:, :L].double().mean(0)
+        _mc(report, f"L={L}: inclusion frequency", freq, p[:L], (p[:L] * (1 - p[:L]) / num_draws).sqrt(), z)
+        est = (masks[:, :L] * rho / p[:L]).sum(1)
+        _mc(report, f"L={L}: E[R_hat]", est.mean()[None], rho.sum()[None], (est.std() / math.sqrt(num_draws))[None], z)
+    return report
+
+
+def check_prefix_sampler(
+    sampler: PrefixSampler,
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+    num_draws: int = 20_000,
+    z: float = 5.0,
+    seed: int = 0,
+) -> SamplerReport:
+    """Check that ``sampler`` draws kept lengths with the survival probabilities it reports."""
+    report = SamplerReport()
+    g = torch.Generator().manual_seed(seed)
+    T = torch.tensor(lengths)
+    width = int(T.max())
+    s = sampler.survival(T, width).to(torch.float64)
+    pmf = sampler.pmf(T, width).to(torch.float64)
+    valid = torch.arange(width)[None, :] < T[:, None]
+    assert bool((s[valid] > 0).all()), "survival() is 0 at a response position: that token could never be scored"
+    assert bool((s[~valid] == 0).all()), "survival() is non-zero past a response's length"
+    assert bool((s[:, 0] == 1).all()), "survival() of the first token must be 1 (L >= 1 always)"
+    assert bool((pmf >= -EXACT_TOL).all()), "survival() increases with t: it is not a survival function"
+    _exact(report, "pmf sums", pmf.sum(1), torch.ones(len(lengths), dtype=torch.float64))
+    rho = torch.randn(len(lengths), width, generator=g, dtype=torch.float64) * valid
+    # E[R_hat | L] = sum_{t<=L} rho_t / s_t, exactly over the pmf.
+    exact_mean = torch.stack(
+        [sum(pmf[i, l - 1] * (rho[i, :l] / s[i, :l]).sum() for l in range(1, int(T[i]) + 1)) for i in range(len(lengths))]
+    )
+    _exact(report, "E[R_hat] over the pmf", exact_mean, rho.sum(1))
+
+    draws = torch.stack([sampler.draw(T, g) for _ in range(num_draws)])  # [n, N]
+    assert bool(((draws >= 1) & (draws <= T)).all()), "draw() returned a kept length outside [1, T]"
+    t = torch.arange(1, width + 1)
+    survived = (draws[:, :, None] >= t[None, None, :]).double()  # [n, N, width]
+    freq = survived.mean(0)
+    _mc(report, "survival frequency", freq[valid], s[valid], (s * (1 - s) / num_draws).sqrt()[valid], z)
+    est = (survived * rho / s.clamp(min=EXACT_TOL)).sum(-1)  # [n, N]
+    _mc(report, "E[R_hat]", est.mean(0), rho.sum(1), est.std(0) / math.sqrt(num_draws), z)
+    return report
+
+
+def check_branch_sampler(
+    sampler: BranchSampler,
+    num_pairs: tuple[int, ...] = (1, 2, 3, 4, 7),
+    num_draws: int = 20_000,
+    z: float = 5.0,
+    max_support: int = 4096,
+    seed: int = 0,
+) -> SamplerReport:
+    """Check that ``sampler`` gives branches a gradient with the probabilities ``q`` it reports, so that
+    ``E[sum_b 1{b in B} sign_b g_b / q_b] = g_w - g_l``."""
+    report = SamplerReport()
+    g = torch.Generator().manual_seed(seed)
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    for B in num_pairs:
+        q = sampler.probabilities(B).to(torch.float64)
+        assert q.shape == (B, 2) and bool((q > 0).all()), f"B={B}: probabilities() must be [B, 2] and > 0"
+        grads = torch.randn(B, 2, generator=g, dtype=torch.float64)
+        target = grads[:, 0] - grads[:, 1]
+        outcomes = _support(sampler, B, max_support)
+        if outcomes is not None:
+            _exact(report, f"B={B}: support probabilities sum", torch.tensor([sum(p for _, p in outcomes)], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+            _exact(report, f"B={B}: branch probabilities", sum(p * m.to(torch.float64) for m, p in outcomes), q)
+            mean = sum(p * (m * sign * grads / q).sum(1) for m, p in outcomes)
+            _exact(report, f"B={B}: E[branch-weighted gradient]", mean, target)
+        masks = torch.stack([sampler.draw(B, g) for _ in range(num_draws)]).to(torch.float64)  # [n, B, 2]
+        _mc(report, f"B={B}: branch frequency", masks.mean(0), q, (q * (1 - q) / num_draws).sqrt(), z)
+        est = (masks * sign * grads / q).sum(-1)
+        _mc(report, f"B={B}: E[branch-weighted gradient]", est.mean(0), target, est.std(0) / math.sqrt(num_draws), z)
+    return report
+
+
+def synthetic_batch(lengths: Tensor, prompt_length: int = 2, vocab: int = 16, seed: int = 0) -> PreferenceBatch:
+    """A batch with response lengths ``lengths`` (``[B, 2]``) and random tokens, for sampler checks."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = lengths.shape[0], int(lengths.max())
+    response_mask = torch.arange(T)[None, None, :] < lengths[:, :, None]
+    return PreferenceBatch(
+        prompt_ids=torch.randint(vocab, (B, prompt_length), generator=g),
+        prompt_mask=torch.ones(B, prompt_length, dtype=torch.bool),
+        response_ids=torch.randint(vocab, (B, 2, T), generator=g) * response_mask,
+        response_mask=response_mask,
+        index=torch.arange(B),
+    )
+
+
+def check_unbiased(
+    prefix: PrefixSampler | None = None,
+    position: PositionSampler | None = None,
+    branch: BranchSampler | None = None,
+    lengths: Tensor | None = None,
+    num_draws: int = 4000,
+    z: float = 5.0,
+    seed: int = 0,
+) -> SamplerReport:
+    """End to end through the real planner and IPW sums: ``E[R_hat] = R`` per branch, and the branch-weighted
+    estimate ``sum_b 1{b in B} sign_b R_hat^b / q_b`` has mean ``R_w - R_l``."""
+    prefix, position, branch = prefix or FullPrefix(), position or AllPositions(), branch or BothBranches()
+    lengths = lengths if lengths is not None else torch.tensor([[5, 3], [1, 8], [12, 12]])
+    batch = synthetic_batch(lengths, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    rho = torch.randn(batch.response_ids.shape, generator=g, dtype=torch.float64) * batch.response_mask
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    r_hats, directions = [], []
+    for _ in range(num_draws):
+        plan = plan_step(batch, prefix, position, branch, g)
+        scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
+        r_hat = ipw_sums(plan, scored, batch.num_pairs)
+        r_hats.append(r_hat)
+        directions.append((plan.grad_mask * sign * r_hat / plan.branch_prob).sum(-1))
+    report = SamplerReport()
+    R = rho.sum(-1)
+    stacked, dirs = torch.stack(r_hats), torch.stack(directions)
+    _mc(report, "E[R_hat] per branch", stacked.mean(0), R, stacked.std(0) / math.sqrt(num_draws), z)
+    _mc(report, "E[branch-weighted R_hat]", dirs.mean(0), R[:, 0] - R[:, 1], dirs.std(0) / math.sqrt(num_draws), z)
+    return report

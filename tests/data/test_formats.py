@@ -1,0 +1,114 @@
+"""Format detection and row checks (lit_prunedpo.data.formats), on plain Python rows."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+
+from lit_prunedpo.data.formats import (
+    CONVERSATIONAL,
+    EXPLICIT,
+    IMPLICIT,
+    BadRow,
+    Columns,
+    count_kinds,
+    detect_format,
+    extract_pair,
+    split_implicit_prompt,
+)
+
+COLS = Columns()
+
+
+def _msg(role: str, content: str | None = None) -> dict:
+    return {"role": role} if content is None else {"role": role, "content": content}
+
+
+IMPLICIT_EMPTY = {"chosen": "\n\nHuman: x\n\nAssistant:", "rejected": "\n\nHuman: x\n\nAssistant: b"}
+
+
+def _features(rows):
+    return datasets.Dataset.from_list(rows).features
+
+
+def test_detects_each_format() -> None:
+    assert detect_format(_features([{"prompt": "p", "chosen": "a", "rejected": "b"}]), COLS, "x") == EXPLICIT
+    assert detect_format(_features([{"chosen": "a", "rejected": "b"}]), COLS, "x") == IMPLICIT
+    msg = [{"role": "user", "content": "hi"}]
+    assert detect_format(_features([{"prompt": msg, "chosen": msg, "rejected": msg}]), COLS, "x") == CONVERSATIONAL
+
+
+def test_detect_names_missing_column_and_source() -> None:
+    with pytest.raises(ValueError, match=r"pairs\.jsonl: no column 'rejected'.*chosen_column|rejected_column"):
+        detect_format(_features([{"chosen": "a", "other": "b"}]), COLS, "pairs.jsonl")
+
+
+def test_custom_column_names() -> None:
+    cols = Columns("q", "good", "bad")
+    features = _features([{"q": "p", "good": "a", "bad": "b"}])
+    assert detect_format(features, cols, "x") == EXPLICIT
+    pair = extract_pair({"q": "p", "good": "a", "bad": "b"}, EXPLICIT, cols)
+    assert (pair.prompt, pair.chosen, pair.rejected) == ("p", "a", "b")
+
+
+def test_implicit_prompt_is_shared_prefix_up_to_last_marker() -> None:
+    prompt = "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: and?\n\nAssistant:"
+    # Both responses start with " Sure", which must stay in the responses, not in the prompt.
+    pair = split_implicit_prompt(prompt + " Sure, yes", prompt + " Sure, no", COLS)
+    assert pair.prompt == prompt
+    assert (pair.chosen, pair.rejected) == (" Sure, yes", " Sure, no")
+
+
+def test_implicit_marker_inside_a_response_does_not_move_the_prompt() -> None:
+    prompt = "\n\nHuman: hi\n\nAssistant:"
+    pair = split_implicit_prompt(prompt + " a\n\nAssistant: b", prompt + " c", COLS)
+    assert pair.prompt == prompt
+
+
+@pytest.mark.parametrize(
+    ("row", "fmt", "field", "kind"),
+    [
+        ({"prompt": "p", "rejected": "b"}, EXPLICIT, "chosen", "missing"),
+        ({"prompt": "p", "chosen": None, "rejected": "b"}, EXPLICIT, "chosen", "missing"),
+        ({"prompt": "p", "chosen": 3, "rejected": "b"}, EXPLICIT, "chosen", "wrong_type"),
+        ({"prompt": 7, "chosen": "a", "rejected": "b"}, EXPLICIT, "prompt", "wrong_type"),
+        ({"prompt": "p", "chosen": "a", "rejected": ""}, EXPLICIT, "rejected", "empty"),
+        ({"prompt": "p", "chosen": "a", "rejected": "a"}, EXPLICIT, "rejected", "identical"),
+        ({"chosen": "no marker a", "rejected": "no marker b"}, IMPLICIT, "chosen", "prompt_not_prefix"),
+        (
+            {"chosen": "\n\nHuman: x\n\nAssistant: a", "rejected": "\n\nHuman: y\n\nAssistant: b"},
+            IMPLICIT,
+            "rejected",
+            "prompt_not_prefix",
+        ),
+        (IMPLICIT_EMPTY, IMPLICIT, "chosen", "empty"),
+        ({"chosen": "same", "rejected": "same"}, IMPLICIT, "rejected", "identical"),
+        ({"prompt": "p", "chosen": [], "rejected": [_msg("assistant", "b")]}, CONVERSATIONAL, "prompt", "wrong_type"),
+        (
+            {"prompt": [_msg("user", "q")], "chosen": [], "rejected": [_msg("assistant", "b")]},
+            CONVERSATIONAL,
+            "chosen",
+            "empty",
+        ),
+        (
+            {"prompt": [_msg("user")], "chosen": [_msg("assistant", "a")], "rejected": [_msg("assistant", "b")]},
+            CONVERSATIONAL,
+            "prompt",
+            "missing",
+        ),
+    ],
+)
+def test_bad_rows_name_field_and_kind(row, fmt, field, kind) -> None:
+    with pytest.raises(BadRow) as caught:
+        extract_pair(row, fmt, COLS)
+    assert (caught.value.field, caught.value.kind) == (field, kind)
+    assert field in str(caught.value) and kind in str(caught.value)
+
+
+def test_empty_explicit_prompt_is_allowed() -> None:
+    assert extract_pair({"prompt": "", "chosen": "a", "rejected": "b"}, EXPLICIT, COLS).prompt == ""
+
+
+def test_count_kinds_lists_every_kind() -> None:
+    counts = count_kinds(["", "empty", "empty", "missing"])
+    assert counts["empty"] == 2 and counts["missing"] == 1 and counts["identical"] == 0

@@ -1,0 +1,358 @@
+"""PreferenceDataModule end to end: every source and format, bad rows, truncation, caching, loaders, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import datasets
+import pytest
+import torch
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.data import tokenize as tokenize_module
+from lit_prunedpo.data.length_grouped import LengthGroupedSampler
+from lit_prunedpo.data.preference import PreferenceDataModule
+
+from .pairs_factory import SIMPLE_TEMPLATE, conversational_rows, explicit_rows, implicit_rows, write_rows
+
+
+def _module(path: Path | str, **kwargs) -> PreferenceDataModule:
+    kwargs.setdefault("tokenizer", "byt5")
+    kwargs.setdefault("batch_size", 4)
+    dm = PreferenceDataModule(str(path), **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def _decode(dm: PreferenceDataModule, ids: torch.Tensor, mask: torch.Tensor) -> str:
+    return dm.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+
+
+def _all_batches(loader) -> list[PreferenceBatch]:
+    batches = list(loader)
+    for batch in batches:
+        assert isinstance(batch, PreferenceBatch)
+        batch.validate()
+    return batches
+
+
+# -- arguments --------------------------------------------------------------------------------------
+
+
+def test_jsonargparse_resolves_the_signature() -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(PreferenceDataModule, "data")
+    cfg = parser.parse_args(["--data.path", "x.jsonl", "--data.tokenizer", "byt5", "--data.on_bad_row", "skip"])
+    assert cfg.data.path == "x.jsonl" and cfg.data.on_bad_row == "skip" and cfg.data.val_split is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data.path", "x", "--data.tokenizer", "byt5", "--data.on_bad_row", "ignore"])
+    # The Google-style docstring is the --data.help text.
+    assert "Keep only the first N rows" in parser.format_help()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"val_fraction": 0.0}, "val_fraction"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"max_prompt_length": 512, "max_length": 512}, "max_prompt_length"),
+        ({"max_prompt_length": 0}, "max_prompt_length"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"val_batch_size": 0}, "val_batch_size"),
+        ({"on_bad_row": "ignore"}, "on_bad_row"),
+        ({"num_proc": 0}, "num_proc"),
+        ({"num_workers": -1}, "num_workers"),
+        ({"max_rows": 0}, "max_rows"),
+        ({"chosen_column": "prompt"}, "chosen_column"),
+        ({"chat_template": "no-such-template-file.jinja"}, "chat_template"),
+    ],
+)
+def test_out_of_range_arguments_name_the_argument(kwargs, name) -> None:
+    with pytest.raises(ValueError, match=name):
+        PreferenceDataModule("x.jsonl", "byt5", **kwargs)
+
+
+def test_tokenizer_properties(gpt2_path: Path) -> None:
+    byt5 = PreferenceDataModule("x.jsonl", "byt5")
+    assert (byt5.pad_token_id, byt5.vocab_size) == (0, 384)
+    gpt2 = PreferenceDataModule("x.jsonl", str(gpt2_path))
+    # GPT-2 has no pad token: its EOS pads (the masks say which tokens are real).
+    assert (gpt2.pad_token_id, gpt2.vocab_size) == (50256, 50257)
+
+
+# -- sources and formats ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["pairs.json", "pairs.jsonl", "pairs.jsonl.gz", "pairs.parquet", "pairs.csv"])
+@pytest.mark.parametrize("fmt", ["explicit", "implicit"])
+def test_every_file_type_and_plain_format(tmp_path: Path, name: str, fmt: str) -> None:
+    rows = explicit_rows(24) if fmt == "explicit" else implicit_rows(24)
+    dm = _module(write_rows(tmp_path / name, rows), val_fraction=0.25)
+    assert dm.stats["format"] == fmt
+    assert dm.stats["train"]["pairs"] == 18 and dm.stats["val"]["pairs"] == 6
+    batch = _all_batches(dm.val_dataloader())[0]
+    row = rows[int(batch.index[0])]
+    prompt = row["prompt"] if fmt == "explicit" else row["chosen"][: row["chosen"].rindex("Assistant:") + 10]
+    chosen = row["chosen"] if fmt == "explicit" else row["chosen"][len(prompt):]
+    assert _decode(dm, batch.prompt_ids[0], batch.prompt_mask[0]) == prompt
+    assert _decode(dm, batch.response_ids[0, 0], batch.response_mask[0, 0]) == chosen
+    # Plain-text responses end with EOS.
+    last = batch.response_lengths[0, 0] - 1
+    assert batch.response_ids[0, 0, last] == dm.tokenizer.eos_token_id
+
+
+def test_save_to_disk_dataset_dict_with_val_split(tmp_path: Path) -> None:
+    rows = explicit_rows(30)
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:20]), "test": datasets.Dataset.from_list(rows[20:])}
+    ).save_to_disk(str(tmp_path / "dd"))
+    dm = _module(tmp_path / "dd", val_split="test")
+    assert dm.stats["train"]["rows"] == 20 and dm.stats["val"]["rows"] == 10
+    val_index = torch.cat([b.index for b in _all_batches(dm.val_dataloader())])
+    # Validation is not shuffled, and its index is the row number in its own split.
+    assert val_index.tolist() == list(range(10))
+
+
+def test_single_file_has_no_val_split(tmp_path: Path) -> None:
+    path = write_rows(tmp_path / "p.jsonl", explicit_rows(10))
+    with pytest.raises(ValueError, match=f"{path} holds a single split"):
+        _module(path, val_split="test")
+
+
+def test_missing_path_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nothing-here.jsonl: no such file"):
+        _module(tmp_path / "nothing-here.jsonl")
+
+
+def test_conversational_with_chat_template(tmp_path: Path) -> None:
+    rows = conversational_rows(20)
+    dm = _module(write_rows(tmp_path / "chat.jsonl", rows), chat_template=SIMPLE_TEMPLATE, val_fraction=0.2)
+    assert dm.stats["format"] == "conversational"
+    batch = _all_batches(dm.val_dataloader())[0]
+    row = rows[int(batch.index[0])]
+    prompt, rejected = row["prompt"][0]["content"], row["rejected"][0]["content"]
+    assert _decode(dm, batch.prompt_ids[0], batch.prompt_mask[0]) == f"<user>{prompt}</user>\n<assistant>"
+    # The template closes the turn itself, so no EOS is appended to conversational responses.
+    assert _decode(dm, batch.response_ids[0, 1], batch.response_mask[0, 1]) == f"{rejected}</assistant>\n"
+
+
+def test_conversational_template_from_a_file(tmp_path: Path) -> None:
+    template = tmp_path / "chat.jinja"
+    template.write_text(SIMPLE_TEMPLATE)
+    dm = _module(write_rows(tmp_path / "chat.parquet", conversational_rows(10)), chat_template=str(template))
+    assert dm.stats["train"]["pairs"] + dm.stats["val"]["pairs"] == 10
+
+
+def test_conversational_without_any_template_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_rows(tmp_path / "chat.jsonl", conversational_rows(5))
+    with pytest.raises(ValueError, match="conversational, but tokenizer .* has no chat template.*chat_template"):
+        _module(path)
+
+
+def test_hh_rlhf_with_gpt2(hh_rlhf_path: Path, gpt2_path: Path) -> None:
+    dm = _module(hh_rlhf_path, tokenizer=str(gpt2_path), max_rows=300, max_length=384, max_prompt_length=192)
+    stats = dm.stats
+    assert stats["format"] == "implicit" and stats["train"]["rows"] + stats["val"]["rows"] == 300
+    assert stats["train"]["pairs"] == 285 and stats["val"]["pairs"] == 15
+    for split in ("train", "val"):
+        for key in ("prompt_tokens", "response_tokens"):
+            assert set(stats[split][key]) == {"mean", "p50", "p95", "max"}
+        assert stats[split]["prompt_tokens"]["max"] <= 192
+    with gzip.open(hh_rlhf_path, "rt") as f:
+        raw = [json.loads(line) for _, line in zip(range(300), f)]
+    batches = _all_batches(dm.train_dataloader())
+    assert sum(b.num_pairs for b in batches) == 285
+    batch = batches[1]
+    assert batch.prompt_ids.shape[0] == 4 and batch.response_ids.shape[:2] == (4, 2)
+    # Left-padded prompts: each row's real tokens are a suffix of the row.
+    for mask in batch.prompt_mask:
+        n = int(mask.sum())
+        assert mask[-n:].all() and not mask[:-n].any()
+    for i in range(batch.num_pairs):
+        row = raw[int(batch.index[i])]
+        prompt = dm.tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i]].tolist())
+        full_prompt = "<|endoftext|>" + row["chosen"][: row["chosen"].rindex("\n\nAssistant:") + 12]
+        assert prompt.endswith("\n\nAssistant:")
+        assert prompt == full_prompt or full_prompt.endswith(prompt.removeprefix("<|endoftext|>"))
+
+
+# -- truncation --------------------------------------------------------------------------------------
+
+
+def test_long_prompt_keeps_its_end_and_long_response_its_start(tmp_path: Path) -> None:
+    rows = explicit_rows(10)
+    rows[3] = {"prompt": "START " + "x" * 100 + " THE END", "chosen": "yes " * 40, "rejected": "no"}
+    dm = _module(write_rows(tmp_path / "p.jsonl", rows), max_length=48, max_prompt_length=16, val_fraction=0.5)
+    batches = _all_batches(dm.train_dataloader()) + _all_batches(dm.val_dataloader())
+    (batch, i), = [(b, i) for b in batches for i in range(b.num_pairs) if b.index[i] == 3]
+    assert _decode(dm, batch.prompt_ids[i], batch.prompt_mask[i]) == "x" * 8 + " THE END"
+    assert _decode(dm, batch.response_ids[i, 0], batch.response_mask[i, 0]) == ("yes " * 40)[:32]
+    total = dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"]
+    assert total == sum(len(r["prompt"].encode()) > 16 for r in rows)  # ByT5: one token per byte, no BOS
+
+
+def test_pair_with_response_cut_to_nothing_is_dropped_and_counted(tmp_path: Path) -> None:
+    # This template renders no assistant turn whose content starts with "SILENT": the response has no tokens.
+    template = (
+        "{% for m in messages %}{% if m['role'] != 'assistant' or not m['content'].startswith('SILENT') %}"
+        "{{ m['content'] }}\n{% endif %}{% endfor %}"
+    )
+    rows = conversational_rows(12)
+    rows[5]["chosen"][0]["content"] = "SILENT but different"
+    dm = _module(write_rows(tmp_path / "chat.jsonl", rows), chat_template=template, val_fraction=0.25)
+    dropped = dm.stats["train"]["dropped_empty_response"] + dm.stats["val"]["dropped_empty_response"]
+    assert dropped == 1
+    assert dm.stats["train"]["pairs"] + dm.stats["val"]["pairs"] == 11
+    index = torch.cat([b.index for b in _all_batches(dm.train_dataloader()) + _all_batches(dm.val_dataloader())])
+    assert sorted(index.tolist()) == [i for i in range(12) if i != 5]
+
+
+# -- bad rows --------------------------------------------------------------------------------------
+
+
+BAD_ROWS = {
+    "missing": ({"prompt": "p", "chosen": None, "rejected": "r"}, "chosen"),
+    "wrong_type": ({"prompt": "p", "chosen": 5, "rejected": "r"}, "chosen"),
+    "empty": ({"prompt": "p", "chosen": "c", "rejected": ""}, "rejected"),
+    "identical": ({"prompt": "p", "chosen": "same", "rejected": "same"}, "rejected"),
+    "prompt_not_prefix": (
+        {"chosen": "\n\nHuman: a\n\nAssistant: x", "rejected": "\n\nHuman: b\n\nAssistant: y"},
+        "rejected",
+    ),
+}
+
+
+def _with_bad_row(tmp_path: Path, kind: str) -> Path:
+    rows = implicit_rows(20) if kind == "prompt_not_prefix" else explicit_rows(20)
+    rows.insert(7, BAD_ROWS[kind][0])
+    return write_rows(tmp_path / f"{kind}.jsonl", rows)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_bad_row_stops_with_one_message(tmp_path: Path, kind: str) -> None:
+    path = _with_bad_row(tmp_path, kind)
+    with pytest.raises(ValueError) as caught:
+        _module(path)
+    message = str(caught.value)
+    assert str(path) in message and "row 7 " in message
+    assert f"field '{BAD_ROWS[kind][1]}'" in message and f"kind '{kind}'" in message
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_bad_row_skipped_and_counted(tmp_path: Path, kind: str) -> None:
+    dm = _module(_with_bad_row(tmp_path, kind), on_bad_row="skip", val_fraction=0.2)
+    stats = dm.stats
+    assert stats["train"]["bad_rows"][kind] + stats["val"]["bad_rows"][kind] == 1
+    assert sum(stats["train"]["bad_rows"].values()) + sum(stats["val"]["bad_rows"].values()) == 1
+    assert stats["train"]["pairs"] + stats["val"]["pairs"] == 20
+    index = torch.cat([b.index for b in _all_batches(dm.train_dataloader()) + _all_batches(dm.val_dataloader())])
+    assert sorted(index.tolist()) == [i for i in range(21) if i != 7]
+
+
+def test_every_row_bad_is_an_error_even_when_skipping(tmp_path: Path) -> None:
+    path = write_rows(tmp_path / "p.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "a"}] * 4)
+    with pytest.raises(ValueError, match="no usable pairs left"):
+        _module(path, on_bad_row="skip")
+
+
+# -- caching, loaders -------------------------------------------------------------------------------
+
+
+def test_second_setup_reads_the_map_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    original = tokenize_module.PairEncoder.__call__
+
+    def counting(self, batch, indices):
+        calls.append(len(indices))
+        return original(self, batch, indices)
+
+    monkeypatch.setattr(tokenize_module.PairEncoder, "__call__", counting)
+    path = write_rows(tmp_path / "p.jsonl", explicit_rows(40))
+    first = _module(path)
+    assert sum(calls) == 40
+    files = [f["filename"] for f in first.train_dataset.cache_files]
+    assert files and all("cache-" in Path(f).name for f in files)
+    mtimes = [os.path.getmtime(f) for f in files]
+
+    calls.clear()
+    second = _module(path)
+    assert calls == []
+    assert [f["filename"] for f in second.train_dataset.cache_files] == files
+    assert [os.path.getmtime(f) for f in files] == mtimes
+    assert second.stats == first.stats
+
+    _module(path, max_length=256, max_prompt_length=64)  # a setting that changes the ids: a new map
+    assert sum(calls) == 40
+
+
+def test_max_rows_takes_the_first_rows(tmp_path: Path) -> None:
+    dm = _module(write_rows(tmp_path / "p.jsonl", explicit_rows(50)), max_rows=10)
+    index = torch.cat([b.index for b in _all_batches(dm.train_dataloader()) + _all_batches(dm.val_dataloader())])
+    assert sorted(index.tolist()) == list(range(10))
+
+
+def test_train_loader_grouped_and_epoch_seeded(tmp_path: Path) -> None:
+    dm = _module(write_rows(tmp_path / "p.jsonl", explicit_rows(60)), batch_size=5, val_batch_size=7)
+    loader = dm.train_dataloader()
+    assert isinstance(loader.sampler, LengthGroupedSampler)
+    first = torch.cat([b.index for b in loader]).tolist()
+    assert sorted(first) == sorted(dm.train_dataset["index"])
+    assert torch.cat([b.index for b in dm.train_dataloader()]).tolist() == first
+    loader.sampler.set_epoch(1)
+    assert torch.cat([b.index for b in loader]).tolist() != first
+    assert _all_batches(dm.val_dataloader())[0].num_pairs == 3  # 5% of 60 rows; validation batch size 7
+
+    flat = _module(write_rows(tmp_path / "p.jsonl", explicit_rows(60)), group_by_length=False)
+    assert sorted(torch.cat([b.index for b in flat.train_dataloader()]).tolist()) == sorted(flat.train_dataset["index"])
+
+
+def test_train_loader_shards_itself_under_a_distributed_trainer(tmp_path: Path) -> None:
+    dm = _module(write_rows(tmp_path / "p.jsonl", explicit_rows(60)))
+    seen = []
+    for rank in range(2):
+        dm.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": rank})
+        sampler = dm.train_dataloader().sampler
+        assert (sampler.num_replicas, sampler.rank) == (2, rank)
+        seen.append(list(sampler))
+    assert len(seen[0]) == len(seen[1]) and set(seen[0]) | set(seen[1]) == set(range(len(dm.train_dataset)))
+
+
+def test_runs_inside_a_lightning_trainer(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    class Probe(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(()))
+            self.epochs_seen: list[list[int]] = []
+
+        def on_train_epoch_start(self) -> None:
+            self.epochs_seen.append([])
+
+        def training_step(self, batch: PreferenceBatch, _):
+            batch.validate()
+            self.epochs_seen[-1].extend(batch.index.tolist())
+            return (self.weight - batch.response_lengths.float().mean()) ** 2
+
+        def validation_step(self, batch: PreferenceBatch, _):
+            batch.validate()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    dm = PreferenceDataModule(str(write_rows(tmp_path / "p.jsonl", explicit_rows(40))), "byt5", batch_size=4)
+    probe = Probe()
+    trainer = pl.Trainer(
+        max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(probe, datamodule=dm)
+    assert dm.stats["train"]["pairs"] == 38
+    assert [sorted(e) for e in probe.epochs_seen] == [sorted(dm.train_dataset["index"])] * 2
+    assert probe.epochs_seen[0] != probe.epochs_seen[1]  # set_epoch reached the sampler

@@ -1,0 +1,46 @@
+"""Layout rules of lit_prunedpo.data.tokenize: BOS, EOS, truncation, the one-token prompt floor."""
+
+from __future__ import annotations
+
+from lit_prunedpo.data.tokenize import build_pair_ids, load_tokenizer, prompt_fallback_id
+
+LIMITS = dict(max_length=10, max_prompt_length=4)
+
+
+def test_long_prompt_keeps_its_end_and_bos() -> None:
+    out = build_pair_ids([1, 2, 3, 4, 5, 6], [7], [8], bos_id=0, eos_id=99, fallback_id=0, **LIMITS)
+    assert out.prompt_ids == [0, 4, 5, 6] and out.prompt_truncated
+    assert out.chosen_ids == [7, 99] and out.rejected_ids == [8, 99]
+
+
+def test_long_prompt_without_bos_keeps_its_end() -> None:
+    out = build_pair_ids([1, 2, 3, 4, 5, 6], [7], [8], bos_id=None, eos_id=None, fallback_id=0, **LIMITS)
+    assert out.prompt_ids == [3, 4, 5, 6]
+
+
+def test_bos_not_doubled() -> None:
+    out = build_pair_ids([0, 5], [7], [8], bos_id=0, eos_id=None, fallback_id=0, **LIMITS)
+    assert out.prompt_ids == [0, 5]
+
+
+def test_responses_keep_their_start_within_max_length() -> None:
+    out = build_pair_ids([1, 2, 3], list(range(10, 20)), [30], bos_id=None, eos_id=99, fallback_id=0, **LIMITS)
+    assert out.chosen_ids == [10, 11, 12, 13, 14, 15, 16] and out.response_truncated
+    assert out.rejected_ids == [30, 99]
+    assert len(out.prompt_ids) + len(out.chosen_ids) == LIMITS["max_length"]
+
+
+def test_empty_prompt_gets_one_token() -> None:
+    assert build_pair_ids([], [7], [8], bos_id=5, eos_id=None, fallback_id=5, **LIMITS).prompt_ids == [5]
+    assert build_pair_ids([], [7], [8], bos_id=None, eos_id=None, fallback_id=1, **LIMITS).prompt_ids == [1]
+
+
+def test_response_with_no_tokens_comes_back_empty() -> None:
+    out = build_pair_ids([1], [], [8], bos_id=None, eos_id=None, fallback_id=0, **LIMITS)
+    assert out.chosen_ids == [] and out.rejected_ids == [8]
+
+
+def test_fallback_is_bos_else_eos() -> None:
+    byt5 = load_tokenizer("byt5")
+    assert byt5.bos_token_id is None
+    assert prompt_fallback_id(byt5) == byt5.eos_token_id

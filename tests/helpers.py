@@ -1,0 +1,26 @@
+"""Helpers shared by the tests: the repository root, a tiny Llama config and small preference batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lit_prunedpo.batch import PreferenceBatch, collate_pairs
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_LLAMA = dict(
+    vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+)
+
+
+def make_batch(prompt_lengths, chosen_lengths, rejected_lengths, vocab=32, seed=0) -> PreferenceBatch:
+    """Random pairs with the given lengths (tokens avoid the pad id 0)."""
+    g = torch.Generator().manual_seed(seed)
+    tok = lambda n: (torch.randint(1, vocab, (n,), generator=g)).tolist()  # noqa: E731
+    examples = [
+        {"prompt_ids": tok(p), "chosen_ids": tok(c), "rejected_ids": tok(r), "index": i}
+        for i, (p, c, r) in enumerate(zip(prompt_lengths, chosen_lengths, rejected_lengths))
+    ]
+    return collate_pairs(examples, pad_id=0)
