@@ -121,6 +121,7 @@ class PrunedDPO(L.LightningModule):
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
         self._check_vocabulary()
+        self.reference.prepare(self, stage)
 
     def _check_vocabulary(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None

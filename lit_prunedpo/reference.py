@@ -13,6 +13,7 @@ import copy
 from abc import ABC, abstractmethod
 from typing import Sequence
 
+import lightning as L
 import torch
 from torch import Tensor, nn
 
@@ -27,7 +28,11 @@ class ReferenceSource(nn.Module, ABC):
     shards whatever state it holds."""
 
     def configure(self, policy: nn.Module) -> None:
-        """Called once with the freshly built policy, before training (e.g. to copy it)."""
+        """Called once with the freshly built policy, in ``PrunedDPO.__init__`` (e.g. to copy it)."""
+
+    def prepare(self, module: "L.LightningModule", stage: str) -> None:
+        """Called from ``PrunedDPO.setup(stage)`` on every process, with the trainer and data module attached
+        (e.g. to load or build a cache). The policy still has its initial weights: checkpoints load later."""
 
     @abstractmethod
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
