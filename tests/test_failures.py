@@ -1,0 +1,102 @@
+"""Bad input gets a clear error: empty responses or prompts, a non-finite loss (or a counted skip), a vocabulary
+mismatch, a bad beta, a model that cannot be loaded."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from lit_prunedpo import PrunedDPO
+from lit_prunedpo.batch import collate_pairs
+from lit_prunedpo.data import SyntheticPreferenceData
+from lit_prunedpo.losses import SigmoidLoss
+from lit_prunedpo.models import FromConfig, Pretrained
+
+from helpers import TINY_LLAMA
+
+
+def trainer(tmp_path, steps=3):
+    return L.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                     default_root_dir=tmp_path)
+
+
+def data():
+    return SyntheticPreferenceData(vocab_size=32, num_train=64, num_val=8, batch_size=4)
+
+
+def test_empty_response_is_refused_naming_the_row(tiny_source):
+    batch = collate_pairs([
+        {"prompt_ids": [1, 2], "chosen_ids": [3, 4], "rejected_ids": [5], "index": 10},
+        {"prompt_ids": [1], "chosen_ids": [3], "rejected_ids": [], "index": 11},
+    ], pad_id=0)
+    module = PrunedDPO(policy=tiny_source)
+    with pytest.raises(ValueError, match=r"empty responses.*row 11 \(rejected\)"):
+        module.training_step(batch, 0)
+
+
+def test_empty_prompt_is_refused(tiny_source):
+    batch = collate_pairs([{"prompt_ids": [], "chosen_ids": [3], "rejected_ids": [4], "index": 7}], pad_id=0)
+    with pytest.raises(ValueError, match="rows \\[7\\] have an empty prompt"):
+        batch.validate()
+
+
+def test_nonfinite_loss_stops_naming_step_and_parts(tiny_source, tmp_path):
+    module = PrunedDPO(policy=tiny_source)
+    with torch.no_grad():
+        module.policy.get_output_embeddings().weight[5].fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match=r"non-finite DPO loss at step 0.*policy logp nan.*margin"):
+        trainer(tmp_path).fit(module, datamodule=data())
+
+
+class NaNOnce(SigmoidLoss):
+    """The DPO loss, except that the first call returns NaN (a single bad step)."""
+
+    calls = 0
+
+    def value(self, margin, beta):
+        NaNOnce.calls += 1
+        out = super().value(margin, beta)
+        return out * float("nan") if NaNOnce.calls == 1 else out
+
+
+def test_nonfinite_step_is_skipped_counted_and_logged(tiny_source, tmp_path):
+    NaNOnce.calls = 0
+    module = PrunedDPO(policy=tiny_source, loss=NaNOnce(), on_nonfinite="skip")
+    t = trainer(tmp_path, steps=3)
+    with pytest.warns(UserWarning, match="skipping step 0"):
+        t.fit(module, datamodule=data())
+    assert module.skipped_steps == 1
+    assert t.global_step == 3  # the skipped batch did not count as an optimizer step
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
+
+
+def test_vocabulary_mismatch_is_refused(tmp_path):
+    module = PrunedDPO(policy=FromConfig("llama", {**TINY_LLAMA, "vocab_size": 16}))
+    with pytest.raises(ValueError, match="tokenizer has 32 tokens but the policy's embedding has 16"):
+        trainer(tmp_path).fit(module, datamodule=data())
+
+
+@pytest.mark.parametrize("kwargs, name", [({"beta": 0.0}, "beta"), ({"on_nonfinite": "ignore"}, "on_nonfinite")])
+def test_bad_module_arguments(tiny_source, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        PrunedDPO(policy=tiny_source, **kwargs)
+
+
+def test_pretrained_loads_a_local_directory(tmp_path):
+    FromConfig("llama", TINY_LLAMA, seed=3).build().save_pretrained(tmp_path / "tiny")
+    model = Pretrained(str(tmp_path / "tiny")).build()
+    again = FromConfig("llama", TINY_LLAMA, seed=3).build()
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_pretrained_hub_name_fails_fast_offline_with_a_clear_error():
+    with pytest.raises(OSError, match="could not load a causal LM from 'no-such-org/no-such-model'"):
+        Pretrained("no-such-org/no-such-model").build()
+
+
+def test_from_config_unknown_model_type():
+    with pytest.raises(ValueError, match="unknown model_type 'not-a-model'"):
+        FromConfig("not-a-model").build()
