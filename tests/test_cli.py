@@ -11,9 +11,14 @@ import pytest
 import torch
 
 from lit_prunedpo.cli import build_cli
+from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 
 from helpers import REPO
+
+SHARED = REPO.parent / "shared"
+HH_RLHF = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
+GPT2_TOKENIZER = SHARED / "tokenizers/gpt2"
 
 YAMLS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.yaml"))
 MODES = ["quickstart", "vanilla", "branch", "sequence", "position", "all"]
@@ -37,11 +42,22 @@ def test_every_yaml_is_found():
     assert "examples/custom_sampler.yaml" in names
 
 
+def offline_overrides(path, tmp_path):
+    """Configs for real users name hub models and tokenizers; here they point at local copies instead."""
+    if path.name != "hh_rlhf.yaml":
+        return []
+    tiny = tmp_path / "tiny-gpt2"
+    FromConfig("gpt2", dict(vocab_size=50257, n_embd=32, n_layer=1, n_head=2, n_positions=1024)).build().save_pretrained(tiny)
+    return [f"--model.policy.init_args.name_or_path={tiny}", f"--data.init_args.path={HH_RLHF}",
+            f"--data.init_args.tokenizer={GPT2_TOKENIZER}", "--data.init_args.val_split=null"]
+
+
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_yaml_instantiates_through_the_cli(path, tmp_path, examples_importable):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and "--config" in first, f"{path} must open with the command that runs it"
-    cli = build_cli(["--config", str(path), f"--trainer.default_root_dir={tmp_path}"], run=False)
+    cli = build_cli(["--config", str(path), f"--trainer.default_root_dir={tmp_path}", *offline_overrides(path, tmp_path)],
+                    run=False)
     assert isinstance(cli.model, PrunedDPO)
 
 

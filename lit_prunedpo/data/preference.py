@@ -7,17 +7,21 @@ empty response (counted, never silent) -> hold out a seeded validation share whe
 validation split -> length statistics, logged once -> DataLoaders (length-grouped order for training,
 :mod:`~lit_prunedpo.data.length_grouped`).
 
-``index`` in every batch is the row's number in the split it was read from, counted before any row is
-dropped; a validation share held out of the training split keeps the training split's numbering, so
-one reference-logprob cache per loaded split is keyed consistently.
+``index`` in every batch is unique across the module's splits, so that one reference-logprob cache
+(:mod:`lit_prunedpo.reference_cache`) covering training and validation is keyed without collisions: a
+training pair's index is its row number in the training split, counted before any row is dropped (and
+after ``max_rows``); a validation share held out of the training split keeps the training split's
+numbering; a separate ``val_split`` is numbered after the training split, its row number plus the
+training split's row count (before drops).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import datasets
 import numpy as np
@@ -26,13 +30,13 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lit_prunedpo.batch import collate_pairs
+from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
 from lit_prunedpo.data.length_grouped import LengthGroupedSampler
 from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler
 from lit_prunedpo.data.sources import is_single_split, load_split
 from lit_prunedpo.data.stats import format_stats, summarize
-from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer
+from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer, tokenizer_fingerprint
 
 BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
 
@@ -262,6 +266,12 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             self._check_bad_rows(val_encoded, val_cols["bad_kind"], val_source)
             val_keep = (val_cols["bad_kind"] == "") & (val_cols["chosen"] > 0) & (val_cols["rejected"] > 0)
             val_rows = np.arange(len(val_encoded))
+        val = val_encoded.select_columns(BATCH_COLUMNS).select(val_rows[val_keep[val_rows]])
+        if self.val_split is not None:
+            # A separate split numbers its rows from 0 too: shift them past the training split's rows so that
+            # `index` keys a reference cache over both splits without collisions.
+            shifted = (np.asarray(val["index"], dtype=np.int64) + len(encoded)).tolist()
+            val = val.remove_columns("index").add_column("index", shifted)
         stats = {
             "source": self.path,
             "format": fmt,
@@ -276,7 +286,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         return _Built(
             stats=stats,
             train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
-            val=val_encoded.select_columns(BATCH_COLUMNS).select(val_rows[val_keep[val_rows]]),
+            val=val,
             # A batch pads its prompts once and its responses twice (chosen, rejected): weigh them so.
             train_lengths=cols["prompt"][train_kept] + 2 * longest_response,
         )
@@ -298,6 +308,38 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
         self.stats = built.stats
         rank_zero_info(format_stats(self.stats))
+
+    # -- the reference-cache protocol (lit_prunedpo.reference_cache) --------------------------------------
+
+    def cache_fingerprint(self) -> dict[str, Any]:
+        """What a reference-logprob cache of these pairs depends on (``lit_prunedpo.reference_cache``)."""
+        self.setup("fit")
+        template = self.tokenizer.chat_template
+        return {
+            "class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "path": self.path, "train_split": self.train_split, "val_split": self.val_split,
+            "val_fraction": self.val_fraction if self.val_split is None else None, "seed": self.seed,
+            "max_rows": self.max_rows, "max_length": self.max_length, "max_prompt_length": self.max_prompt_length,
+            "columns": [self.columns.prompt, self.columns.chosen, self.columns.rejected],
+            "on_bad_row": self.on_bad_row, "tokenizer": self.tokenizer.name_or_path,
+            "tokenizer_hash": tokenizer_fingerprint(self.tokenizer),
+            "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if isinstance(template, str) else None,
+            "train_dataset": self.train_dataset._fingerprint, "val_dataset": self.val_dataset._fingerprint,
+        }
+
+    def reference_batches(self, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
+        """Every training then validation pair once, unshuffled, shortest first within each split (less
+        padding, faster build), for a reference-logprob cache."""
+        self.setup("fit")
+        collate, size = self._collate(), batch_size or self.val_batch_size
+        for ds in (self.train_dataset, self.val_dataset):
+            table = ds.with_format("arrow")[:]  # applies the split's row selection
+            prompt, chosen, rejected = (pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
+                                        for c in ("prompt_ids", "chosen_ids", "rejected_ids"))
+            order = np.argsort(prompt + np.maximum(chosen, rejected), kind="stable")
+            for start in range(0, len(order), size):
+                columns = ds[order[start : start + size].tolist()]
+                yield collate([dict(zip(columns, row)) for row in zip(*columns.values())])
 
     def _collate(self) -> functools.partial:
         return functools.partial(collate_pairs, pad_id=self.pad_token_id)

@@ -12,13 +12,13 @@ given ``seed``; the validation pairs are drawn from a separate stream. The train
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from lit_prunedpo.batch import collate_pairs
+from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler, distributed_kwargs
 
 PAD, BOS, EOS = 0, 1, 2
@@ -78,7 +78,7 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
         self.train_pairs: list[dict[str, Any]] = []
         self.val_pairs: list[dict[str, Any]] = []
 
-    def make_pairs(self, count: int, stream: int) -> list[dict[str, Any]]:
+    def make_pairs(self, count: int, stream: int, first_index: int = 0) -> list[dict[str, Any]]:
         g = torch.Generator().manual_seed(self.seed * 1000 + stream)
         content = self.vocab_size - FIRST_CONTENT
         pairs = []
@@ -98,7 +98,7 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
                     "prompt_ids": [BOS, start + FIRST_CONTENT, stride + FIRST_CONTENT],
                     "chosen_ids": ordered + [EOS],
                     "rejected_ids": corrupted + [EOS],
-                    "index": index,
+                    "index": first_index + index,
                 }
             )
         return pairs
@@ -106,7 +106,22 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if not self.train_pairs:
             self.train_pairs = self.make_pairs(self.num_train, stream=0)
-            self.val_pairs = self.make_pairs(self.num_val, stream=1)
+            # Validation is numbered after training, so that `index` keys one reference cache over both.
+            self.val_pairs = self.make_pairs(self.num_val, stream=1, first_index=self.num_train)
+
+    def cache_fingerprint(self) -> dict[str, Any]:
+        """What a reference-logprob cache of these pairs depends on (``lit_prunedpo.reference_cache``): the
+        generator's arguments (the batch size changes nothing)."""
+        names = ("vocab_size", "num_train", "num_val", "min_response_length", "max_response_length",
+                 "max_stride", "corruption_rate", "seed")
+        return {"class": f"{type(self).__module__}.{type(self).__qualname__}", **{n: getattr(self, n) for n in names}}
+
+    def reference_batches(self, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
+        """Every training then validation pair once, unshuffled, for a reference-logprob cache."""
+        self.setup("fit")
+        pairs, size = self.train_pairs + self.val_pairs, batch_size or self.batch_size
+        for start in range(0, len(pairs), size):
+            yield collate_pairs(pairs[start : start + size], pad_id=PAD)
 
     def train_dataloader(self) -> DataLoader:
         sampler = ResumableSampler(self.train_pairs, seed=self.seed, drop_last=True, **distributed_kwargs(self._trainer_or_none()))

@@ -115,8 +115,11 @@ def test_save_to_disk_dataset_dict_with_val_split(tmp_path: Path) -> None:
     dm = _module(tmp_path / "dd", val_split="test")
     assert dm.stats["train"]["rows"] == 20 and dm.stats["val"]["rows"] == 10
     val_index = torch.cat([b.index for b in _all_batches(dm.val_dataloader())])
-    # Validation is not shuffled, and its index is the row number in its own split.
-    assert val_index.tolist() == list(range(10))
+    # Validation is not shuffled; its index is the row number in its own split after the 20 training rows,
+    # so that train and val indices never collide.
+    assert val_index.tolist() == list(range(20, 30))
+    train_index = torch.cat([b.index for b in _all_batches(dm.train_dataloader())])
+    assert sorted(train_index.tolist()) == list(range(20))
 
 
 def test_single_file_has_no_val_split(tmp_path: Path) -> None:

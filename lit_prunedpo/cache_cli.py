@@ -1,0 +1,61 @@
+"""The ``lit-prunedpo-cache`` command: build a run's reference-logprob cache ahead of training.
+
+It reads the same YAML (and the same overrides) as ``lit-prunedpo fit``, instantiates the model, data and
+trainer through :func:`lit_prunedpo.cli.build_cli` without running anything, and builds the cache of
+the config's :class:`~lit_prunedpo.reference_cache.CachedReference` (``model.reference``) with the
+trainer's device and precision. The following ``fit`` finds the file, checks its fingerprint and trains
+without ever loading the reference model::
+
+    lit-prunedpo-cache --config configs/cached.yaml
+    lit-prunedpo fit --config configs/cached.yaml
+
+A cache that is already up to date is left alone; a stale one is refused, naming the fields that differ,
+unless ``--model.reference.init_args.recompute=true``. The build runs in this one process (one device);
+multi-device builds happen inside ``fit``, sharded over its ranks.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from lit_prunedpo.cli import build_cli
+from lit_prunedpo.reference_cache import CachedReference, _Runtime
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``lit-prunedpo-cache`` and ``python -m lit_prunedpo.cache_cli``.
+
+    Args:
+        args: the ``fit`` arguments without the subcommand (``--config X.yaml`` and overrides); default
+            ``sys.argv[1:]``.
+
+    Raises:
+        SystemExit: the config's ``model.reference`` is not a ``CachedReference``.
+    """
+    given = sys.argv[1:] if args is None else list(args)
+    if given and given[0] == "fit":
+        given = given[1:]  # accept `lit-prunedpo-cache fit --config ...` too
+    cli = build_cli(given, run=False)
+    reference = cli.model.reference
+    if not isinstance(reference, CachedReference):
+        raise SystemExit(
+            f"lit-prunedpo-cache: the config's model.reference is {type(reference).__name__}, not "
+            "lit_prunedpo.reference_cache.CachedReference: there is no cache to build"
+        )
+    datamodule = cli.datamodule
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    runtime = _Runtime.of(cli.trainer)
+    path = reference.resolve_path(runtime.root_dir)
+    start = time.perf_counter()
+    store = reference.ensure(cli.model.policy, datamodule, runtime)
+    action = "built" if reference.builds else "up to date, reused"
+    print(
+        f"lit-prunedpo-cache: {path} {action}: {store.num_rows} pairs, {store.num_tokens} response tokens, "
+        f"{path.stat().st_size} bytes, {time.perf_counter() - start:.1f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,731 @@
+"""A cached, per-token reference: ``log pi_ref`` of every response token of every pair, computed once, on disk.
+
+TRL caches one sum per response, which cannot serve a pruned step: the estimator needs the reference at
+exactly the scored positions of exactly the executed prefixes. This cache keeps *every* response token
+(chosen and rejected) of every training and validation pair, so a step of any pruning mode gathers its
+positions from it, and the reference model is never loaded while training.
+
+Pieces, in the order data flows:
+
+* :func:`compute_reference_logps` runs the reference once, under ``no_grad``, through the same
+  :func:`~lit_prunedpo.plan.plan_step` (full prefixes, all positions, both branches),
+  :func:`~lit_prunedpo.scoring.group_inputs` and :class:`~lit_prunedpo.scoring.TokenScorer` as
+  :class:`~lit_prunedpo.reference.OnlineReference`, so the values are what the online reference computes.
+* :class:`ReferenceLogpStore` holds them flat (``values`` float32 ``[total_tokens]``) with per (row, branch)
+  ``offsets``/``lengths`` and the sorted dataset keys (``batch.index``), and gathers at any positions.
+* :class:`CachedReference` is the :class:`~lit_prunedpo.reference.ReferenceSource`: at ``setup`` it loads
+  the file when its fingerprint matches the run, builds it otherwise (rank-sharded under DDP), and refuses
+  a stale, non-finite or misshapen one, naming what is wrong.
+
+**Storage.** One safetensors file: ``values`` float32 (4 bytes, i.e. **4 MB per million response tokens**),
+plus ``keys`` ``[N]``, ``offsets`` and ``lengths`` ``[N, 2]`` int64 (40 bytes per pair: +0.4 MB per
+million tokens at HH-RLHF lengths, ~94 response tokens a pair). The fingerprint is a JSON string in the
+file's metadata.
+``examples/measure_cache.py`` measures size, build time and step time.
+
+**The data protocol.** The cache asks the data module for two things:
+
+* ``datamodule.cache_fingerprint() -> dict``: a JSON-able description of everything that changes the pairs
+  (source, splits, tokenizer and a hash of it, max lengths, chat template, ``datasets`` fingerprints...);
+* ``datamodule.reference_batches(batch_size=None) -> Iterable[PreferenceBatch]``: every training and
+  validation pair once, in any order, unshuffled, with ``index`` unique across the splits.
+
+``SyntheticPreferenceData`` and ``PreferenceDataModule`` get them through :func:`cache_fingerprint` and
+:func:`reference_batches` below until they implement the methods themselves.
+
+**Fingerprint.** ``data`` (the above), ``reference`` (the model source's arguments, or "the policy's initial
+weights", and a BLAKE2 hash of the weights), ``scorer``, ``precision`` and the format version. Hashing
+weights reads every parameter once at set-up (about 1 s per GB); a ``ModelSource`` reference is built at
+set-up for that, then freed.
+
+Departures from the online reference, and how they are handled:
+
+* Values agree with the online reference up to float round-off (different batch composition and padding
+  change the matmul shapes), not bitwise: about 1e-7 in float32; the tests use ``atol=1e-6``.
+* Mixed precision: the build runs under the trainer's precision context (autocast), as the online
+  reference would; with ``*-true`` half precisions the policy is still float32 at set-up, so the cache then
+  holds float32 log-probs (more exact than the online reference would be).
+* Multi-node training needs ``path`` on a file system every node sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch, collate_pairs
+from lit_prunedpo.models import ModelSource
+from lit_prunedpo.plan import StepPlan, plan_step
+from lit_prunedpo.reference import ReferenceSource
+from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
+from lit_prunedpo.scoring import TokenScorer, group_inputs
+
+FORMAT = "lit_prunedpo.reference_cache"
+VERSION = 1
+DEFAULT_FILENAME = "reference_logps.safetensors"
+
+
+# ----------------------------------------------------------------------------------------------- the store
+class ReferenceLogpStore:
+    """Per-token reference log-probs of every response token of every pair, keyed by ``batch.index``.
+
+    Pair ``keys[r]``'s branch ``b`` has ``lengths[r, b]`` tokens whose log-probs are
+    ``values[offsets[r, b] : offsets[r, b] + lengths[r, b]]``. Everything lives on the CPU.
+
+    Args:
+        values: float32 ``[total_tokens]``, all log-probs, flat.
+        keys: ``[N]`` long, the dataset index of each row, strictly increasing.
+        offsets: ``[N, 2]`` long, start of each (row, branch) in ``values``.
+        lengths: ``[N, 2]`` long, response length of each (row, branch), >= 1.
+        fingerprint: what the values were computed from (see the module docstring).
+
+    Raises:
+        ValueError: the tensors are inconsistent (shapes, ordering, offsets past the end) or hold NaN/Inf
+            or positive log-probs.
+    """
+
+    def __init__(
+        self, values: Tensor, keys: Tensor, offsets: Tensor, lengths: Tensor, fingerprint: Mapping[str, Any] | None = None,
+        source: str = "in memory",
+    ) -> None:
+        self.values = values.detach().to("cpu", torch.float32).contiguous()
+        self.keys = keys.detach().to("cpu", torch.long).contiguous()
+        self.offsets = offsets.detach().to("cpu", torch.long).contiguous()
+        self.lengths = lengths.detach().to("cpu", torch.long).contiguous()
+        self.fingerprint: dict[str, Any] = dict(fingerprint or {})
+        self.source = source
+        self._check()
+
+    # -- checks --------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        where = f"reference cache {self.source}"
+        N = self.keys.numel()
+        if self.keys.ndim != 1 or self.offsets.shape != (N, 2) or self.lengths.shape != (N, 2) or self.values.ndim != 1:
+            raise ValueError(
+                f"{where}: wrong shapes: keys {tuple(self.keys.shape)}, offsets {tuple(self.offsets.shape)}, "
+                f"lengths {tuple(self.lengths.shape)}, values {tuple(self.values.shape)}; expected [N], [N, 2], "
+                "[N, 2] and [total_tokens]"
+            )
+        if N and bool((self.keys[1:] <= self.keys[:-1]).any()):
+            raise ValueError(f"{where}: keys (dataset indices) are not strictly increasing: duplicated or unsorted rows")
+        if bool((self.lengths < 1).any()):
+            raise ValueError(f"{where}: a response has length < 1")
+        flat_len, flat_off = self.lengths.reshape(-1), self.offsets.reshape(-1)
+        expected = torch.cat([torch.zeros(1, dtype=torch.long), flat_len.cumsum(0)[:-1]]) if N else flat_off
+        if not torch.equal(flat_off, expected) or int(flat_len.sum()) != self.values.numel():
+            raise ValueError(
+                f"{where}: offsets/lengths do not tile values: {int(flat_len.sum())} tokens listed, "
+                f"{self.values.numel()} values stored"
+            )
+        bad = ~torch.isfinite(self.values)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{where}: {int(bad.sum())} of {self.values.numel()} log-probs are NaN or infinite "
+                f"(first in pair {self._key_of_value(int(bad.nonzero()[0]))}); rebuild it (recompute=True)"
+            )
+        if bool((self.values > 0).any()):
+            raise ValueError(f"{where}: holds positive log-probabilities; it is not a log-prob cache")
+
+    def _key_of_value(self, position: int) -> int:
+        row = int(torch.searchsorted(self.offsets.reshape(-1), torch.tensor(position), right=True)) - 1
+        return int(self.keys[row // 2])
+
+    def check_against(self, index: Tensor, lengths: Tensor, what: str = "the data") -> None:
+        """Refuse a store whose rows or lengths differ from ``index``/``lengths`` (``[n]``, ``[n, 2]``).
+
+        Raises:
+            ValueError: a pair of the data is missing, or its response lengths differ.
+        """
+        if index.numel() != self.num_rows:
+            raise ValueError(
+                f"reference cache {self.source} holds {self.num_rows} pairs but {what} has {index.numel()}: it was "
+                "built for other data; rebuild it (recompute=True)"
+            )
+        rows = self._rows(index.cpu(), strict=False)
+        missing = rows < 0
+        if bool(missing.any()):
+            keys = index.cpu()[missing][:8].tolist()
+            raise ValueError(
+                f"reference cache {self.source} has no entry for {int(missing.sum())} pairs of {what} "
+                f"(dataset indices {keys}...): it was built for other data; rebuild it (recompute=True)"
+            )
+        differ = (self.lengths[rows] != lengths.cpu()).any(-1)
+        if bool(differ.any()):
+            i = int(differ.nonzero()[0])
+            raise ValueError(
+                f"reference cache {self.source}: pair {int(index[i])} has response lengths "
+                f"{self.lengths[rows[i]].tolist()} in the cache but {lengths[i].tolist()} in {what}: it was "
+                "built for other data or another tokenization; rebuild it (recompute=True)"
+            )
+
+    # -- lookup --------------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return self.keys.numel()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.values.numel()
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the tensors (what the file holds, less its small header)."""
+        return sum(t.numel() * t.element_size() for t in (self.values, self.keys, self.offsets, self.lengths))
+
+    def _rows(self, index: Tensor, strict: bool = True) -> Tensor:
+        """Rows of dataset keys ``index``; -1 for unknown keys unless ``strict`` (then ``KeyError``)."""
+        index = index.to("cpu", torch.long).contiguous()
+        rows = torch.searchsorted(self.keys, index).clamp(max=max(self.num_rows - 1, 0))
+        found = self.keys[rows] == index if self.num_rows else torch.zeros_like(index, dtype=torch.bool)
+        if bool((~found).any()):
+            if strict:
+                unknown = index[~found].unique()[:8].tolist()
+                raise KeyError(
+                    f"reference cache {self.source} has no pair with dataset index {unknown}: the cache covers "
+                    f"{self.num_rows} pairs of other data; rebuild it (recompute=True)"
+                )
+            rows = torch.where(found, rows, -1)
+        return rows
+
+    def gather(self, index: Tensor, branch: Tensor, t: Tensor) -> Tensor:
+        """Log-probs at dataset keys ``index``, branches ``branch`` (0 chosen), 0-based response positions ``t``.
+
+        All three broadcast together; the result is a float32 CPU tensor of their shape.
+
+        Raises:
+            KeyError: an ``index`` is not in the cache.
+            IndexError: a position ``t`` is beyond its response's cached length.
+        """
+        index, branch, t = torch.broadcast_tensors(index.cpu().long(), branch.cpu().long(), t.cpu().long())
+        rows = self._rows(index)
+        length = self.lengths[rows, branch]
+        beyond = (t < 0) | (t >= length)
+        if bool(beyond.any()):
+            i = beyond.reshape(-1).nonzero()[0]
+            k, b, p, n = (int(x.reshape(-1)[i]) for x in (index, branch, t, length))
+            raise IndexError(
+                f"reference cache {self.source}: position {p} of pair {k} ({BRANCH_NAMES[b]}) is beyond its cached "
+                f"length {n}: the batch's responses are longer than those the cache was built from"
+            )
+        return self.values[self.offsets[rows, branch] + t]
+
+    def lengths_of(self, index: Tensor) -> Tensor:
+        """``[n, 2]`` cached response lengths of dataset keys ``index``."""
+        return self.lengths[self._rows(index.reshape(-1))]
+
+    # -- building and merging ------------------------------------------------------------------------
+    @classmethod
+    def from_rows(
+        cls, keys: list[int], lengths: list[tuple[int, int]], values: list[Tensor], fingerprint: Mapping[str, Any] | None = None
+    ) -> "ReferenceLogpStore":
+        """Assemble from per-pair parts (any order): ``values[i]`` is chosen then rejected, ``sum(lengths[i])`` long.
+
+        Raises:
+            ValueError: a dataset index occurs twice (train and val must be numbered uniquely).
+        """
+        if not keys:  # e.g. a rank's shard when there are fewer batches than ranks; the merge checks the total
+            empty = torch.zeros(0, 2, dtype=torch.long)
+            return cls(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty, empty, fingerprint)
+        key_t = torch.tensor(keys, dtype=torch.long)
+        order = torch.argsort(key_t)
+        key_t = key_t[order]
+        dup = key_t[1:] == key_t[:-1]
+        if bool(dup.any()):
+            raise ValueError(
+                f"the data yields dataset index {int(key_t[1:][dup][0])} more than once: the cache is keyed by "
+                "batch.index, which must be unique across the training and validation splits"
+            )
+        len_t = torch.tensor(lengths, dtype=torch.long).reshape(-1, 2)[order]
+        flat = torch.cat([values[i].float().cpu() for i in order.tolist()])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), len_t.reshape(-1).cumsum(0)[:-1]]).reshape(-1, 2)
+        return cls(flat, key_t, offsets, len_t, fingerprint)
+
+    @classmethod
+    def merge(cls, stores: Iterable["ReferenceLogpStore"]) -> "ReferenceLogpStore":
+        """One store holding the rows of all ``stores`` (rank shards), which must not overlap."""
+        stores = list(stores)
+        if not sum(s.num_rows for s in stores):
+            raise ValueError("no pairs to cache: the data module yielded no reference batches")
+        keys, lengths, values = [], [], []
+        for s in stores:
+            for r in range(s.num_rows):
+                keys.append(int(s.keys[r]))
+                lengths.append(tuple(s.lengths[r].tolist()))
+                start, n = int(s.offsets[r, 0]), int(s.lengths[r].sum())
+                values.append(s.values[start : start + n])
+        return cls.from_rows(keys, lengths, values, stores[0].fingerprint if stores else None)
+
+    # -- files ---------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a safetensors file atomically (a temporary file renamed into place)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tensors = {"values": self.values, "keys": self.keys, "offsets": self.offsets, "lengths": self.lengths}
+        metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True)}
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ReferenceLogpStore":
+        """Read a file written by :meth:`save`.
+
+        Raises:
+            ValueError: the file is not a reference cache of this version, lacks a tensor, or fails the checks.
+        """
+        fingerprint = read_fingerprint(path)
+        tensors = {}
+        with safe_open(str(path), framework="pt") as f:
+            for name in ("values", "keys", "offsets", "lengths"):
+                if name not in f.keys():
+                    raise ValueError(f"reference cache {path}: no tensor {name!r}")
+                tensors[name] = f.get_tensor(name)
+        return cls(fingerprint=fingerprint, source=str(path), **tensors)
+
+    def __repr__(self) -> str:
+        return f"ReferenceLogpStore({self.num_rows} pairs, {self.num_tokens} tokens, {self.size_bytes} bytes, {self.source})"
+
+
+def read_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """The fingerprint in a cache file's metadata, without reading its tensors.
+
+    Raises:
+        ValueError: the file is not a reference cache of this format version.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error types for non-safetensors files
+        raise ValueError(f"reference cache {path}: not a readable safetensors file: {err}") from err
+    if meta.get("format") != FORMAT or meta.get("version") != str(VERSION):
+        raise ValueError(
+            f"reference cache {path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected "
+            f"{FORMAT!r} version {VERSION}; delete it or rebuild it (recompute=True)"
+        )
+    return json.loads(meta.get("fingerprint", "{}"))
+
+
+# --------------------------------------------------------------------------------------------- computing
+_EXACT = (FullPrefix(), AllPositions(), BothBranches())
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def compute_reference_logps(
+    model: nn.Module,
+    batches: Iterable[PreferenceBatch],
+    scorer: TokenScorer | None = None,
+    forward_context: Callable[[], ContextManager] | None = None,
+) -> ReferenceLogpStore:
+    """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
+
+    Each batch is planned with full prefixes, all positions and both branches and scored through
+    :func:`~lit_prunedpo.scoring.group_inputs` and ``scorer``, exactly as the online reference scores an
+    unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
+
+    Args:
+        model: a ``transformers`` causal LM.
+        batches: the pairs to cache; their ``index`` values must be unique.
+        scorer: how log-probs are computed; ``None`` is :class:`~lit_prunedpo.scoring.TokenScorer`.
+        forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
+
+    Raises:
+        ValueError: a batch is invalid, or an index repeats.
+    """
+    scorer = scorer if scorer is not None else TokenScorer()
+    context = forward_context if forward_context is not None else contextlib.nullcontext
+    device = _model_device(model)
+    was_training = model.training
+    model.eval()
+    keys: list[int] = []
+    lengths: list[tuple[int, int]] = []
+    values: list[Tensor] = []
+    try:
+        for batch in batches:
+            batch.validate()
+            batch = batch.to(device)
+            plan = plan_step(batch, *_EXACT, generator=torch.Generator())
+            (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
+            with context():
+                logps = scorer(model, group_inputs(batch, group.to(device))).float().cpu()
+            # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
+            # tokens are consecutive in `logps`.
+            per_pair = batch.response_lengths.cpu()
+            keys.extend(batch.index.cpu().tolist())
+            lengths.extend(tuple(x) for x in per_pair.tolist())
+            values.extend(logps.split(per_pair.sum(-1).tolist()))
+    finally:
+        model.train(was_training)
+    return ReferenceLogpStore.from_rows(keys, lengths, values)
+
+
+# --------------------------------------------------------------------------------------------- fingerprints
+def weights_hash(model: nn.Module) -> str:
+    """BLAKE2b of every state-dict tensor's name, dtype, shape and bytes (the weights' identity)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` made JSON-able: containers recursively, anything else by ``str``."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def reference_identity(source: ModelSource | None, model: nn.Module) -> dict[str, Any]:
+    """The reference part of a fingerprint: where the model comes from and its weights' hash."""
+    if source is None:
+        origin: dict[str, Any] = {"source": "policy initial weights", "class": type(model).__name__}
+    else:
+        origin = {"source": f"{type(source).__module__}.{type(source).__qualname__}", "args": _jsonable(vars(source))}
+    return {**origin, "weights": weights_hash(model)}
+
+
+_ABSENT = object()
+
+
+def fingerprint_diff(cached: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted fields whose values differ, each as ``field (cache: X, now: Y)``; a sub-dict present on
+    one side only is one field."""
+
+    def show(v: Any) -> str:
+        if v is _ABSENT:
+            return "<absent>"
+        text = json.dumps(v, sort_keys=True)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    out = []
+    for key in sorted(set(cached) | set(current)):
+        a, b = cached.get(key, _ABSENT), current.get(key, _ABSENT)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(fingerprint_diff(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out.append(f"{prefix}{key} (cache: {show(a)}, now: {show(b)})")
+    return out
+
+
+# ------------------------------------------------------------------------------------ the data protocol
+def cache_fingerprint(datamodule: Any) -> dict[str, Any]:
+    """``datamodule.cache_fingerprint()``, or this module's version for the package's two data modules.
+
+    Raises:
+        TypeError: the data module implements neither the protocol nor is one this module knows.
+    """
+    if hasattr(datamodule, "cache_fingerprint"):
+        return _jsonable(datamodule.cache_fingerprint())
+    from lit_prunedpo.data import PreferenceDataModule, SyntheticPreferenceData
+
+    if isinstance(datamodule, SyntheticPreferenceData):
+        return synthetic_fingerprint(datamodule)
+    if isinstance(datamodule, PreferenceDataModule):
+        return preference_fingerprint(datamodule)
+    raise TypeError(_protocol_error(datamodule, "cache_fingerprint()"))
+
+
+def reference_batches(datamodule: Any, batch_size: int | None = None) -> Iterable[PreferenceBatch]:
+    """``datamodule.reference_batches(batch_size)``, or this module's version for the package's data modules.
+
+    Raises:
+        TypeError: as :func:`cache_fingerprint`.
+    """
+    if hasattr(datamodule, "reference_batches"):
+        return datamodule.reference_batches(batch_size)
+    from lit_prunedpo.data import PreferenceDataModule, SyntheticPreferenceData
+
+    if isinstance(datamodule, SyntheticPreferenceData):
+        return synthetic_reference_batches(datamodule, batch_size)
+    if isinstance(datamodule, PreferenceDataModule):
+        return preference_reference_batches(datamodule, batch_size)
+    raise TypeError(_protocol_error(datamodule, "reference_batches(batch_size)"))
+
+
+def _protocol_error(datamodule: Any, method: str) -> str:
+    return (
+        f"CachedReference needs the data module to implement {method}; {type(datamodule).__name__} does not "
+        "(see lit_prunedpo.reference_cache: cache_fingerprint() and reference_batches(batch_size))"
+    )
+
+
+def synthetic_reference_batches(dm: Any, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
+    """Every training then validation pair of a ``SyntheticPreferenceData`` once, unshuffled."""
+    dm.setup("fit")
+    pairs, size = list(dm.train_pairs) + list(dm.val_pairs), batch_size or dm.batch_size
+    for start in range(0, len(pairs), size):
+        yield collate_pairs(pairs[start : start + size], pad_id=dm.pad_token_id)
+
+
+def preference_reference_batches(dm: Any, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
+    """Every training then validation pair of a ``PreferenceDataModule`` once, unshuffled, shortest first
+    within each split (less padding, so a faster build)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    dm.setup("fit")
+    collate, size = dm._collate(), batch_size or dm.val_batch_size
+    for ds in (dm.train_dataset, dm.val_dataset):
+        table = ds.with_format("arrow")[:]  # applies the split's row selection
+        prompt, chosen, rejected = (
+            pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
+            for c in ("prompt_ids", "chosen_ids", "rejected_ids")
+        )
+        order = np.argsort(prompt + np.maximum(chosen, rejected), kind="stable")
+        for start in range(0, len(order), size):
+            columns = ds[order[start : start + size].tolist()]
+            yield collate([dict(zip(columns, row)) for row in zip(*columns.values())])
+
+
+def synthetic_fingerprint(dm: Any) -> dict[str, Any]:
+    """Fingerprint of a ``SyntheticPreferenceData``: its generator arguments (batch size changes nothing)."""
+    names = ("vocab_size", "num_train", "num_val", "min_response_length", "max_response_length", "max_stride",
+             "corruption_rate", "seed")
+    return {"class": f"{type(dm).__module__}.{type(dm).__qualname__}", **{n: getattr(dm, n) for n in names}}
+
+
+def preference_fingerprint(dm: Any) -> dict[str, Any]:
+    """Fingerprint of a ``PreferenceDataModule``: source, splits, tokenization settings and the tokenized splits."""
+    from lit_prunedpo.data.tokenize import tokenizer_fingerprint
+
+    dm.setup("fit")
+    template = dm.tokenizer.chat_template
+    return {
+        "class": f"{type(dm).__module__}.{type(dm).__qualname__}",
+        "path": dm.path,
+        "train_split": dm.train_split,
+        "val_split": dm.val_split,
+        "val_fraction": dm.val_fraction if dm.val_split is None else None,
+        "seed": dm.seed,
+        "max_rows": dm.max_rows,
+        "max_length": dm.max_length,
+        "max_prompt_length": dm.max_prompt_length,
+        "columns": [dm.columns.prompt, dm.columns.chosen, dm.columns.rejected],
+        "on_bad_row": dm.on_bad_row,
+        "tokenizer": dm.tokenizer.name_or_path,
+        "tokenizer_hash": tokenizer_fingerprint(dm.tokenizer),
+        "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if isinstance(template, str) else None,
+        "train_dataset": dm.train_dataset._fingerprint,
+        "val_dataset": dm.val_dataset._fingerprint,
+    }
+
+
+# ------------------------------------------------------------------------------------- the seam
+@dataclass
+class _Runtime:
+    """What a build needs from the run: where it runs, with how many peers, under which precision."""
+
+    device: torch.device
+    root_dir: str
+    precision: str
+    forward_context: Callable[[], ContextManager]
+    world_size: int = 1
+    rank: int = 0
+    barrier: Callable[[str], None] = lambda name: None
+
+    @classmethod
+    def of(cls, trainer: L.Trainer) -> "_Runtime":
+        strategy = trainer.strategy
+        plugin = strategy.precision_plugin
+        return cls(
+            device=strategy.root_device,
+            root_dir=str(trainer.default_root_dir),
+            precision=str(plugin.precision),
+            forward_context=plugin.forward_context,
+            world_size=int(strategy.world_size),
+            rank=int(strategy.global_rank),
+            barrier=lambda name: strategy.barrier(name),
+        )
+
+
+class CachedReference(ReferenceSource):
+    """Reference log-probs gathered from an on-disk per-token cache: no reference model runs while training.
+
+    Args:
+        path: the safetensors cache file; ``None`` is ``<trainer.default_root_dir>/reference_logps.safetensors``.
+        model: the reference model to cache; ``None`` is the policy's initial weights (``module.policy`` at
+            set-up, before any checkpoint loads).
+        recompute: rebuild the cache even when one exists (also when its fingerprint differs).
+        batch_size: pairs per forward pass while building.
+
+    Raises:
+        ValueError: on ``batch_size < 1``; at set-up, on a stale cache (naming the differing fields), a
+            non-finite one or one whose rows/lengths do not match the data.
+
+    Example (build ahead of time, then train; both read the same config)::
+
+        lit-prunedpo-cache --config configs/cached.yaml
+        lit-prunedpo fit --config configs/cached.yaml
+    """
+
+    def __init__(
+        self, path: str | None = None, model: ModelSource | None = None, recompute: bool = False, batch_size: int = 16
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"CachedReference: batch_size must be >= 1, got {batch_size!r}")
+        self.path = path
+        self.source = model
+        self.recompute = recompute
+        self.batch_size = batch_size
+        self.scorer = TokenScorer()
+        self.store: ReferenceLogpStore | None = None  # a plain attribute: never moved to GPU, never checkpointed
+        self.builds = 0  # how many times this source computed the cache (tests, logs)
+
+    @classmethod
+    def from_store(cls, store: ReferenceLogpStore) -> "CachedReference":
+        """A source serving ``store`` as is: ``prepare`` neither loads nor checks anything."""
+        ref = cls()
+        ref.store = store
+        return ref
+
+    def configure(self, policy: nn.Module) -> None:
+        """Nothing to do: no copy of the policy is kept (the cache replaces it)."""
+
+    def resolve_path(self, root_dir: str) -> Path:
+        """The cache file: ``path``, or the default name under ``root_dir``."""
+        return Path(self.path).expanduser() if self.path is not None else Path(root_dir) / DEFAULT_FILENAME
+
+    # -- set-up --------------------------------------------------------------------------------------
+    def prepare(self, module: L.LightningModule, stage: str) -> None:
+        """Load the cache if its fingerprint matches the run, else build it (sharded over ranks); see :meth:`ensure`."""
+        if self.store is not None:
+            return  # from_store, or an earlier stage of this process (the policy may have trained since)
+        datamodule = getattr(module.trainer, "datamodule", None)
+        if datamodule is None:
+            raise ValueError(
+                "CachedReference needs a LightningDataModule (implementing cache_fingerprint() and "
+                "reference_batches()) passed to the trainer, to know which pairs to cache"
+            )
+        self.ensure(module.policy, datamodule, _Runtime.of(module.trainer))
+
+    def ensure(self, policy: nn.Module, datamodule: Any, runtime: _Runtime) -> ReferenceLogpStore:
+        """Load, or build and save, the cache for ``datamodule`` and this reference; returns the store.
+
+        Every rank calls this. A build runs every ``world_size``-th batch on each rank, writes
+        ``<path>.rank<r>``; rank 0 merges the shards into ``path``; then every rank loads it.
+
+        Raises:
+            ValueError: a stale cache without ``recompute``, or a cache failing its checks.
+        """
+        path = self.resolve_path(runtime.root_dir)
+        model = self.source.build() if self.source is not None else policy
+        fingerprint = {
+            "version": VERSION,
+            "data": cache_fingerprint(datamodule),
+            "reference": reference_identity(self.source, model),
+            "scorer": f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}",
+            "precision": runtime.precision,
+        }
+        if path.exists() and not self.recompute:
+            cached = read_fingerprint(path)
+            if cached != fingerprint:
+                differ = "; ".join(fingerprint_diff(cached, fingerprint))
+                raise ValueError(
+                    f"reference cache {path} is stale: it was built for a different run. Fields that differ: "
+                    f"{differ}. Delete it, point model.reference.init_args.path elsewhere, or rebuild it with "
+                    "model.reference.init_args.recompute=true"
+                )
+        else:
+            self._build(model, datamodule, fingerprint, path, runtime)
+        del model  # a ModelSource reference is freed here; the policy is only borrowed
+        if runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        store = ReferenceLogpStore.load(path)
+        index, lengths = _data_rows(datamodule, self.batch_size)
+        store.check_against(index, lengths, what=f"the data module's pairs ({type(datamodule).__name__})")
+        self.store = store
+        return store
+
+    def _build(self, model: nn.Module, datamodule: Any, fingerprint: dict[str, Any], path: Path, runtime: _Runtime) -> None:
+        start = time.perf_counter()
+        original_device = _model_device(model)
+        batches = (
+            b for i, b in enumerate(reference_batches(datamodule, self.batch_size))
+            if i % runtime.world_size == runtime.rank
+        )
+        model.to(runtime.device)
+        try:
+            shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context)
+        finally:
+            model.to(original_device)  # the policy goes back where the strategy expects to find it
+        self.builds += 1
+        shard.fingerprint = fingerprint
+        if runtime.world_size == 1:
+            shard.save(path)
+        else:
+            shard.save(_shard_path(path, runtime.rank))
+            runtime.barrier("lit_prunedpo.reference_cache.shards")
+            if runtime.rank == 0:
+                shards = [_shard_path(path, r) for r in range(runtime.world_size)]
+                ReferenceLogpStore.merge(ReferenceLogpStore.load(p) for p in shards).save(path)
+                for p in shards:
+                    p.unlink()
+            runtime.barrier("lit_prunedpo.reference_cache.merged")
+        if runtime.rank == 0:
+            rank_zero_info(
+                f"reference cache: built {path} in {time.perf_counter() - start:.1f}s ({path.stat().st_size / 1e6:.2f} MB)"
+            )
+
+    # -- the step ------------------------------------------------------------------------------------
+    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        """Gather each group's scored positions; refuses a batch whose lengths differ from the cache's."""
+        if self.store is None:
+            raise RuntimeError(
+                "CachedReference has no cache: prepare() runs at trainer set-up (or use CachedReference.from_store)"
+            )
+        index = batch.index.cpu()
+        cached = self.store.lengths_of(index)
+        actual = batch.response_lengths.cpu()
+        if not torch.equal(cached, actual):
+            i = int((cached != actual).any(-1).nonzero()[0])
+            raise ValueError(
+                f"reference cache {self.store.source}: pair {int(index[i])} has response lengths "
+                f"{cached[i].tolist()} in the cache but {actual[i].tolist()} in the batch; rebuild it (recompute=True)"
+            )
+        device = batch.prompt_ids.device
+        out = []
+        for group in plan.groups:
+            row = group.scored_row.cpu()
+            values = self.store.gather(index[group.pair.cpu()][row], group.branch.cpu()[row], group.scored_t.cpu())
+            out.append(values.to(device, non_blocking=True))
+        return out
+
+    def tokens_executed(self, plan: StepPlan) -> int:
+        return 0
+
+
+def _shard_path(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.name}.rank{rank}")
+
+
+def _data_rows(datamodule: Any, batch_size: int) -> tuple[Tensor, Tensor]:
+    """``index [n]`` and ``response_lengths [n, 2]`` of every pair the data module will serve."""
+    index, lengths = [], []
+    for batch in reference_batches(datamodule, batch_size):
+        index.append(batch.index.cpu())
+        lengths.append(batch.response_lengths.cpu())
+    return torch.cat(index), torch.cat(lengths)
