@@ -23,12 +23,25 @@ def quickstart_config() -> Path:
     return Path(str(resources.files("lit_prunedpo.configs").joinpath("quickstart.yaml")))
 
 
+class PrunedDPOCLI(LightningCLI):
+    """LightningCLI whose checkpoint errors name the checkpoint."""
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads --ckpt_path itself (for saved hyperparameters) before any strategy sees it; a corrupt
+        # file would otherwise fail with a bare unpickling error that does not say which file.
+        try:
+            super()._parse_ckpt_path()
+        except Exception as err:
+            path = self.config[self.config.subcommand].get("ckpt_path")
+            raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
+
+
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
     given = sys.argv[1:] if args is None else args
     has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in given)
     defaults = [] if has_config else [str(quickstart_config())]
-    return LightningCLI(
+    return PrunedDPOCLI(
         PrunedDPO,
         LightningDataModule,
         subclass_mode_data=True,

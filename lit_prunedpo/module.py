@@ -108,11 +108,12 @@ class PrunedDPO(L.LightningModule):
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference if reference is not None else OnlineReference()
-        self.reference.configure(self.policy)
+        self.reference.configure(self.policy, self.scorer)
 
         self.sampler_rng = SamplerRNG()
         self.step_stats: StepStats | None = None
         self.skipped_steps = 0
+        self._sharded = False  # set by configure_model under FSDP2
         self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
         self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
 
@@ -133,6 +134,17 @@ class PrunedDPO(L.LightningModule):
                 "set the model config's vocab_size to at least the tokenizer's"
             )
 
+    def configure_model(self) -> None:
+        """Shard the policy, and an online reference's frozen model, with FSDP2 per decoder layer when the
+        strategy provides a device mesh (``lit_prunedpo.distributed.FSDP2Strategy`` or Lightning's
+        ``ModelParallelStrategy``); a no-op for every other strategy. See ``lit_prunedpo.distributed``."""
+        if self.device_mesh is None or self._sharded:
+            return
+        from lit_prunedpo.distributed import shard_pruned_dpo
+
+        shard_pruned_dpo(self, self.device_mesh)
+        self._sharded = True
+
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params)
@@ -146,7 +158,13 @@ class PrunedDPO(L.LightningModule):
     # ------------------------------------------------------------------------------------ the step
     def plan(self, batch: PreferenceBatch) -> StepPlan:
         """Stage 1: all samplers draw from this step's generator."""
-        return plan_step(batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next())
+        plan = plan_step(batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next())
+        if self._sharded:
+            # FSDP pairs collectives across ranks by forward order: every rank must run the same forwards.
+            from lit_prunedpo.distributed import balance_plan_groups
+
+            plan = balance_plan_groups(plan, batch, self.trainer.strategy)
+        return plan
 
     def score_policy(self, batch: PreferenceBatch, group: RowGroup) -> Tensor:
         """Stage 2 for one group: a graph only for the gradient rows."""

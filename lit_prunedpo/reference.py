@@ -27,8 +27,9 @@ class ReferenceSource(nn.Module, ABC):
     """Reference log-probs for the scored positions of a plan. An ``nn.Module`` so that Lightning moves and
     shards whatever state it holds."""
 
-    def configure(self, policy: nn.Module) -> None:
-        """Called once with the freshly built policy, in ``PrunedDPO.__init__`` (e.g. to copy it)."""
+    def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
+        """Called once in ``PrunedDPO.__init__`` with the freshly built policy (e.g. to copy it) and the module's
+        scorer (so that a memory-efficient scorer serves the reference too)."""
 
     def prepare(self, module: "L.LightningModule", stage: str) -> None:
         """Called from ``PrunedDPO.setup(stage)`` on every process, with the trainer and data module attached
@@ -76,7 +77,8 @@ class OnlineReference(ReferenceSource):
         if self.model is not None:
             self._freeze()
 
-    def configure(self, policy: nn.Module) -> None:
+    def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
+        self.scorer = scorer
         if self.model is None:
             self.model = copy.deepcopy(policy)
             self._freeze()
@@ -96,7 +98,7 @@ class OnlineReference(ReferenceSource):
     @torch.no_grad()
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
         if self.model is None:
-            raise RuntimeError("OnlineReference.configure(policy) was not called before scoring")
+            raise RuntimeError("OnlineReference.configure(policy, scorer) was not called before scoring")
         merged = merge_groups(plan.groups)
         logps = self.scorer(self.model, group_inputs(batch, merged.to(batch.prompt_ids.device)))
         return list(logps.split([g.num_scored for g in plan.groups]))

@@ -602,7 +602,7 @@ class CachedReference(ReferenceSource):
         ref.store = store
         return ref
 
-    def configure(self, policy: nn.Module) -> None:
+    def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
         """Nothing to do: no copy of the policy is kept (the cache replaces it)."""
 
     def resolve_path(self, root_dir: str) -> Path:

@@ -26,8 +26,8 @@ FAST = [
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
     "--trainer.log_every_n_steps=1",
-    "--data.init_args.num_train=96",
-    "--data.init_args.num_val=32",
+    "--data.init_args.max_rows=128",
+    "--data.init_args.val_fraction=0.25",
 ]
 
 
@@ -95,7 +95,7 @@ def test_python_dash_m_prints_config(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lit_prunedpo", "fit", "--print_config"], capture_output=True,
                          text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "lit_prunedpo.models.FromConfig" in out.stdout and "SyntheticPreferenceData" in out.stdout
+    assert "lit_prunedpo.models.FromConfig" in out.stdout and "PreferenceDataModule" in out.stdout
 
 
 def test_resume_draws_and_weights_match_uninterrupted_run(tmp_path):
@@ -109,3 +109,10 @@ def test_resume_draws_and_weights_match_uninterrupted_run(tmp_path):
     assert first.model.sampler_rng.step == 3 and resumed.model.sampler_rng.step == full.model.sampler_rng.step == 6
     for a, b in zip(full.model.policy.state_dict().values(), resumed.model.policy.state_dict().values()):
         assert torch.equal(a, b)  # bitwise, single process
+
+
+def test_corrupt_checkpoint_is_refused_naming_the_file(tmp_path):
+    bad = tmp_path / "broken.ckpt"
+    bad.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(RuntimeError, match=f"could not read checkpoint {bad}"):
+        build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={bad}", *FAST])

@@ -260,8 +260,8 @@ def test_misshapen_caches_are_refused(built, tiny_source):
 def test_resumed_run_reads_the_same_cache_and_matches_uninterrupted_run(tmp_path, builds):
     cache = tmp_path / "cache" / "ref.safetensors"
     common = ["--config", str(REPO / "configs/cached.yaml"), f"--model.reference.init_args.path={cache}",
-              "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1", "--data.init_args.num_train=96",
-              "--data.init_args.num_val=32", *FAST]
+              "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1", "--data.init_args.max_rows=128",
+              "--data.init_args.val_fraction=0.25", *FAST]
     full = build_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'full'}", "--trainer.max_steps=6"])
     assert len(builds) == 1 and full.model.reference.builds == 1
     stamp = os.stat(cache).st_mtime_ns

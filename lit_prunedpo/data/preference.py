@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
+from lit_prunedpo.data.generated import generated_pairs
 from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
 from lit_prunedpo.data.length_grouped import LengthGroupedSampler
 from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler
@@ -39,6 +40,7 @@ from lit_prunedpo.data.stats import format_stats, summarize
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer, tokenizer_fingerprint
 
 BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
+GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
 
 
 @dataclass
@@ -66,7 +68,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     an empty response are dropped and counted in :attr:`stats`.
 
     Args:
-        path: Where the pairs are: a local ``.json``, ``.jsonl``, ``.jsonl.gz``, ``.parquet`` or ``.csv``
+        path: Where the pairs are. None (the default) is the package's generated task, ordered vs. corrupted
+            letter sequences (:mod:`~lit_prunedpo.data.generated`, ``max_rows`` pairs or 4096), read
+            through the same pipeline as a file. Otherwise a local ``.json``, ``.jsonl``, ``.jsonl.gz``, ``.parquet`` or ``.csv``
             file, a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``, or a hub
             dataset name (``datasets.load_dataset(path, split=...)``).
         tokenizer: Tokenizer name or path for ``AutoTokenizer.from_pretrained``; ``"byt5"`` builds the
@@ -103,8 +107,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
 
     def __init__(
         self,
-        path: str,
-        tokenizer: str,
+        path: str | None = None,
+        tokenizer: str = "byt5",
         train_split: str = "train",
         val_split: str | None = None,
         val_fraction: float = 0.05,
@@ -180,17 +184,27 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     # -- building the splits -------------------------------------------------------------------------
 
     def _source_name(self, split: str) -> str:
+        if self.path is None:
+            return "the generated task"
         return self.path if is_single_split(self.path) else f"{self.path} (split {split!r})"
+
+    def _single_split(self) -> bool:
+        return self.path is None or is_single_split(self.path)
+
+    def _load(self, split: str) -> datasets.Dataset:
+        if self.path is None:
+            return generated_pairs(num_rows=self.max_rows or GENERATED_ROWS, seed=self.seed)
+        return load_split(self.path, split)
 
     def _encode(self, split: str) -> tuple[datasets.Dataset, str, str]:
         """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
-        if split == self.val_split and is_single_split(self.path):
+        if split == self.val_split and self._single_split():
             raise ValueError(
-                f"{self.path} holds a single split, so val_split={split!r} cannot be read from it; leave "
+                f"{self._source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; leave "
                 "val_split unset to hold out val_fraction of it, or save a DatasetDict with that split"
             )
         source = self._source_name(split)
-        raw = load_split(self.path, split)
+        raw = self._load(split)
         if self.max_rows is not None and len(raw) > self.max_rows:
             raw = raw.select(range(self.max_rows))
         if len(raw) == 0:
@@ -273,7 +287,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             shifted = (np.asarray(val["index"], dtype=np.int64) + len(encoded)).tolist()
             val = val.remove_columns("index").add_column("index", shifted)
         stats = {
-            "source": self.path,
+            "source": self._source_name(self.train_split),
             "format": fmt,
             "train": self._split_stats(train_rows, cols, keep),
             "val": self._split_stats(val_rows, val_cols, val_keep),

@@ -1,0 +1,381 @@
+"""Time the pruning modes side by side: same weights, same batches, alternating steps, real PrunedDPO steps.
+
+One :class:`~lit_prunedpo.module.PrunedDPO` module and one AdamW optimizer serve every configuration
+``(mode, reference, scorer)``: before each step the harness swaps the module's samplers, scorer, reference
+source and sampler generator, then runs the module's own stages (``module.plan``,
+``module.execute_and_estimate``, ``objective.backward()``, ``optimizer.step()``, ``zero_grad``). Sharing one
+module keeps the process's resident memory that of a single training run (so peak RSS compares across modes)
+and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
+change any shape or cost.
+
+Rounds: round ``r`` runs one step of every configuration, in order, on batch ``r`` (``A B C ... A B C ...``);
+the first ``warmup`` rounds are not recorded. Alternating spreads machine noise (other processes, frequency
+changes) evenly over the configurations; medians and p90 summarise it.
+
+Memory per step: on CUDA ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on the CPU the
+kernel's peak RSS (``VmHWM``) after resetting it through ``/proc/self/clear_refs``
+(:mod:`lit_prunedpo.callbacks._memory`), with ``gc.collect()`` and glibc's ``malloc_trim(0)`` first so that
+memory a previous configuration freed is given back to the OS and not counted again. Both the absolute peak
+and the peak above the step's starting point are reported.
+
+The online reference of a ``chunked`` configuration scores with the chunked scorer too (same frozen model):
+otherwise its ``K x V`` logits would set the peak. The cached reference is computed once, with the plain
+scorer, from the frozen reference model, for exactly the benchmark's batches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, Callable, Sequence
+
+import torch
+
+from lit_prunedpo.batch import PreferenceBatch, collate_pairs
+from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.presets import MODES, REFERENCES, SCORERS, Preset
+from lit_prunedpo.callbacks import _memory
+from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.data.synthetic import PAD, SyntheticPreferenceData
+from lit_prunedpo.metrics import StepStats
+from lit_prunedpo.models import FromConfig
+from lit_prunedpo.module import PrunedDPO
+from lit_prunedpo.plan import StepPlan, plan_step
+from lit_prunedpo.reference import OnlineReference, ReferenceSource
+from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.scoring import TokenScorer
+
+MiB = float(2**20)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmarked configuration."""
+
+    mode: str
+    reference: str
+    scorer: str
+
+
+@dataclass
+class _Record:
+    """What the measured steps of one configuration produced."""
+
+    times: list[float] = field(default_factory=list)
+    peaks: list[float] = field(default_factory=list)
+    step_peaks: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    reference_tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    flops: list[cost.StepFlops] = field(default_factory=list)
+    vanilla_flops: list[cost.StepFlops] = field(default_factory=list)
+
+
+def _check_choice(name: str, values: Sequence[str], allowed: Sequence[str]) -> list[str]:
+    values = list(dict.fromkeys(values))  # de-duplicate, keep order
+    if not values:
+        raise ValueError(f"{name} must name at least one of {list(allowed)}")
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"{name}: unknown {bad}; choose from {list(allowed)}")
+    return values
+
+
+def make_batches(preset: Preset, count: int, seed: int = 0) -> list[PreferenceBatch]:
+    """``count`` batches of ``preset.batch_size`` synthetic pairs (unique ``index`` values across batches)."""
+    lo, hi = preset.response_length
+    data = SyntheticPreferenceData(
+        vocab_size=preset.model["vocab_size"], min_response_length=lo, max_response_length=hi,
+        batch_size=preset.batch_size, seed=seed + 1,
+    )
+    pairs = data.make_pairs(count * preset.batch_size, stream=0)
+    B = preset.batch_size
+    return [collate_pairs(pairs[i * B : (i + 1) * B], pad_id=PAD) for i in range(count)]
+
+
+# ------------------------------------------------------------------------------------------------- memory
+def _malloc_trim() -> Callable[[], None]:
+    """glibc's ``malloc_trim(0)`` (hands freed heap pages back to the OS), or a no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes = [ctypes.c_size_t]
+    return lambda: trim(0)
+
+
+class MemoryProbe:
+    """Per-step peak memory: CUDA allocator peaks, or the CPU peak RSS reset through ``clear_refs``.
+
+    Args:
+        device: the device the step runs on.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.trim = _malloc_trim()
+        if device.type == "cuda":
+            self.kind = "cuda max_memory_allocated"
+        else:
+            status = _memory.cpu_peak_rss_status()
+            self.kind = {
+                "resettable": "peak RSS (VmHWM reset by clear_refs)",
+                "lifetime": "lifetime peak RSS (clear_refs not writable: not per step)",
+                "unavailable": "unavailable",
+            }[status]
+        self._before = 0
+
+    def start(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._before = torch.cuda.memory_allocated(self.device)
+            return
+        self.trim()
+        _memory.reset_peak_rss()
+        self._before = _memory.read_rss_bytes() or 0
+
+    def stop(self) -> tuple[float | None, float | None]:
+        """``(peak MiB, peak above the start MiB)``, or ``(None, None)`` where nothing can be read."""
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = _memory.read_peak_rss_bytes()
+            if peak is None:
+                return None, None
+        return peak / MiB, max(0, peak - self._before) / MiB
+
+
+# --------------------------------------------------------------------------------------------------- step
+def train_step(module: PrunedDPO, optimizer: torch.optim.Optimizer, batch: PreferenceBatch) -> tuple[StepPlan, StepStats]:
+    """One real training step through the module's own stages: plan, execute, estimate, backward, optimizer."""
+    batch.validate()
+    plan = module.plan(batch)
+    est = module.execute_and_estimate(batch, plan)
+    stats = StepStats.of(plan, module.reference.tokens_executed(plan))
+    est.objective.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return plan, stats
+
+
+def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch]) -> ReferenceSource:
+    try:
+        from lit_prunedpo.reference_cache import CachedReference, compute_reference_logps
+    except ImportError as err:
+        raise RuntimeError(
+            f"reference cache not available (lit_prunedpo.reference_cache: {err}); run with --references online"
+        ) from err
+    return CachedReference.from_store(compute_reference_logps(model, batches))
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default), ``0 <= q <= 1``."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch threads"
+
+
+def run_benchmark(
+    preset: Preset,
+    modes: Sequence[str] = tuple(MODES),
+    references: Sequence[str] = REFERENCES,
+    scorers: Sequence[str] = SCORERS,
+    steps: int | None = None,
+    warmup: int | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
+
+    Args:
+        preset: model, batch and step settings.
+        modes: names from :data:`~lit_prunedpo.bench.presets.MODES`.
+        references: ``online`` and/or ``cached``.
+        scorers: ``plain`` (``TokenScorer``) and/or ``chunked`` (``ChunkedScorer(preset.chunk_size)``).
+        steps: measured rounds; ``None`` is the preset's.
+        warmup: un-measured rounds first; ``None`` is the preset's.
+        device: ``cpu`` or a CUDA device.
+        seed: seed of the data and of every configuration's sampler generator.
+        log: called with a progress line after every round; ``None`` is silent.
+
+    Returns:
+        The report payload: ``preset``, ``device`` and ``results`` (one dict per configuration) and context.
+
+    Raises:
+        ValueError: on an unknown mode, reference or scorer, or a step count out of range.
+        RuntimeError: ``cached`` requested where :mod:`lit_prunedpo.reference_cache` is missing.
+    """
+    modes = _check_choice("modes", modes, tuple(MODES))
+    references = _check_choice("references", references, REFERENCES)
+    scorers = _check_choice("scorers", scorers, SCORERS)
+    steps = preset.steps if steps is None else steps
+    warmup = preset.warmup if warmup is None else warmup
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup!r}")
+    dev = torch.device(device)
+    log = log or (lambda line: None)
+
+    batches = [b.to(dev) for b in make_batches(preset, warmup + steps, seed)]
+    module = PrunedDPO(
+        policy=FromConfig("llama", preset.model, seed=seed),
+        beta=0.1,
+        optimizer=partial(torch.optim.AdamW, lr=preset.lr),
+    ).to(dev)
+    module.train()
+    optimizer = module.configure_optimizers()
+    dims = cost.ModelDims.from_model(module.policy)
+
+    online = module.reference  # the frozen copy of the initial policy, plain scorer
+    scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
+    sources: dict[tuple[str, str], ReferenceSource] = {}
+    if "online" in references:
+        sources["online", "plain"] = online
+        chunked_online = OnlineReference()
+        chunked_online.model = online.model  # shared frozen weights, chunked head
+        chunked_online.scorer = scorer_of["chunked"]
+        sources["online", "chunked"] = chunked_online
+    if "cached" in references:
+        cached = _cached_reference(online.model, batches)
+        sources["cached", "plain"] = sources["cached", "chunked"] = cached
+
+    configs = [Config(m, r, s) for r in references for s in scorers for m in modes]
+    samplers = {m: MODES[m]() for m in modes}
+    rngs = {c: SamplerRNG(seed=seed) for c in configs}
+    records = {c: _Record() for c in configs}
+    probe = MemoryProbe(dev)
+
+    # Everything built so far (transformers' modules, the model) is long-lived: freezing it keeps the per-step
+    # gc.collect() of the memory probe at milliseconds instead of a full-heap scan.
+    gc.collect()
+    gc.freeze()
+    try:
+        _run_rounds(module, optimizer, batches, warmup, configs, samplers, scorer_of, sources, rngs, records, probe, dims, dev, log)
+    finally:
+        gc.unfreeze()
+
+    vanilla_forward = cost.forward_flops(
+        dims, 2 * preset.batch_size, batches[0].prompt_width + batches[0].response_width - 1,
+        int(batches[0].response_lengths.sum()),
+    )
+    results = _summarise(configs, records)
+    return {
+        "preset": preset.name,
+        "device": dev.type,
+        "device_name": _device_name(dev),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "steps": steps,
+        "warmup": warmup,
+        "memory_measure": probe.kind,
+        "preset_config": {**asdict(preset), "response_length": list(preset.response_length)},
+        "model_dims": asdict(dims),
+        "head_share": vanilla_forward.head_share,
+        "results": results,
+    }
+
+
+def _run_rounds(
+    module: PrunedDPO,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[PreferenceBatch],
+    warmup: int,
+    configs: Sequence[Config],
+    samplers: dict[str, Any],
+    scorer_of: dict[str, Any],
+    sources: dict[tuple[str, str], ReferenceSource],
+    rngs: dict[Config, SamplerRNG],
+    records: dict[Config, _Record],
+    probe: MemoryProbe,
+    dims: cost.ModelDims,
+    dev: torch.device,
+    log: Callable[[str], None],
+) -> None:
+    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded."""
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    vanilla_samplers = MODES["vanilla"]()
+    for r, batch in enumerate(batches):
+        measured = r >= warmup
+        vanilla_plan = plan_step(batch, *vanilla_samplers, generator=torch.Generator())
+        for c in configs:
+            module.prefix_sampler, module.position_sampler, module.branch_sampler = samplers[c.mode]
+            module.scorer = scorer_of[c.scorer]
+            module.reference = sources[c.reference, c.scorer]
+            module.sampler_rng = rngs[c]
+            probe.start()
+            sync()
+            start = time.perf_counter()
+            plan, stats = train_step(module, optimizer, batch)
+            sync()
+            elapsed = time.perf_counter() - start
+            peak, step_peak = probe.stop()
+            if not measured:
+                continue
+            rec = records[c]
+            rec.times.append(elapsed)
+            if peak is not None:
+                rec.peaks.append(peak)
+                rec.step_peaks.append(step_peak)
+            rec.tokens.append(stats.tokens_executed)
+            rec.reference_tokens.append(stats.reference_tokens_executed)
+            rec.positions.append(stats.positions_scored)
+            recompute = c.scorer == "chunked"
+            rec.flops.append(cost.step_flops(plan, dims, c.reference, recompute_head=recompute))
+            rec.vanilla_flops.append(cost.step_flops(vanilla_plan, dims, c.reference, recompute_head=recompute))
+        log(f"round {r + 1}/{len(batches)} ({'measured' if measured else 'warm-up'}) done")
+
+
+def _summarise(configs: Sequence[Config], records: dict[Config, _Record]) -> list[dict[str, Any]]:
+    medians = {c: statistics.median(records[c].times) for c in configs}
+    totals = {c: sum(records[c].times) for c in configs}
+    results = []
+    for c in configs:
+        rec = records[c]
+        base = Config("vanilla", c.reference, c.scorer)
+        ideal = cost.ideal_speedup(rec.vanilla_flops, rec.flops)
+        speedup = medians[base] / medians[c] if base in medians else None
+        # Ratio of total times over the same batches: the like-for-like counterpart of the FLOP ratio (which
+        # sums over the batches too); the median ratio is the robust headline number.
+        speedup_total = totals[base] / totals[c] if base in totals else None
+        results.append(
+            {
+                "mode": c.mode,
+                "reference": c.reference,
+                "scorer": c.scorer,
+                "step_time_s": medians[c],
+                "step_time_p90_s": _quantile(rec.times, 0.9),
+                "peak_memory_mb": max(rec.peaks) if rec.peaks else None,
+                "peak_step_memory_mb": max(rec.step_peaks) if rec.step_peaks else None,
+                "tokens_executed": statistics.fmean(rec.tokens),
+                "reference_tokens_executed": statistics.fmean(rec.reference_tokens),
+                "positions_scored": statistics.fmean(rec.positions),
+                "flops_per_step": statistics.fmean(f.total for f in rec.flops),
+                "ideal_speedup": ideal,
+                "speedup": speedup,
+                "efficiency": speedup / ideal if speedup is not None else None,
+                "speedup_total_time": speedup_total,
+                "step_times_s": rec.times,
+            }
+        )
+    return results

@@ -1,0 +1,144 @@
+"""Benchmark presets (model, batches, step counts) and the pruning modes compared.
+
+* ``small``: a tiny Llama and a few steps, seconds in all: a CI-sized check that the harness runs.
+* ``quickstart``: the quickstart config's model and batch shape, for the branch-vs-vanilla ratio at that size.
+* ``medium``: representative of the step's cost split: Llama d=256, 4 layers, V=8192, 4 pairs of responses of
+  128-384 tokens; the LM head is ~24% of a forward's FLOPs (the CLI prints the cost model's number).
+* ``head-heavy``: vocabulary 32768, d=64: the LM head dominates, to show what position pruning and the
+  chunked scorer do to peak memory.
+
+Modes (every sampler at its documented default strength):
+
+* ``vanilla``: concatenated DPO, no pruning;
+* ``branch``: one branch per pair (``RandomBranch(0.5)``);
+* ``sequence``: prefix pruning (``SharedFractionPrefix(0.5)``);
+* ``position``: position pruning (``BernoulliPositions(0.25)``);
+* ``all``: the three together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lit_prunedpo.samplers import (
+    AllPositions,
+    BernoulliPositions,
+    BothBranches,
+    BranchSampler,
+    FullPrefix,
+    PositionSampler,
+    PrefixSampler,
+    RandomBranch,
+    SharedFractionPrefix,
+)
+
+Samplers = tuple[PrefixSampler, PositionSampler, BranchSampler]
+
+MODES: dict[str, Callable[[], Samplers]] = {
+    "vanilla": lambda: (FullPrefix(), AllPositions(), BothBranches()),
+    "branch": lambda: (FullPrefix(), AllPositions(), RandomBranch(0.5)),
+    "sequence": lambda: (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
+    "position": lambda: (FullPrefix(), BernoulliPositions(0.25), BothBranches()),
+    "all": lambda: (SharedFractionPrefix(0.5), BernoulliPositions(0.25), RandomBranch(0.5)),
+}
+REFERENCES = ("online", "cached")
+SCORERS = ("plain", "chunked")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One benchmark setting.
+
+    Attributes:
+        name: the preset's name.
+        description: one line for reports.
+        model: ``transformers`` Llama config keyword arguments.
+        batch_size: pairs per step.
+        response_length: ``(min, max)`` response tokens (EOS included) of the synthetic pairs.
+        warmup: un-timed rounds (one step of every configuration each) before the measured ones.
+        steps: measured rounds.
+        chunk_size: the chunked scorer's ``chunk_size``.
+        lr: AdamW learning rate (the weights barely move: the benchmark times steps, it does not train).
+        threads: torch CPU threads; ``None`` keeps torch's default. Tiny models run 1 thread: on a shared,
+            oversubscribed machine two OpenMP threads make millisecond steps up to 100x slower.
+    """
+
+    name: str
+    description: str
+    model: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 8
+    response_length: tuple[int, int] = (8, 32)
+    warmup: int = 1
+    steps: int = 5
+    chunk_size: int = 1024
+    lr: float = 1e-5
+    threads: int | None = None
+
+
+def _llama(vocab: int, d: int, layers: int, heads: int, ffn: int, max_len: int) -> dict[str, Any]:
+    return dict(
+        vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_len,
+        tie_word_embeddings=False,
+    )
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="small",
+            description="tiny Llama (d=32, 2 layers, V=64), 4 pairs of 8-24 tokens: seconds, for CI",
+            model=_llama(64, 32, 2, 4, 64, 64),
+            batch_size=4,
+            response_length=(8, 24),
+            warmup=1,
+            steps=2,
+            chunk_size=16,
+            threads=1,
+        ),
+        Preset(
+            name="quickstart",
+            description="configs/quickstart.yaml's model (Llama d=64, 2 layers, V=384), 16 pairs of 9-33 tokens",
+            model=_llama(384, 64, 2, 4, 128, 128),
+            batch_size=16,
+            response_length=(9, 33),
+            warmup=3,
+            steps=20,
+            chunk_size=256,
+            threads=1,
+        ),
+        Preset(
+            name="medium",
+            description="Llama d=256, 4 layers, V=8192, 4 pairs of 128-384 tokens",
+            model=_llama(8192, 256, 4, 4, 1024, 512),
+            batch_size=4,
+            response_length=(128, 384),
+            warmup=1,
+            steps=5,
+            chunk_size=1024,
+        ),
+        Preset(
+            name="head-heavy",
+            description="Llama d=64, 2 layers, V=32768, 4 pairs of 64-256 tokens: the LM head dominates",
+            model=_llama(32768, 64, 2, 2, 256, 512),
+            batch_size=4,
+            response_length=(64, 256),
+            warmup=1,
+            steps=4,
+            chunk_size=256,
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``.
+
+    Raises:
+        ValueError: naming the known presets, for an unknown ``name``.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return PRESETS[name]

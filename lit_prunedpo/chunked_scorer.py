@@ -1,0 +1,150 @@
+"""A memory-efficient :class:`~lit_prunedpo.scoring.TokenScorer`: exact log-probs without the ``K x V`` logits.
+
+The plain scorer projects all ``K`` gathered hidden states at once: the ``[K, V]`` logits, their log-softmax
+(kept for backward) and, in backward, their gradient all live together, which dominates peak memory for
+large vocabularies. :class:`ChunkedScorer` walks over ``chunk_size`` rows at a time:
+
+* forward keeps only the hidden states, the targets and one log-sum-exp per row;
+* backward recomputes each chunk's logits and forms ``d logp / d logits = onehot(target) - softmax``
+  scaled by the incoming gradient, then ``grad_hidden = G @ W``, ``grad_W += G^T @ h`` (``grad_b += sum G``).
+
+Peak memory of the head is then ``O(chunk_size * V)`` instead of ``O(K * V)``, at the price of one more head
+forward (the recomputation) in backward. Values and gradients equal the plain scorer's up to float rounding.
+
+Select it for any mode in a config::
+
+    model:
+      scorer:
+        class_path: lit_prunedpo.chunked_scorer.ChunkedScorer
+        init_args: {chunk_size: 256}
+
+Heads that are not an ``nn.Linear`` fall back to ``torch.utils.checkpoint`` per chunk (same memory bound,
+autograd does the recomputation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from lit_prunedpo.scoring import TokenScorer
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    # Same numerics as the plain scorer: the head in its own dtype, then upcast.
+    return F.linear(hidden, weight, bias).float()
+
+
+def _chunked_forward(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int
+) -> tuple[Tensor, Tensor]:
+    """``(log_probs [K], logsumexp [K])`` in float32, one chunk of rows at a time."""
+    K = hidden.shape[0]
+    logps = torch.empty(K, dtype=torch.float32, device=hidden.device)
+    lse = torch.empty(K, dtype=torch.float32, device=hidden.device)
+    for start in range(0, K, chunk_size):
+        stop = min(start + chunk_size, K)
+        logits = _chunk_logits(hidden[start:stop], weight, bias)
+        target_logit = logits.gather(-1, targets[start:stop, None]).squeeze(-1)
+        # logsumexp in place on the chunk's logits (torch.logsumexp would allocate a second chunk-sized tensor).
+        peak = logits.amax(-1)
+        chunk_lse = logits.sub_(peak[:, None]).exp_().sum(-1).log_().add_(peak)
+        del logits
+        lse[start:stop] = chunk_lse
+        logps[start:stop] = target_logit - chunk_lse
+    return logps, lse
+
+
+class _ChunkedLinearLogProb(torch.autograd.Function):
+    """``log_softmax(hidden @ W^T + b)[k, targets[k]]`` with the logits recomputed chunk by chunk in backward."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int
+    ) -> Tensor:
+        logps, lse = _chunked_forward(hidden, weight, bias, targets, chunk_size)
+        ctx.chunk_size = chunk_size
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        return logps
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # Accumulate over chunks in float32 (bf16 weights would lose low bits chunk after chunk).
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        K, chunk_size = hidden.shape[0], ctx.chunk_size
+        grad_out = grad_out.float()
+        for start in range(0, K, chunk_size):
+            stop = min(start + chunk_size, K)
+            h, g = hidden[start:stop], grad_out[start:stop]
+            # d logp_k / d logits_k = onehot(target_k) - softmax(logits_k); built in place on the recomputed logits.
+            grad_logits = _chunk_logits(h, weight, bias).sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
+            grad_logits.scatter_add_(-1, targets[start:stop, None], g[:, None])
+            grad_logits = grad_logits.to(weight.dtype)
+            if grad_h is not None:
+                grad_h[start:stop] = grad_logits @ weight
+            if grad_w is not None:
+                grad_w.addmm_(grad_logits.t().float(), h.float())  # .float() is free for float32
+            if grad_b is not None:
+                grad_b += grad_logits.float().sum(0)
+            del grad_logits
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(weight.dtype) if grad_b is not None else None,
+            None,
+            None,
+        )
+
+
+class ChunkedScorer(TokenScorer):
+    """Exact per-token log-probs with the LM head applied ``chunk_size`` rows at a time, recomputed in backward.
+
+    Args:
+        chunk_size: rows of gathered hidden states projected at once; peak head memory is about
+            ``3 * chunk_size * V`` floats instead of ``3 * K * V``.
+
+    Raises:
+        ValueError: if ``chunk_size < 1``.
+    """
+
+    def __init__(self, chunk_size: int = 1024) -> None:
+        if int(chunk_size) != chunk_size or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        self.chunk_size = int(chunk_size)
+
+    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
+        """``[K]`` float32 log-probabilities of ``targets`` from gathered hidden states ``[K, d]``."""
+        if isinstance(head, nn.Linear):
+            if torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad or (
+                head.bias is not None and head.bias.requires_grad
+            )):
+                return _ChunkedLinearLogProb.apply(hidden, head.weight, head.bias, targets, self.chunk_size)
+            return _chunked_forward(hidden, head.weight, head.bias, targets, self.chunk_size)[0]
+        return self._checkpointed(head, hidden, targets)
+
+    def _checkpointed(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
+        """Any head module: plain log-softmax per chunk, activations recomputed by ``torch.utils.checkpoint``."""
+        parent = super()
+
+        def score(h: Tensor, t: Tensor) -> Tensor:
+            return parent.log_probs(head, h, t)
+
+        parts = []
+        for start in range(0, hidden.shape[0], self.chunk_size):
+            h, t = hidden[start : start + self.chunk_size], targets[start : start + self.chunk_size]
+            parts.append(checkpoint(score, h, t, use_reentrant=False) if torch.is_grad_enabled() else score(h, t))
+        if not parts:
+            return hidden.new_empty(0, dtype=torch.float32)
+        return torch.cat(parts)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(chunk_size={self.chunk_size})"

@@ -1,0 +1,239 @@
+"""Multi-process training helpers: FSDP2 sharding of the policy and the online reference, a strategy that
+shards over every process, forward-count balancing for sharded steps, and checkpoint loading that names the
+file it could not read.
+
+Why the sharding units are what they are: :class:`~lit_prunedpo.scoring.TokenScorer` never calls the root
+``*ForCausalLM`` forward; it calls the body (``model.base_model``) and the LM head
+(``model.get_output_embeddings()``) separately. FSDP2 all-gathers a unit's parameters in that unit's forward
+pre-hook, so every unit must be a module that is *called*: each decoder layer, the body (embeddings and final
+norm) and the head. Tied embeddings (one weight shared by the input embedding and the head) must live in one
+unit; they are grouped with ``fully_shard([body, head])`` under a parameter-less root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.plan import RowGroup, StepPlan
+from lit_prunedpo.scoring import split_causal_lm
+
+__all__ = [
+    "FSDP2Strategy",
+    "VerifiedCheckpointIO",
+    "balance_plan_groups",
+    "decoder_layers",
+    "is_sharded",
+    "shard_causal_lm",
+    "shard_pruned_dpo",
+]
+
+
+# ------------------------------------------------------------------------------------------ sharding
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a ``transformers`` causal LM, in order.
+
+    Found by the classes named in ``model._no_split_modules`` (what ``transformers`` itself uses for
+    device maps), else as the children of the body's ``layers`` or ``h`` ``ModuleList``.
+
+    Raises:
+        ValueError: when neither finds any layer.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        body = getattr(model, "base_model", model)
+        for attr in ("layers", "h"):
+            stack = getattr(body, attr, None)
+            if isinstance(stack, nn.ModuleList) and len(stack):
+                layers = list(stack)
+                break
+    if not layers:
+        raise ValueError(
+            f"cannot find the decoder layers of {type(model).__name__}: no module of the classes in "
+            f"_no_split_modules={sorted(names)} and no `layers`/`h` ModuleList in its body"
+        )
+    return layers
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``fully_shard`` was already applied to ``model`` or one of its submodules."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _tied(body: nn.Module, head: nn.Module, model: nn.Module) -> bool:
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head_params = {id(p) for p in head.parameters()}
+    return embed is not None and any(id(p) in head_params for p in embed.parameters())
+
+
+def shard_causal_lm(model: nn.Module, mesh: Any, *, reshard_after_forward: bool = True) -> nn.Module:
+    """Apply FSDP2 (``fully_shard``) to a causal LM in units that the scorer calls: each decoder layer, the
+    body (embeddings + final norm) and the LM head; body and head form one unit when their weights are tied.
+
+    Works for frozen models too (the online reference: its forward only all-gathers, nothing is reduced).
+    Idempotent: an already sharded model is returned unchanged.
+
+    Args:
+        model: a ``transformers`` ``*ForCausalLM``.
+        mesh: a 1-D data-parallel ``DeviceMesh``.
+        reshard_after_forward: free the gathered parameters after each unit's forward (FSDP's ZeRO-3);
+            ``False`` keeps them until backward (ZeRO-2-like: more memory, fewer all-gathers).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    if is_sharded(model):
+        return model
+    body, head = split_causal_lm(model)
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    if not _tied(body, head, model):
+        fully_shard(body, **kwargs)
+        fully_shard(head, **kwargs)
+        return model
+    # Tied weights: one unit for body and head, under the (never called) root, which must be initialised
+    # here because the first forward to run (the body's) belongs to a multi-module unit that cannot be root.
+    fully_shard([body, head], **kwargs)
+    fully_shard(model, **kwargs)
+    state = getattr(model, "_get_fsdp_state", lambda: None)()
+    lazy_init = getattr(state, "_lazy_init", None)
+    if lazy_init is None:  # pragma: no cover - depends on the torch version
+        raise RuntimeError(
+            f"{type(model).__name__} has tied input/output embeddings, which need torch's FSDP2 internals "
+            f"(FSDPState._lazy_init) that torch {torch.__version__} lacks; untie them "
+            "(config tie_word_embeddings: false) or train with DDP"
+        )
+    lazy_init()
+    return model
+
+
+def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = True) -> None:
+    """Shard ``module.policy`` and, when the reference source holds a model (``OnlineReference``), that
+    model too, so a frozen reference costs ``1/N`` of a replica per rank. Sources without a model (a cached
+    reference) have nothing to shard.
+
+    Args:
+        module: a ``PrunedDPO``.
+        mesh: the strategy's device mesh: a 1-D mesh, or a 2-D one with dimensions ``data_parallel`` and
+            ``tensor_parallel`` of size 1 (``ModelParallelStrategy``'s).
+
+    Raises:
+        ValueError: on a tensor-parallel size other than 1 (not supported).
+    """
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    if "tensor_parallel" in names and mesh["tensor_parallel"].size() != 1:
+        raise ValueError(
+            f"lit_prunedpo shards with FSDP2 only: tensor_parallel_size must be 1, got {mesh['tensor_parallel'].size()} "
+            "(use lit_prunedpo.distributed.FSDP2Strategy, or ModelParallelStrategy(tensor_parallel_size=1))"
+        )
+    dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+    shard_causal_lm(module.policy, dp_mesh, reshard_after_forward=reshard_after_forward)
+    reference_model = getattr(module.reference, "model", None)
+    if isinstance(reference_model, nn.Module):
+        shard_causal_lm(reference_model, dp_mesh, reshard_after_forward=True)
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` as plain FSDP2: one data-parallel dimension over every process
+    of every node (``tensor_parallel_size=1``), so ``--trainer.devices`` and ``--trainer.num_nodes`` alone
+    size it. Loading a missing or unreadable checkpoint raises an error that names it.
+
+    Args:
+        save_distributed_checkpoint: each rank writes its shard into a checkpoint *folder* (default);
+            ``False`` gathers full weights on rank 0 into one file.
+        process_group_backend: ``nccl`` / ``gloo``; ``None`` picks by device.
+        timeout: collective timeout.
+    """
+
+    def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
+                 timeout: Any = None) -> None:
+        from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+
+        super().__init__(
+            data_parallel_size="auto", tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=default_pg_timeout if timeout is None else timeout,
+        )
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(checkpoint_path))
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        try:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        except Exception as err:
+            raise RuntimeError(f"cannot load checkpoint {path} (missing shards or corrupt?): {err}") from err
+
+
+class VerifiedCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose load errors name the checkpoint (plain ``torch.load`` errors on a truncated
+    file do not). Use with single-device and DDP strategies: ``--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO``."""
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        try:
+            kwargs = {} if map_location is None else {"map_location": map_location}
+            return super().load_checkpoint(path, weights_only=weights_only, **kwargs)
+        except Exception as err:
+            raise RuntimeError(f"cannot load checkpoint {path} (truncated or corrupt?): {err}") from err
+
+
+# ------------------------------------------------------------------------ same forwards on all ranks
+def _placeholder_group(batch: PreferenceBatch, requires_grad: bool) -> RowGroup:
+    """One row (pair 0, chosen) of width ``P`` scoring nothing: runs the model, contributes exactly 0."""
+    empty = torch.zeros(0, dtype=torch.long)
+    return RowGroup(
+        pair=torch.zeros(1, dtype=torch.long), branch=torch.zeros(1, dtype=torch.long),
+        kept=torch.ones(1, dtype=torch.long), width=batch.prompt_width, scored_row=empty, scored_t=empty,
+        weight=torch.zeros(0, dtype=torch.float64), requires_grad=requires_grad,
+    )
+
+
+def group_signature(plan: StepPlan) -> tuple[bool, bool]:
+    """``(has a gradient group, has a no-grad group)``."""
+    return any(g.requires_grad for g in plan.groups), any(not g.requires_grad for g in plan.groups)
+
+
+def balance_plan_groups(plan: StepPlan, batch: PreferenceBatch, strategy: Any) -> StepPlan:
+    """Make every rank run the same forwards in the same order: FSDP's all-gathers and reduce-scatters pair
+    up across ranks by call order, so one rank running a no-grad forward that another skips desyncs them.
+
+    Every shipped branch sampler already gives every rank the same group structure (``BothBranches``: one
+    gradient group; ``RandomBranch``/``AntitheticBranch``: one gradient and one no-grad group, since each pair
+    has exactly one branch of each kind). A custom sampler may not; then the ranks agree (one all-reduce of
+    two flags) and a rank missing a group runs a one-row placeholder that scores nothing (its log-probs are
+    an empty tensor, so estimates are unchanged; a gradient placeholder still back-propagates zeros, so the
+    reduce-scatters match too).
+    """
+    import torch.distributed as dist
+
+    local = group_signature(plan)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return plan
+    flags = torch.tensor([int(local[0]), int(local[1])], device=strategy.root_device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    need_grad, need_nograd = bool(flags[0]), bool(flags[1])
+    if (need_grad, need_nograd) == local:
+        return plan
+    grad = [g for g in plan.groups if g.requires_grad] or ([_placeholder_group(batch, True)] if need_grad else [])
+    nograd = [g for g in plan.groups if not g.requires_grad] or ([_placeholder_group(batch, False)] if need_nograd else [])
+    return StepPlan(
+        groups=tuple(grad + nograd), grad_mask=plan.grad_mask, branch_prob=plan.branch_prob,
+        unpruned_tokens=plan.unpruned_tokens, unpruned_positions=plan.unpruned_positions,
+    )
+

@@ -1,0 +1,143 @@
+"""The benchmark: the cost model on hand-computed shapes, and the CLI end to end on the ``small`` preset."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import REPO, TINY_LLAMA, make_batch
+
+from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.cli import main
+from lit_prunedpo.bench.harness import run_benchmark
+from lit_prunedpo.bench.presets import MODES, get_preset
+from lit_prunedpo.models import FromConfig
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix, RandomBranch
+
+FIELDS = (
+    "mode", "reference", "scorer", "step_time_s", "step_time_p90_s", "peak_memory_mb", "tokens_executed",
+    "positions_scored", "ideal_speedup", "speedup", "efficiency",
+)
+HAS_CACHE = importlib.util.find_spec("lit_prunedpo.reference_cache") is not None
+
+# Hand-computed shapes: 2 pairs, prompts of 3 tokens, all responses of 5 tokens -> width 3 + 5 - 1 = 7.
+DIMS = cost.ModelDims(body_params=1000, hidden_size=8, vocab_size=100, num_layers=2, attention_dim=8)
+# One forward of 4 rows (both branches of both pairs), 20 scored positions:
+#   body 2*1000*4*7 = 56000, attention 4*2*8*7^2*4 = 12544, head 2*8*100*20 = 32000 -> F = 100544
+F = 100_544
+HEAD = 32_000
+
+
+def _plan(branch):
+    batch = make_batch([3, 3], [5, 5], [5, 5])
+    return plan_step(batch, FullPrefix(), AllPositions(), branch, torch.Generator().manual_seed(0))
+
+
+def test_forward_flops_by_part():
+    f = cost.forward_flops(DIMS, rows=4, width=7, positions=20)
+    assert (f.body, f.attention, f.head, f.total) == (56_000, 12_544, 32_000, F)
+    assert cost.forward_flops(DIMS, 4, 7, 20, attention=False).total == 88_000
+    assert f.head_share == pytest.approx(32_000 / 100_544)
+
+
+def test_step_flops_vanilla_and_branch():
+    vanilla, branch = _plan(BothBranches()), _plan(RandomBranch(0.5))
+    # vanilla: forward F, backward 2F, online reference F
+    online = cost.step_flops(vanilla, DIMS, "online")
+    assert (online.policy_forward, online.policy_backward, online.head_recompute, online.reference_forward) == (
+        F, 2 * F, 0, F,
+    )
+    assert online.total == 402_176
+    assert cost.step_flops(vanilla, DIMS, "cached").total == 301_632
+    # one branch per pair: grad group F/2 (+ backward F), no-grad group F/2, reference over all 4 rows F
+    assert cost.step_flops(branch, DIMS, "online").total == 301_632
+    assert cost.step_flops(branch, DIMS, "cached").total == 201_088
+    assert cost.ideal_speedup([cost.step_flops(vanilla, DIMS, "online")], [cost.step_flops(branch, DIMS, "online")]) == pytest.approx(4 / 3)
+    assert cost.ideal_speedup([cost.step_flops(vanilla, DIMS, "cached")], [cost.step_flops(branch, DIMS, "cached")]) == pytest.approx(3 / 2)
+    # the chunked scorer recomputes the head forward of the gradient rows in backward
+    assert cost.step_flops(vanilla, DIMS, "cached", recompute_head=True).total == 301_632 + HEAD
+    assert cost.step_flops(branch, DIMS, "cached", recompute_head=True).total == 201_088 + HEAD // 2
+
+
+def test_model_dims_from_tiny_llama():
+    dims = cost.ModelDims.from_model(FromConfig("llama", TINY_LLAMA).build())
+    # per layer: q 32x32, k 32x16, v 32x16, o 32x32 (4 heads / 2 kv heads of 8), MLP 3 x 32x64
+    assert dims == cost.ModelDims(body_params=2 * (1024 + 512 + 512 + 1024 + 3 * 2048), hidden_size=32, vocab_size=32, num_layers=2, attention_dim=32)
+
+
+def test_cost_arguments_checked():
+    with pytest.raises(ValueError, match="rows"):
+        cost.forward_flops(DIMS, -1, 7, 20)
+    with pytest.raises(ValueError, match="reference"):
+        cost.step_flops(_plan(BothBranches()), DIMS, "offline")
+    with pytest.raises(ValueError, match="vocab_size"):
+        cost.ModelDims(1, 1, -1, 1, 1)
+
+
+def test_harness_arguments_checked():
+    small = get_preset("small")
+    with pytest.raises(ValueError, match="modes"):
+        run_benchmark(small, modes=["nope"])
+    with pytest.raises(ValueError, match="steps"):
+        run_benchmark(small, steps=0)
+    with pytest.raises(ValueError, match="preset"):
+        get_preset("huge")
+
+
+def test_cached_reference_unavailable_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lit_prunedpo.reference_cache", None)  # import now raises ImportError
+    with pytest.raises(RuntimeError, match="reference cache not available"):
+        run_benchmark(get_preset("small"), modes=["vanilla"], references=["cached"], scorers=["plain"], steps=1, warmup=0)
+
+
+def _check_payload(payload, modes, references, scorers):
+    assert payload["preset"] == "small" and payload["device"] == "cpu"
+    rows = payload["results"]
+    assert {(r["mode"], r["reference"], r["scorer"]) for r in rows} == {
+        (m, r, s) for m in modes for r in references for s in scorers
+    }
+    for row in rows:
+        for name in FIELDS:
+            assert name in row, name
+        assert row["step_time_s"] > 0 and row["step_time_p90_s"] >= row["step_time_s"] * 0.999
+        assert row["tokens_executed"] > 0 and row["positions_scored"] > 0 and row["ideal_speedup"] > 0
+        if row["mode"] == "vanilla":
+            assert row["ideal_speedup"] == pytest.approx(1.0) and row["speedup"] == pytest.approx(1.0)
+        if row["mode"] == "branch":
+            assert row["ideal_speedup"] == pytest.approx(4 / 3 if row["reference"] == "online" else 1.5, rel=0.05)
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
+
+
+def test_cli_small_in_process(tmp_path, capsys):
+    references = ["online", "cached"] if HAS_CACHE else ["online"]
+    assert main(["--preset", "small", "--references", ",".join(references), "--out", str(tmp_path), "--quiet"]) == 0
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    _check_payload(payload, list(MODES), references, ["plain", "chunked"])
+    assert "| mode |" in (tmp_path / "bench.md").read_text()
+    assert "| vanilla |" in capsys.readouterr().out
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_cli_small_subprocess(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    cmd = [
+        sys.executable, "-m", "lit_prunedpo.bench.cli", "--preset", "small", "--modes", "vanilla,branch",
+        "--references", "online", "--scorers", "plain", "--out", str(tmp_path / "out"), "--quiet",
+    ]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    payload = json.loads((tmp_path / "out" / "bench.json").read_text())
+    _check_payload(payload, ["vanilla", "branch"], ["online"], ["plain"])
+
+
+def test_cli_rejects_unknown_mode(capsys):
+    with pytest.raises(SystemExit):
+        main(["--modes", "vanilla,bogus"])
+    assert "bogus" in capsys.readouterr().err

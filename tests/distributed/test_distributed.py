@@ -1,0 +1,242 @@
+"""Multi-process training on the CPU (gloo, 2 processes): DDP and FSDP2 fits through the real CLI, ranks
+drawing different plans, resume equivalence, ranks with different row groups, SIGTERM checkpoints, refused
+checkpoints. Lightning's ``ddp`` launcher re-executes the running command, so multi-process runs happen in
+subprocesses: ``torchrun`` on ``worker.py`` (several fits per launch, to stay fast; DDP is launched as two
+one-process "nodes") and ``python -m lit_prunedpo`` for the signal test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_prunedpo.cli import build_cli
+from lit_prunedpo.distributed import _placeholder_group, group_signature
+from lit_prunedpo.estimate import estimate
+from lit_prunedpo.losses import SigmoidLoss
+from lit_prunedpo.plan import StepPlan, plan_step
+from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.samplers import (
+    AllPositions, AntitheticBranch, BothBranches, FullPrefix, RandomBranch, SharedFractionPrefix,
+    StratifiedPositions,
+)
+
+from helpers import REPO, make_batch
+
+HERE = Path(__file__).resolve().parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+TOL = 1e-5
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nnodes: int, node_rank: int, port: int, out: Path, strategy: str, cwd: Path) -> subprocess.Popen:
+    nproc = 2 // nnodes
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+           f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
+           str(HERE / "worker.py"), str(out), strategy, "--nodes", str(nnodes)]
+    log = open(cwd / f"{strategy}_node{node_rank}.log", "w")
+    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(procs: list[subprocess.Popen], cwd: Path, name: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    if any(p.returncode for p in procs):
+        logs = "\n".join(f.read_text()[-4000:] for f in sorted(cwd.glob(f"{name}_node*.log")))
+        raise AssertionError(f"{name} worker failed:\n{logs}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """FSDP2 on one node with 2 processes, then DDP as two 1-process "nodes" (torchrun --nnodes 2)."""
+    root = tmp_path_factory.mktemp("distributed")
+    out = root / "out"
+    _wait([_torchrun(1, 0, _port(), out, "fsdp", root)], root, "fsdp")
+    port = _port()
+    _wait([_torchrun(2, r, port, out, "ddp", root) for r in (1, 0)], root, "ddp")
+    return out
+
+
+def _weights(out: Path, name: str) -> dict[str, torch.Tensor]:
+    return torch.load(out / f"{name}.pt", weights_only=True)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+# ----------------------------------------------------------------------------- in-process checks
+def test_two_ranks_draw_different_plans_in_the_same_step():
+    batch = make_batch([3] * 8, [5] * 8, [6] * 8)
+    samplers = (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch())
+    plans = [plan_step(batch, *samplers, SamplerRNG(seed=1234, rank=r).next()) for r in (0, 1)]
+    assert not torch.equal(plans[0].grad_mask, plans[1].grad_mask)
+
+
+@pytest.mark.parametrize("branch", [BothBranches(), RandomBranch(0.3), AntitheticBranch()], ids=lambda b: type(b).__name__)
+def test_shipped_branch_samplers_give_every_rank_the_same_forwards(branch):
+    """FSDP needs the same forwards on every rank; each shipped sampler's group structure never varies."""
+    signatures = set()
+    for rank in range(4):
+        rng = SamplerRNG(seed=7, rank=rank)
+        for num_pairs in (1, 2, 3, 8):
+            batch = make_batch([2] * num_pairs, [4] * num_pairs, [3] * num_pairs)
+            for _ in range(10):
+                signatures.add(group_signature(plan_step(batch, FullPrefix(), AllPositions(), branch, rng.next())))
+    assert signatures == ({(True, False)} if isinstance(branch, BothBranches) else {(True, True)})
+
+
+def test_placeholder_groups_change_nothing_but_still_carry_a_graph():
+    batch = make_batch([3, 2], [4, 5], [5, 3])
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
+    padded = StepPlan(groups=plan.groups + (_placeholder_group(batch, False),), grad_mask=plan.grad_mask,
+                      branch_prob=plan.branch_prob, unpruned_tokens=plan.unpruned_tokens,
+                      unpruned_positions=plan.unpruned_positions)
+    logps = [-torch.rand(g.num_scored, dtype=torch.float64) for g in plan.groups]
+    ref = [-torch.rand(g.num_scored, dtype=torch.float64) for g in plan.groups]
+    a = estimate(plan, logps, ref, SigmoidLoss(), 0.1)
+    b = estimate(padded, logps + [torch.zeros(0, dtype=torch.float64)], ref + [torch.zeros(0, dtype=torch.float64)],
+                 SigmoidLoss(), 0.1)
+    assert torch.equal(a.objective, b.objective) and torch.equal(a.policy_logps, b.policy_logps)
+    grad_only = _placeholder_group(batch, True)
+    assert grad_only.num_rows == 1 and grad_only.num_scored == 0 and grad_only.width == batch.prompt_width
+
+
+def test_corrupt_or_missing_checkpoint_is_refused_with_its_path(tmp_path):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not a checkpoint" * 10)
+    args = ["fit", "--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            "--data.init_args.max_rows=48", "--data.init_args.val_fraction=0.25",
+            "--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO"]
+    # the CLI itself reads a given checkpoint file for its hyper-parameters, and fails there
+    with pytest.raises(Exception):
+        build_cli([*args, f"--ckpt_path={bad}"])
+    # the trainer's load (what `ckpt_path: last` and a requeue reach) names the file
+    cli = build_cli(args[1:], run=False)
+    with pytest.raises(RuntimeError, match="bad.ckpt"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(bad))
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(tmp_path / "missing.ckpt"))
+    assert cli.trainer.global_step == 0  # never a silent fresh start
+
+
+# -------------------------------------------------------------------------- multi-process runs
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["vanilla", "all_full"])
+def test_fit_trains_checkpoints_and_logs_the_callbacks(runs, strategy, mode):
+    metrics = json.loads((runs / f"{strategy}_{mode}.json").read_text())
+    for key in ("train/loss", "val/loss", "val/rewards/accuracies", "memory/peak_rss_mb"):
+        assert key in metrics, key
+    if mode == "all_full":  # StepTimeMonitor skips 2 warm-up steps
+        assert "time/step_s" in metrics and "throughput/tokens_executed_per_s" in metrics
+        assert metrics["train/pruning/branches_backpropagated_frac"] == 0.5
+    assert list((runs / strategy / mode).rglob("*.ckpt")), "no checkpoint written"
+    if strategy == "fsdp":
+        assert (next((runs / strategy / mode).rglob("*.ckpt")) / ".metadata").exists(), "not a distributed checkpoint"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ranks_backpropagate_different_branches_in_the_same_step(runs, strategy):
+    per_rank = json.loads((runs / f"{strategy}_plans.json").read_text())
+    assert len(per_rank) == 2 and len(per_rank[0]["all_full"]) == 4
+    assert per_rank[0]["all_full"][0] != per_rank[1]["all_full"][0]
+
+
+def test_ranks_with_different_row_groups_do_not_desync_fsdp(runs):
+    """A custom sampler gives rank 0 one row group and rank 1 two; the step pads rank 0 with a placeholder."""
+    per_rank = json.loads((runs / "fsdp_plans.json").read_text())
+    assert all(all(row == [True, True] for row in mask) for mask in per_rank[0]["skewed"])
+    assert all(all(sum(row) == 1 for row in mask) for mask in per_rank[1]["skewed"])
+    assert (runs / "fsdp_skewed.pt").exists()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_resume_matches_the_uninterrupted_run(runs, strategy):
+    """4 steps straight vs 2 steps + resume to 4 (policy, optimizer, scheduler, data position, sampler streams)."""
+    assert _max_diff(_weights(runs, f"{strategy}_all_full"), _weights(runs, f"{strategy}_all_resumed")) <= TOL
+    assert _max_diff(_weights(runs, f"{strategy}_all_full"), _weights(runs, f"{strategy}_all_half")) > 0
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "all_full"])
+def test_ddp_and_fsdp2_train_the_same_weights(runs, mode):
+    """Same data, seeds and draws: sharding changes nothing but float summation order (FSDP's vanilla run
+    also has activation checkpointing on)."""
+    assert _max_diff(_weights(runs, f"ddp_{mode}"), _weights(runs, f"fsdp_{mode}")) <= TOL
+
+
+def test_tied_embeddings_shard_in_one_unit(runs):
+    assert json.loads((runs / "fsdp_tied.json").read_text())["max_grad_diff"] <= TOL
+
+
+def test_val_loss_reduced_over_ranks_equals_one_process(runs, tmp_path):
+    cli = build_cli(["--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25", "--trainer.enable_progress_bar=false",
+                     "--trainer.enable_model_summary=false"], run=False)
+    cli.model.policy.load_state_dict(_weights(runs, "ddp_vanilla"))
+    (result,) = cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+    ddp = json.loads((runs / "ddp_vanilla.json").read_text())
+    for key in ("val/loss", "val/rewards/margins", "val/rewards/accuracies"):
+        assert abs(result[key] - ddp[key]) <= TOL, key
+
+
+# ----------------------------------------------------------------------------------- preemption
+def test_sigterm_saves_a_checkpoint_and_the_relaunch_resumes(tmp_path):
+    """``python -m lit_prunedpo fit --config configs/ddp.yaml`` (2 processes): SIGTERM to the launching
+    process -> every rank stops after its step, ``last.ckpt`` is saved, exit status 0; the same command
+    again resumes from it."""
+    cmd = [sys.executable, "-m", "lit_prunedpo", "fit", "--config", str(REPO / "configs/ddp.yaml"),
+           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+           "--trainer.val_check_interval=1000", "--data.init_args.num_val=32"]
+    proc = subprocess.Popen([*cmd, "--trainer.max_steps=100000"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "Starting with 2 processes" in line:
+                started.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert started.wait(120), "".join(lines[-50:])
+        time.sleep(4)  # a few steps
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0, "".join(lines[-50:])
+    finally:
+        proc.kill()
+    ckpt = tmp_path / "runs/ddp/checkpoints/last.ckpt"
+    assert ckpt.is_file(), "".join(lines[-50:])
+    step = torch.load(ckpt, weights_only=False, map_location="cpu")["global_step"]
+    assert 0 < step < 100000
+    out = subprocess.run([*cmd, f"--trainer.max_steps={step + 2}"], cwd=tmp_path, env=ENV, capture_output=True,
+                         text=True, timeout=150)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    assert "Restoring states from the checkpoint path at" in log and "checkpoints/last.ckpt" in log, log[-3000:]
+    newest = max(ckpt.parent.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    assert torch.load(newest, weights_only=False, map_location="cpu")["global_step"] == step + 2, sorted(ckpt.parent.iterdir())

@@ -1,0 +1,135 @@
+"""Runs under ``torchrun`` (2 processes): several real-CLI fits in one process group, to keep the tests short.
+
+    torchrun --nproc_per_node 2 tests/distributed/worker.py OUT {ddp,fsdp} [--nodes N]
+
+Writes, from rank 0, ``OUT/<run>.pt`` (full policy weights after the run), ``OUT/<run>.json`` (metrics)
+and ``OUT/plans.json`` (per-rank gradient masks of the first steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from lit_prunedpo.cli import build_cli  # noqa: E402
+from lit_prunedpo.samplers import BranchSampler  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RankSkewedBranch(BranchSampler):
+    """Rank 0 back-propagates both branches (one row group), other ranks one branch per pair (two groups):
+    a custom sampler that breaks "every rank runs the same forwards"."""
+
+    def probabilities(self, num_pairs: int) -> torch.Tensor:
+        p = 1.0 if int(os.environ.get("RANK", 0)) == 0 else 0.5
+        return torch.full((num_pairs, 2), p, dtype=torch.float64)
+
+    def draw(self, num_pairs: int, generator: torch.Generator) -> torch.Tensor:
+        if int(os.environ.get("RANK", 0)) == 0:
+            return torch.ones(num_pairs, 2, dtype=torch.bool)
+        chosen = torch.rand(num_pairs, generator=generator) < 0.5
+        return torch.stack([chosen, ~chosen], dim=1)
+
+
+def full_policy_state(cli) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    policy = cli.model.policy
+    if any(hasattr(p, "full_tensor") for p in policy.parameters()):
+        return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
+
+
+def check_tied_embeddings(out: Path, rank: int) -> None:
+    """Tied input/output embeddings under ``shard_causal_lm``: gradients equal an unsharded model's."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lit_prunedpo.distributed import shard_causal_lm
+
+    config = AutoConfig.for_model("llama", vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    plain = copy.deepcopy(model)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    shard_causal_lm(model, init_device_mesh("cpu", (dist.get_world_size(),)))
+    ids = torch.randint(1, 32, (2, 2, 6), generator=torch.Generator().manual_seed(1))
+
+    def loss(m, rows):  # body and head called separately, as TokenScorer does
+        hidden = m.base_model(input_ids=rows, use_cache=False).last_hidden_state
+        return m.get_output_embeddings()(hidden).log_softmax(-1)[..., 0].mean()
+
+    loss(model, ids[rank]).backward()
+    (sum(loss(plain, ids[r]) for r in range(2)) / 2).backward()
+    diff = max(float((p.grad.full_tensor() - q.grad).abs().max()) for p, q in zip(model.parameters(), plain.parameters()))
+    if rank == 0:
+        (out / "fsdp_tied.json").write_text(json.dumps({"max_grad_diff": diff}))
+
+
+def main() -> None:
+    out, strategy = Path(sys.argv[1]), sys.argv[2]
+    nodes = int(sys.argv[sys.argv.index("--nodes") + 1]) if "--nodes" in sys.argv else 1
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    strat = ("--trainer.strategy=ddp" if strategy == "ddp"
+             else '--trainer.strategy={"class_path": "lit_prunedpo.distributed.FSDP2Strategy"}')
+    common = [
+        "--trainer.accelerator=cpu", f"--trainer.devices={world // nodes}", f"--trainer.num_nodes={nodes}", strat,
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.log_every_n_steps=1", "--trainer.check_val_every_n_epoch=null",
+        # the mode configs already carry PeakMemoryMonitor and StepTimeMonitor
+        "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25",
+    ]
+    plans: dict[str, list] = {}
+
+    def run(name: str, mode: str, steps: int, *extra: str, ckpt: str | None = None, record_plans: bool = False):
+        root = out / strategy / name
+        cli = build_cli(["--config", str(REPO / f"configs/{mode}.yaml"), *common, f"--trainer.max_steps={steps}",
+                         f"--trainer.val_check_interval={steps}", f"--trainer.default_root_dir={root}", *extra],
+                        run=False)
+        if record_plans:
+            original = cli.model.plan
+
+            def plan(batch):
+                p = original(batch)
+                plans.setdefault(name, []).append(p.grad_mask.tolist())
+                return p
+
+            cli.model.plan = plan
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
+        metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+        state = full_policy_state(cli)
+        if rank == 0:
+            torch.save(state, out / f"{strategy}_{name}.pt")
+            (out / f"{strategy}_{name}.json").write_text(json.dumps(metrics))
+        return cli
+
+    run("vanilla", "vanilla", 2, *(["--model.gradient_checkpointing=true"] if strategy == "fsdp" else []))
+    run("all_full", "all", 4, record_plans=True)
+    half = run("all_half", "all", 2)
+    ckpt = next(p for p in (out / strategy / "all_half").rglob("*.ckpt"))
+    run("all_resumed", "all", 4, ckpt=str(ckpt))
+    if strategy == "fsdp":
+        run("skewed", "all", 2, "--model.branch_sampler=worker.RankSkewedBranch", record_plans=True)
+    if strategy == "fsdp":
+        check_tied_embeddings(out, rank)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, plans)
+    if rank == 0:
+        (out / f"{strategy}_plans.json").write_text(json.dumps(gathered))
+    del half
+
+
+if __name__ == "__main__":
+    main()
