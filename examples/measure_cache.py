@@ -2,7 +2,7 @@
 
 Two setups:
 
-* ``quickstart``: the quickstart's tiny Llama on its synthetic task (4,096 + 256 pairs);
+* ``quickstart``: configs/quickstart.yaml's tiny Llama and data (the generated task, 4,096 pairs, ByT5 bytes);
 * ``hh``: HH-RLHF lengths: the shared harmless-base test file (2,312 pairs), the real GPT-2 tokenizer,
   ``max_length`` 512, and a *tiny random GPT-2-shaped* model (50,257-token vocabulary; sizes set by
   ``--hh-embd``/``--hh-layers``), since nothing can be downloaded here. Its step-time ratio is therefore
@@ -34,7 +34,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from lit_prunedpo import PrunedDPO  # noqa: E402
-from lit_prunedpo.data import PreferenceDataModule, SyntheticPreferenceData  # noqa: E402
+from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
 from lit_prunedpo.plan import plan_step  # noqa: E402
 from lit_prunedpo.reference_cache import (  # noqa: E402
@@ -46,19 +46,17 @@ from lit_prunedpo.reference_cache import (  # noqa: E402
 from lit_prunedpo.samplers import BothBranches, RandomBranch  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-QUICKSTART_LLAMA = dict(
-    vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+QUICKSTART_LLAMA = dict(  # as in configs/quickstart.yaml
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
 )
 SAMPLERS = {"vanilla": BothBranches, "branch": lambda: RandomBranch(0.5)}
 
 
 def quickstart_setup(args):
-    dm = SyntheticPreferenceData(vocab_size=64, num_train=4096, num_val=256, batch_size=16)
+    # configs/quickstart.yaml's data: the generated task through the text pipeline, ByT5 bytes
+    dm = PreferenceDataModule(tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=16)
     dm.setup("fit")
-    if dm.val_pairs[0]["index"] < dm.num_train:  # until synthetic.py numbers validation after training
-        for pair in dm.val_pairs:
-            pair["index"] += dm.num_train
     return FromConfig(model_type="llama", config=QUICKSTART_LLAMA, seed=0), dm, 16
 
 

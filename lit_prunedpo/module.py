@@ -65,6 +65,8 @@ class PrunedDPO(L.LightningModule):
         sampler_seed: seed of the samplers' dedicated generator; ``None`` uses the run's ``seed_everything``
             seed (``PL_GLOBAL_SEED``), or 0.
         gradient_checkpointing: recompute the policy's activations in backward (less memory, more time).
+        disable_dropout: set every dropout probability of the policy to 0 (TRL's default for DPO: dropout
+            would make the policy's and the reference's log-probs disagree even at identical weights).
         on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
             step (on every rank together), counts and logs it.
 
@@ -86,6 +88,7 @@ class PrunedDPO(L.LightningModule):
         scheduler: LRSchedulerCallable | None = None,
         sampler_seed: int | None = None,
         gradient_checkpointing: bool = False,
+        disable_dropout: bool = True,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
@@ -104,7 +107,13 @@ class PrunedDPO(L.LightningModule):
         self.sampler_seed = sampler_seed
         self.on_nonfinite = on_nonfinite
 
-        self.policy = policy.build()
+        # from_pretrained returns a model in eval mode, and Lightning keeps modules' modes: a policy left in
+        # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
+        self.policy = policy.build().train()
+        if disable_dropout:
+            for layer in self.policy.modules():
+                if isinstance(layer, nn.Dropout):
+                    layer.p = 0.0
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference if reference is not None else OnlineReference()

@@ -30,8 +30,7 @@ file's metadata.
 * ``datamodule.reference_batches(batch_size=None) -> Iterable[PreferenceBatch]``: every training and
   validation pair once, in any order, unshuffled, with ``index`` unique across the splits.
 
-``SyntheticPreferenceData`` and ``PreferenceDataModule`` get them through :func:`cache_fingerprint` and
-:func:`reference_batches` below until they implement the methods themselves.
+``SyntheticPreferenceData`` and ``PreferenceDataModule`` implement both.
 
 **Fingerprint.** ``data`` (the above), ``reference`` (the model source's arguments, or "the policy's initial
 weights", and a BLAKE2 hash of the weights), ``scorer``, ``precision`` and the format version. Hashing
@@ -57,7 +56,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import lightning as L
 import torch
@@ -66,7 +65,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch, collate_pairs
+from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.plan import StepPlan, plan_step
 from lit_prunedpo.reference import ReferenceSource
@@ -432,37 +431,25 @@ def fingerprint_diff(cached: Mapping[str, Any], current: Mapping[str, Any], pref
 
 # ------------------------------------------------------------------------------------ the data protocol
 def cache_fingerprint(datamodule: Any) -> dict[str, Any]:
-    """``datamodule.cache_fingerprint()``, or this module's version for the package's two data modules.
+    """``datamodule.cache_fingerprint()``, made JSON-able.
 
     Raises:
-        TypeError: the data module implements neither the protocol nor is one this module knows.
+        TypeError: the data module does not implement the protocol.
     """
-    if hasattr(datamodule, "cache_fingerprint"):
-        return _jsonable(datamodule.cache_fingerprint())
-    from lit_prunedpo.data import PreferenceDataModule, SyntheticPreferenceData
-
-    if isinstance(datamodule, SyntheticPreferenceData):
-        return synthetic_fingerprint(datamodule)
-    if isinstance(datamodule, PreferenceDataModule):
-        return preference_fingerprint(datamodule)
-    raise TypeError(_protocol_error(datamodule, "cache_fingerprint()"))
+    if not hasattr(datamodule, "cache_fingerprint"):
+        raise TypeError(_protocol_error(datamodule, "cache_fingerprint()"))
+    return _jsonable(datamodule.cache_fingerprint())
 
 
 def reference_batches(datamodule: Any, batch_size: int | None = None) -> Iterable[PreferenceBatch]:
-    """``datamodule.reference_batches(batch_size)``, or this module's version for the package's data modules.
+    """``datamodule.reference_batches(batch_size)``.
 
     Raises:
-        TypeError: as :func:`cache_fingerprint`.
+        TypeError: the data module does not implement the protocol.
     """
-    if hasattr(datamodule, "reference_batches"):
-        return datamodule.reference_batches(batch_size)
-    from lit_prunedpo.data import PreferenceDataModule, SyntheticPreferenceData
-
-    if isinstance(datamodule, SyntheticPreferenceData):
-        return synthetic_reference_batches(datamodule, batch_size)
-    if isinstance(datamodule, PreferenceDataModule):
-        return preference_reference_batches(datamodule, batch_size)
-    raise TypeError(_protocol_error(datamodule, "reference_batches(batch_size)"))
+    if not hasattr(datamodule, "reference_batches"):
+        raise TypeError(_protocol_error(datamodule, "reference_batches(batch_size)"))
+    return datamodule.reference_batches(batch_size)
 
 
 def _protocol_error(datamodule: Any, method: str) -> str:
@@ -470,67 +457,6 @@ def _protocol_error(datamodule: Any, method: str) -> str:
         f"CachedReference needs the data module to implement {method}; {type(datamodule).__name__} does not "
         "(see lit_prunedpo.reference_cache: cache_fingerprint() and reference_batches(batch_size))"
     )
-
-
-def synthetic_reference_batches(dm: Any, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
-    """Every training then validation pair of a ``SyntheticPreferenceData`` once, unshuffled."""
-    dm.setup("fit")
-    pairs, size = list(dm.train_pairs) + list(dm.val_pairs), batch_size or dm.batch_size
-    for start in range(0, len(pairs), size):
-        yield collate_pairs(pairs[start : start + size], pad_id=dm.pad_token_id)
-
-
-def preference_reference_batches(dm: Any, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
-    """Every training then validation pair of a ``PreferenceDataModule`` once, unshuffled, shortest first
-    within each split (less padding, so a faster build)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    dm.setup("fit")
-    collate, size = dm._collate(), batch_size or dm.val_batch_size
-    for ds in (dm.train_dataset, dm.val_dataset):
-        table = ds.with_format("arrow")[:]  # applies the split's row selection
-        prompt, chosen, rejected = (
-            pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
-            for c in ("prompt_ids", "chosen_ids", "rejected_ids")
-        )
-        order = np.argsort(prompt + np.maximum(chosen, rejected), kind="stable")
-        for start in range(0, len(order), size):
-            columns = ds[order[start : start + size].tolist()]
-            yield collate([dict(zip(columns, row)) for row in zip(*columns.values())])
-
-
-def synthetic_fingerprint(dm: Any) -> dict[str, Any]:
-    """Fingerprint of a ``SyntheticPreferenceData``: its generator arguments (batch size changes nothing)."""
-    names = ("vocab_size", "num_train", "num_val", "min_response_length", "max_response_length", "max_stride",
-             "corruption_rate", "seed")
-    return {"class": f"{type(dm).__module__}.{type(dm).__qualname__}", **{n: getattr(dm, n) for n in names}}
-
-
-def preference_fingerprint(dm: Any) -> dict[str, Any]:
-    """Fingerprint of a ``PreferenceDataModule``: source, splits, tokenization settings and the tokenized splits."""
-    from lit_prunedpo.data.tokenize import tokenizer_fingerprint
-
-    dm.setup("fit")
-    template = dm.tokenizer.chat_template
-    return {
-        "class": f"{type(dm).__module__}.{type(dm).__qualname__}",
-        "path": dm.path,
-        "train_split": dm.train_split,
-        "val_split": dm.val_split,
-        "val_fraction": dm.val_fraction if dm.val_split is None else None,
-        "seed": dm.seed,
-        "max_rows": dm.max_rows,
-        "max_length": dm.max_length,
-        "max_prompt_length": dm.max_prompt_length,
-        "columns": [dm.columns.prompt, dm.columns.chosen, dm.columns.rejected],
-        "on_bad_row": dm.on_bad_row,
-        "tokenizer": dm.tokenizer.name_or_path,
-        "tokenizer_hash": tokenizer_fingerprint(dm.tokenizer),
-        "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if isinstance(template, str) else None,
-        "train_dataset": dm.train_dataset._fingerprint,
-        "val_dataset": dm.val_dataset._fingerprint,
-    }
 
 
 # ------------------------------------------------------------------------------------- the seam

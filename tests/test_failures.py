@@ -100,3 +100,13 @@ def test_pretrained_hub_name_fails_fast_offline_with_a_clear_error():
 def test_from_config_unknown_model_type():
     with pytest.raises(ValueError, match="unknown model_type 'not-a-model'"):
         FromConfig("not-a-model").build()
+
+
+def test_pretrained_policy_trains_in_training_mode_without_dropout(tmp_path):
+    FromConfig("gpt2", dict(vocab_size=32, n_embd=32, n_layer=1, n_head=2, n_positions=64)).build().save_pretrained(tmp_path / "g")
+    module = PrunedDPO(policy=Pretrained(str(tmp_path / "g")))
+    assert module.policy.training
+    dropouts = [m for m in module.policy.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(m.p == 0.0 for m in dropouts)
+    kept = PrunedDPO(policy=Pretrained(str(tmp_path / "g")), disable_dropout=False)
+    assert any(m.p > 0 for m in kept.policy.modules() if isinstance(m, torch.nn.Dropout))

@@ -49,24 +49,9 @@ MODES = {
     "all": (SharedFractionPrefix(0.5), StratifiedPositions(rate=0.5), AntitheticBranch()),
 }
 FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1"]
-HH_DATA = "/work/shared/data/hh-rlhf/harmless-base-test.jsonl.gz"
-GPT2_TOKENIZER = "/work/shared/tokenizers/gpt2"
+HH_DATA = str(REPO.parent / "shared/data/hh-rlhf/harmless-base-test.jsonl.gz")
+GPT2_TOKENIZER = str(REPO.parent / "shared/tokenizers/gpt2")
 TINY_GPT2 = dict(vocab_size=50257, n_embd=32, n_layer=1, n_head=2, n_positions=1024)
-
-
-@pytest.fixture(autouse=True)
-def unique_synthetic_index(monkeypatch):
-    """Number synthetic validation pairs after the training pairs, as the lead's patch to synthetic.py does
-    (a no-op once it is in)."""
-    original = SyntheticPreferenceData.setup
-
-    def setup(self, stage=None):
-        original(self, stage)
-        if self.val_pairs and self.val_pairs[0]["index"] < self.num_train:
-            for pair in self.val_pairs:
-                pair["index"] += self.num_train
-
-    monkeypatch.setattr(SyntheticPreferenceData, "setup", setup)
 
 
 @pytest.fixture
