@@ -116,3 +116,19 @@ def test_corrupt_checkpoint_is_refused_naming_the_file(tmp_path):
     bad.write_bytes(b"this is not a checkpoint")
     with pytest.raises(RuntimeError, match=f"could not read checkpoint {bad}"):
         build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={bad}", *FAST])
+
+
+def test_quickstart_trains_on_a_users_jsonl(tmp_path):
+    """`lit-prunedpo fit --config configs/quickstart.yaml --data.path pairs.jsonl` (issue 3's contract)."""
+    import json
+
+    pairs = tmp_path / "pairs.jsonl"
+    with pairs.open("w") as f:
+        for i in range(40):
+            f.write(json.dumps({"prompt": f"Q{i}: say yes", "chosen": "yes" * (1 + i % 3), "rejected": "no"}) + "\n")
+    cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--data.path={pairs}",
+                     f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
+                     "--data.init_args.batch_size=4", *FAST])
+    assert cli.trainer.global_step == 2
+    stats = cli.datamodule.stats  # FAST holds out a quarter for validation
+    assert (stats["train"]["pairs"], stats["val"]["pairs"]) == (30, 10)
