@@ -18,6 +18,25 @@ import torch
 LETTERS = string.ascii_lowercase
 
 
+def progression_pair(
+    g: torch.Generator, num_symbols: int, min_length: int, max_length: int, max_stride: int, corruption_rate: float
+) -> tuple[int, int, list[int], list[int]]:
+    """One pair of the task over symbols ``0..num_symbols-1``: ``(start, stride, ordered, corrupted)``.
+
+    ``ordered`` continues ``start`` in steps of ``stride`` (modulo ``num_symbols``) for ``min_length..max_length``
+    symbols; ``corrupted`` replaces a ``corruption_rate`` share of them (at least one) by a wrong symbol.
+    """
+    start = int(torch.randint(num_symbols, (), generator=g))
+    stride = int(torch.randint(1, max_stride + 1, (), generator=g))
+    n = int(torch.randint(min_length, max_length + 1, (), generator=g))
+    ordered = [(start + stride * (k + 1)) % num_symbols for k in range(n)]
+    corrupted = list(ordered)
+    for pos in torch.randperm(n, generator=g)[: max(1, round(corruption_rate * n))].tolist():
+        # a random *wrong* symbol: shift the right one by 1..num_symbols-1
+        corrupted[pos] = (ordered[pos] + int(torch.randint(1, num_symbols, (), generator=g))) % num_symbols
+    return start, stride, ordered, corrupted
+
+
 def generated_pairs(
     num_rows: int = 4096,
     seed: int = 0,
@@ -46,15 +65,9 @@ def generated_pairs(
         raise ValueError(f"corruption_rate must be in (0, 1], got {corruption_rate!r}")
     g = torch.Generator().manual_seed(seed)
     rows: dict[str, list[str]] = {"prompt": [], "chosen": [], "rejected": []}
-    n_letters = len(LETTERS)
     for _ in range(num_rows):
-        start = int(torch.randint(n_letters, (), generator=g))
-        stride = int(torch.randint(1, max_stride + 1, (), generator=g))
-        n = int(torch.randint(min_length, max_length + 1, (), generator=g))
-        ordered = [(start + stride * (k + 1)) % n_letters for k in range(n)]
-        corrupted = list(ordered)
-        for pos in torch.randperm(n, generator=g)[: max(1, round(corruption_rate * n))].tolist():
-            corrupted[pos] = (ordered[pos] + int(torch.randint(1, n_letters, (), generator=g))) % n_letters
+        start, stride, ordered, corrupted = progression_pair(g, len(LETTERS), min_length, max_length, max_stride,
+                                                             corruption_rate)
         rows["prompt"].append(f"count from {LETTERS[start]} by {stride}:")
         rows["chosen"].append("".join(LETTERS[i] for i in ordered))
         rows["rejected"].append("".join(LETTERS[i] for i in corrupted))

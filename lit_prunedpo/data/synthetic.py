@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
+from lit_prunedpo.data.generated import progression_pair
 from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler, distributed_kwargs
 
 PAD, BOS, EOS = 0, 1, 2
@@ -83,16 +84,13 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
         content = self.vocab_size - FIRST_CONTENT
         pairs = []
         for index in range(count):
-            start = int(torch.randint(content, (), generator=g))
-            stride = int(torch.randint(1, self.max_stride + 1, (), generator=g))
-            n = int(torch.randint(self.min_response_length, self.max_response_length + 1, (), generator=g)) - 1
-            ordered = [(start + stride * (k + 1)) % content + FIRST_CONTENT for k in range(n)]
-            corrupted = list(ordered)
-            n_bad = max(1, round(self.corruption_rate * n))
-            for pos in torch.randperm(n, generator=g)[:n_bad].tolist():
-                # a random *wrong* token: shift the right one by 1..content-1
-                shift = int(torch.randint(1, content, (), generator=g))
-                corrupted[pos] = (ordered[pos] - FIRST_CONTENT + shift) % content + FIRST_CONTENT
+            # lengths count the EOS that ends every response
+            start, stride, ordered, corrupted = progression_pair(
+                g, content, self.min_response_length - 1, self.max_response_length - 1, self.max_stride,
+                self.corruption_rate,
+            )
+            ordered = [t + FIRST_CONTENT for t in ordered]
+            corrupted = [t + FIRST_CONTENT for t in corrupted]
             pairs.append(
                 {
                     "prompt_ids": [BOS, start + FIRST_CONTENT, stride + FIRST_CONTENT],
