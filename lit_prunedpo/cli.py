@@ -12,6 +12,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningCLI
 
@@ -55,6 +56,10 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-prunedpo`` and ``python -m lit_prunedpo``."""
     build_cli(args)
+    # Lightning leaves the process group alive; tearing down live gloo/NCCL threads during interpreter
+    # shutdown can abort a process that trained fine ("terminate called without an active exception").
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

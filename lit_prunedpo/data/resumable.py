@@ -14,6 +14,7 @@ data from its first batch. Two small pieces fix that without a stateful-DataLoad
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 from torch.utils.data import DistributedSampler
@@ -78,6 +79,9 @@ class ResumableDataMixin:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume_position = (int(state["epoch"]), int(state["batches_consumed"]))
         self._position = self._resume_position
+        # Lightning only knows stateful *DataLoaders* and would warn that this mid-epoch resume is unreliable;
+        # here the data module restores the position itself, so that one warning is wrong.
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
     def resume(self, sampler: ResumableSampler, batch_size: int) -> ResumableSampler:
         """Arm ``sampler`` to continue where the loaded checkpoint stopped (once)."""

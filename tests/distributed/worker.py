@@ -129,6 +129,10 @@ def main() -> None:
     if rank == 0:
         (out / f"{strategy}_plans.json").write_text(json.dumps(gathered))
     del half
+    # Leave no process group for interpreter shutdown: destroying a live gloo group's threads there aborts
+    # the process ("terminate called without an active exception") now and then.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
