@@ -7,12 +7,12 @@ positions from it, and the reference model is never loaded while training.
 
 Pieces, in the order data flows:
 
-* :func:`compute_reference_logps` runs the reference once, under ``no_grad``, through the same
-  :func:`~lit_prunedpo.plan.plan_step` (full prefixes, all positions, both branches),
+* :func:`compute_reference_logps` (in :mod:`~lit_prunedpo.reference_store`) runs the reference once, under
+  ``no_grad``, through the same :func:`~lit_prunedpo.plan.plan_step` (full prefixes, all positions, both branches),
   :func:`~lit_prunedpo.scoring.group_inputs` and :class:`~lit_prunedpo.scoring.TokenScorer` as
   :class:`~lit_prunedpo.reference.OnlineReference`, so the values are what the online reference computes.
-* :class:`ReferenceLogpStore` holds them flat (``values`` float32 ``[total_tokens]``) with per (row, branch)
-  ``offsets``/``lengths`` and the sorted dataset keys (``batch.index``), and gathers at any positions.
+* :class:`ReferenceLogpStore` (same module) holds them flat (``values`` float32 ``[total_tokens]``) with per
+  (row, branch) ``offsets``/``lengths`` and the sorted dataset keys (``batch.index``), and gathers at any positions.
 * :class:`CachedReference` is the :class:`~lit_prunedpo.reference.ReferenceSource`: at ``setup`` it loads
   the file when its fingerprint matches the run, builds it otherwise (rank-sharded under DDP), and refuses
   a stale, non-finite or misshapen one, naming what is wrong.
@@ -49,10 +49,8 @@ Departures from the online reference, and how they are handled:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,318 +59,23 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
+from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.plan import StepPlan, plan_step
+from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.reference import ReferenceSource
-from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
-from lit_prunedpo.scoring import TokenScorer, group_inputs
+from lit_prunedpo.reference_store import (  # noqa: F401  (re-exported: the documented API lives here)
+    FORMAT,
+    VERSION,
+    ReferenceLogpStore,
+    compute_reference_logps,
+    model_device,
+    read_fingerprint,
+)
+from lit_prunedpo.scoring import TokenScorer
 
-FORMAT = "lit_prunedpo.reference_cache"
-VERSION = 1
 DEFAULT_FILENAME = "reference_logps.safetensors"
-
-
-# ----------------------------------------------------------------------------------------------- the store
-class ReferenceLogpStore:
-    """Per-token reference log-probs of every response token of every pair, keyed by ``batch.index``.
-
-    Pair ``keys[r]``'s branch ``b`` has ``lengths[r, b]`` tokens whose log-probs are
-    ``values[offsets[r, b] : offsets[r, b] + lengths[r, b]]``. Everything lives on the CPU.
-
-    Args:
-        values: float32 ``[total_tokens]``, all log-probs, flat.
-        keys: ``[N]`` long, the dataset index of each row, strictly increasing.
-        offsets: ``[N, 2]`` long, start of each (row, branch) in ``values``.
-        lengths: ``[N, 2]`` long, response length of each (row, branch), >= 1.
-        fingerprint: what the values were computed from (see the module docstring).
-
-    Raises:
-        ValueError: the tensors are inconsistent (shapes, ordering, offsets past the end) or hold NaN/Inf
-            or positive log-probs.
-    """
-
-    def __init__(
-        self, values: Tensor, keys: Tensor, offsets: Tensor, lengths: Tensor, fingerprint: Mapping[str, Any] | None = None,
-        source: str = "in memory",
-    ) -> None:
-        self.values = values.detach().to("cpu", torch.float32).contiguous()
-        self.keys = keys.detach().to("cpu", torch.long).contiguous()
-        self.offsets = offsets.detach().to("cpu", torch.long).contiguous()
-        self.lengths = lengths.detach().to("cpu", torch.long).contiguous()
-        self.fingerprint: dict[str, Any] = dict(fingerprint or {})
-        self.source = source
-        self._check()
-
-    # -- checks --------------------------------------------------------------------------------------
-    def _check(self) -> None:
-        where = f"reference cache {self.source}"
-        N = self.keys.numel()
-        if self.keys.ndim != 1 or self.offsets.shape != (N, 2) or self.lengths.shape != (N, 2) or self.values.ndim != 1:
-            raise ValueError(
-                f"{where}: wrong shapes: keys {tuple(self.keys.shape)}, offsets {tuple(self.offsets.shape)}, "
-                f"lengths {tuple(self.lengths.shape)}, values {tuple(self.values.shape)}; expected [N], [N, 2], "
-                "[N, 2] and [total_tokens]"
-            )
-        if N and bool((self.keys[1:] <= self.keys[:-1]).any()):
-            raise ValueError(f"{where}: keys (dataset indices) are not strictly increasing: duplicated or unsorted rows")
-        if bool((self.lengths < 1).any()):
-            raise ValueError(f"{where}: a response has length < 1")
-        flat_len, flat_off = self.lengths.reshape(-1), self.offsets.reshape(-1)
-        expected = torch.cat([torch.zeros(1, dtype=torch.long), flat_len.cumsum(0)[:-1]]) if N else flat_off
-        if not torch.equal(flat_off, expected) or int(flat_len.sum()) != self.values.numel():
-            raise ValueError(
-                f"{where}: offsets/lengths do not tile values: {int(flat_len.sum())} tokens listed, "
-                f"{self.values.numel()} values stored"
-            )
-        bad = ~torch.isfinite(self.values)
-        if bool(bad.any()):
-            raise ValueError(
-                f"{where}: {int(bad.sum())} of {self.values.numel()} log-probs are NaN or infinite "
-                f"(first in pair {self._key_of_value(int(bad.nonzero()[0]))}); rebuild it (recompute=True)"
-            )
-        if bool((self.values > 0).any()):
-            raise ValueError(f"{where}: holds positive log-probabilities; it is not a log-prob cache")
-
-    def _key_of_value(self, position: int) -> int:
-        row = int(torch.searchsorted(self.offsets.reshape(-1), torch.tensor(position), right=True)) - 1
-        return int(self.keys[row // 2])
-
-    def check_against(self, index: Tensor, lengths: Tensor, what: str = "the data") -> None:
-        """Refuse a store whose rows or lengths differ from ``index``/``lengths`` (``[n]``, ``[n, 2]``).
-
-        Raises:
-            ValueError: a pair of the data is missing, or its response lengths differ.
-        """
-        if index.numel() != self.num_rows:
-            raise ValueError(
-                f"reference cache {self.source} holds {self.num_rows} pairs but {what} has {index.numel()}: it was "
-                "built for other data; rebuild it (recompute=True)"
-            )
-        rows = self._rows(index.cpu(), strict=False)
-        missing = rows < 0
-        if bool(missing.any()):
-            keys = index.cpu()[missing][:8].tolist()
-            raise ValueError(
-                f"reference cache {self.source} has no entry for {int(missing.sum())} pairs of {what} "
-                f"(dataset indices {keys}...): it was built for other data; rebuild it (recompute=True)"
-            )
-        differ = (self.lengths[rows] != lengths.cpu()).any(-1)
-        if bool(differ.any()):
-            i = int(differ.nonzero()[0])
-            raise ValueError(
-                f"reference cache {self.source}: pair {int(index[i])} has response lengths "
-                f"{self.lengths[rows[i]].tolist()} in the cache but {lengths[i].tolist()} in {what}: it was "
-                "built for other data or another tokenization; rebuild it (recompute=True)"
-            )
-
-    # -- lookup --------------------------------------------------------------------------------------
-    @property
-    def num_rows(self) -> int:
-        return self.keys.numel()
-
-    @property
-    def num_tokens(self) -> int:
-        return self.values.numel()
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of the tensors (what the file holds, less its small header)."""
-        return sum(t.numel() * t.element_size() for t in (self.values, self.keys, self.offsets, self.lengths))
-
-    def _rows(self, index: Tensor, strict: bool = True) -> Tensor:
-        """Rows of dataset keys ``index``; -1 for unknown keys unless ``strict`` (then ``KeyError``)."""
-        index = index.to("cpu", torch.long).contiguous()
-        rows = torch.searchsorted(self.keys, index).clamp(max=max(self.num_rows - 1, 0))
-        found = self.keys[rows] == index if self.num_rows else torch.zeros_like(index, dtype=torch.bool)
-        if bool((~found).any()):
-            if strict:
-                unknown = index[~found].unique()[:8].tolist()
-                raise KeyError(
-                    f"reference cache {self.source} has no pair with dataset index {unknown}: the cache covers "
-                    f"{self.num_rows} pairs of other data; rebuild it (recompute=True)"
-                )
-            rows = torch.where(found, rows, -1)
-        return rows
-
-    def gather(self, index: Tensor, branch: Tensor, t: Tensor) -> Tensor:
-        """Log-probs at dataset keys ``index``, branches ``branch`` (0 chosen), 0-based response positions ``t``.
-
-        All three broadcast together; the result is a float32 CPU tensor of their shape.
-
-        Raises:
-            KeyError: an ``index`` is not in the cache.
-            IndexError: a position ``t`` is beyond its response's cached length.
-        """
-        index, branch, t = torch.broadcast_tensors(index.cpu().long(), branch.cpu().long(), t.cpu().long())
-        rows = self._rows(index)
-        length = self.lengths[rows, branch]
-        beyond = (t < 0) | (t >= length)
-        if bool(beyond.any()):
-            i = beyond.reshape(-1).nonzero()[0]
-            k, b, p, n = (int(x.reshape(-1)[i]) for x in (index, branch, t, length))
-            raise IndexError(
-                f"reference cache {self.source}: position {p} of pair {k} ({BRANCH_NAMES[b]}) is beyond its cached "
-                f"length {n}: the batch's responses are longer than those the cache was built from"
-            )
-        return self.values[self.offsets[rows, branch] + t]
-
-    def lengths_of(self, index: Tensor) -> Tensor:
-        """``[n, 2]`` cached response lengths of dataset keys ``index``."""
-        return self.lengths[self._rows(index.reshape(-1))]
-
-    # -- building and merging ------------------------------------------------------------------------
-    @classmethod
-    def from_rows(
-        cls, keys: list[int], lengths: list[tuple[int, int]], values: list[Tensor], fingerprint: Mapping[str, Any] | None = None
-    ) -> "ReferenceLogpStore":
-        """Assemble from per-pair parts (any order): ``values[i]`` is chosen then rejected, ``sum(lengths[i])`` long.
-
-        Raises:
-            ValueError: a dataset index occurs twice (train and val must be numbered uniquely).
-        """
-        if not keys:  # e.g. a rank's shard when there are fewer batches than ranks; the merge checks the total
-            empty = torch.zeros(0, 2, dtype=torch.long)
-            return cls(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty, empty, fingerprint)
-        key_t = torch.tensor(keys, dtype=torch.long)
-        order = torch.argsort(key_t)
-        key_t = key_t[order]
-        dup = key_t[1:] == key_t[:-1]
-        if bool(dup.any()):
-            raise ValueError(
-                f"the data yields dataset index {int(key_t[1:][dup][0])} more than once: the cache is keyed by "
-                "batch.index, which must be unique across the training and validation splits"
-            )
-        len_t = torch.tensor(lengths, dtype=torch.long).reshape(-1, 2)[order]
-        flat = torch.cat([values[i].float().cpu() for i in order.tolist()])
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), len_t.reshape(-1).cumsum(0)[:-1]]).reshape(-1, 2)
-        return cls(flat, key_t, offsets, len_t, fingerprint)
-
-    @classmethod
-    def merge(cls, stores: Iterable["ReferenceLogpStore"]) -> "ReferenceLogpStore":
-        """One store holding the rows of all ``stores`` (rank shards), which must not overlap."""
-        stores = list(stores)
-        if not sum(s.num_rows for s in stores):
-            raise ValueError("no pairs to cache: the data module yielded no reference batches")
-        keys, lengths, values = [], [], []
-        for s in stores:
-            for r in range(s.num_rows):
-                keys.append(int(s.keys[r]))
-                lengths.append(tuple(s.lengths[r].tolist()))
-                start, n = int(s.offsets[r, 0]), int(s.lengths[r].sum())
-                values.append(s.values[start : start + n])
-        return cls.from_rows(keys, lengths, values, stores[0].fingerprint if stores else None)
-
-    # -- files ---------------------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
-        """Write a safetensors file atomically (a temporary file renamed into place)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tensors = {"values": self.values, "keys": self.keys, "offsets": self.offsets, "lengths": self.lengths}
-        metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True)}
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "ReferenceLogpStore":
-        """Read a file written by :meth:`save`.
-
-        Raises:
-            ValueError: the file is not a reference cache of this version, lacks a tensor, or fails the checks.
-        """
-        fingerprint = read_fingerprint(path)
-        tensors = {}
-        with safe_open(str(path), framework="pt") as f:
-            for name in ("values", "keys", "offsets", "lengths"):
-                if name not in f.keys():
-                    raise ValueError(f"reference cache {path}: no tensor {name!r}")
-                tensors[name] = f.get_tensor(name)
-        return cls(fingerprint=fingerprint, source=str(path), **tensors)
-
-    def __repr__(self) -> str:
-        return f"ReferenceLogpStore({self.num_rows} pairs, {self.num_tokens} tokens, {self.size_bytes} bytes, {self.source})"
-
-
-def read_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
-    """The fingerprint in a cache file's metadata, without reading its tensors.
-
-    Raises:
-        ValueError: the file is not a reference cache of this format version.
-    """
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for non-safetensors files
-        raise ValueError(f"reference cache {path}: not a readable safetensors file: {err}") from err
-    if meta.get("format") != FORMAT or meta.get("version") != str(VERSION):
-        raise ValueError(
-            f"reference cache {path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected "
-            f"{FORMAT!r} version {VERSION}; delete it or rebuild it (recompute=True)"
-        )
-    return json.loads(meta.get("fingerprint", "{}"))
-
-
-# --------------------------------------------------------------------------------------------- computing
-_EXACT = (FullPrefix(), AllPositions(), BothBranches())
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-@torch.no_grad()
-def compute_reference_logps(
-    model: nn.Module,
-    batches: Iterable[PreferenceBatch],
-    scorer: TokenScorer | None = None,
-    forward_context: Callable[[], ContextManager] | None = None,
-) -> ReferenceLogpStore:
-    """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
-
-    Each batch is planned with full prefixes, all positions and both branches and scored through
-    :func:`~lit_prunedpo.scoring.group_inputs` and ``scorer``, exactly as the online reference scores an
-    unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
-
-    Args:
-        model: a ``transformers`` causal LM.
-        batches: the pairs to cache; their ``index`` values must be unique.
-        scorer: how log-probs are computed; ``None`` is :class:`~lit_prunedpo.scoring.TokenScorer`.
-        forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
-
-    Raises:
-        ValueError: a batch is invalid, or an index repeats.
-    """
-    scorer = scorer if scorer is not None else TokenScorer()
-    context = forward_context if forward_context is not None else contextlib.nullcontext
-    device = _model_device(model)
-    was_training = model.training
-    model.eval()
-    keys: list[int] = []
-    lengths: list[tuple[int, int]] = []
-    values: list[Tensor] = []
-    try:
-        for batch in batches:
-            batch.validate()
-            batch = batch.to(device)
-            plan = plan_step(batch, *_EXACT, generator=torch.Generator())
-            (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
-            with context():
-                logps = scorer(model, group_inputs(batch, group.to(device))).float().cpu()
-            # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
-            # tokens are consecutive in `logps`.
-            per_pair = batch.response_lengths.cpu()
-            keys.extend(batch.index.cpu().tolist())
-            lengths.extend(tuple(x) for x in per_pair.tolist())
-            values.extend(logps.split(per_pair.sum(-1).tolist()))
-    finally:
-        model.train(was_training)
-    return ReferenceLogpStore.from_rows(keys, lengths, values)
 
 
 # --------------------------------------------------------------------------------------------- fingerprints
@@ -588,7 +291,7 @@ class CachedReference(ReferenceSource):
 
     def _build(self, model: nn.Module, datamodule: Any, fingerprint: dict[str, Any], path: Path, runtime: _Runtime) -> None:
         start = time.perf_counter()
-        original_device = _model_device(model)
+        original_device = model_device(model)
         batches = (
             b for i, b in enumerate(reference_batches(datamodule, self.batch_size))
             if i % runtime.world_size == runtime.rank
