@@ -93,7 +93,8 @@ class OnlineReference(ReferenceSource):
         return self
 
     def tokens_executed(self, plan: StepPlan) -> int:
-        return merge_groups(plan.groups).tokens_executed
+        # the one merged forward: every row of the plan, at the widest group's width
+        return sum(g.num_rows for g in plan.groups) * max(g.width for g in plan.groups)
 
     @torch.no_grad()
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
