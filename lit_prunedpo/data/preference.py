@@ -307,18 +307,23 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
 
     # -- LightningDataModule hooks -------------------------------------------------------------------
 
-    def prepare_data(self) -> None:
-        """Download and tokenize on one process per node, so that ``setup`` on every rank reads the cache.
-
-        Lightning forbids keeping state here (other ranks would not have it), so the result is dropped.
-        """
-        self._build()
-
     def setup(self, stage: str | None = None) -> None:
-        """Build the training and validation pairs (from the map cache when warm) and log their statistics once."""
+        """Build the training and validation pairs and log their statistics once.
+
+        Under several processes the first process of each node tokenizes first and the others then read its
+        ``datasets`` cache. This is done here with the strategy's barrier rather than in ``prepare_data``:
+        Lightning wraps ``prepare_data`` in a throw-away gloo group whose barrier-then-destroy occasionally
+        aborts a process ("terminate called without an active exception").
+        """
         if self.train_dataset is not None:
             return
+        trainer = getattr(self, "trainer", None)
+        strategy = trainer.strategy if trainer is not None and trainer.world_size > 1 else None
+        if strategy is not None and trainer.local_rank != 0:
+            strategy.barrier("lit_prunedpo.data.tokenize")  # wait for the node's first process
         built = self._build()
+        if strategy is not None and trainer.local_rank == 0:
+            strategy.barrier("lit_prunedpo.data.tokenize")
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
         self.stats = built.stats
         rank_zero_info(format_stats(self.stats))

@@ -92,6 +92,7 @@ def main() -> None:
         "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25",
     ]
     plans: dict[str, list] = {}
+    finished_runs: list = []
 
     def run(name: str, mode: str, steps: int, *extra: str, ckpt: str | None = None, record_plans: bool = False):
         root = out / strategy / name
@@ -107,6 +108,10 @@ def main() -> None:
                 return p
 
             cli.model.plan = plan
+        # Keep every run's objects (and so its device mesh's process groups) alive until the final
+        # destroy_process_group: a gloo group garbage-collected between two fits in one process can abort it
+        # ("terminate called without an active exception"). One fit per process, as the CLI runs, never does.
+        finished_runs.append(cli)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
         metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
         state = full_policy_state(cli)
