@@ -46,7 +46,7 @@ class Estimate:
 def ipw_sums(plan: StepPlan, token_logps: Sequence[Tensor], num_pairs: int) -> Tensor:
     """Scatter per-group scored log-probs, weighted, into ``[B, 2]`` sums (keeps the graph)."""
     parts, slots = [], []
-    for group, logps in zip(plan.groups, token_logps):
+    for group, logps in zip(plan.groups, token_logps, strict=True):
         weight = group.weight.to(device=logps.device, dtype=logps.dtype)
         parts.append(logps * weight)
         slots.append((group.pair * 2 + group.branch)[group.scored_row].to(logps.device))

@@ -55,7 +55,7 @@ def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
         branch=cat("branch"),
         kept=cat("kept"),
         width=max(g.width for g in groups),
-        scored_row=torch.cat([g.scored_row + o for g, o in zip(groups, offsets)]),
+        scored_row=torch.cat([g.scored_row + o for g, o in zip(groups, offsets, strict=True)]),
         scored_t=cat("scored_t"),
         weight=cat("weight"),
         requires_grad=False,

@@ -21,6 +21,6 @@ def make_batch(prompt_lengths, chosen_lengths, rejected_lengths, vocab=32, seed=
     tok = lambda n: (torch.randint(1, vocab, (n,), generator=g)).tolist()  # noqa: E731
     examples = [
         {"prompt_ids": tok(p), "chosen_ids": tok(c), "rejected_ids": tok(r), "index": i}
-        for i, (p, c, r) in enumerate(zip(prompt_lengths, chosen_lengths, rejected_lengths))
+        for i, (p, c, r) in enumerate(zip(prompt_lengths, chosen_lengths, rejected_lengths, strict=True))
     ]
     return collate_pairs(examples, pad_id=0)

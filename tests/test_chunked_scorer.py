@@ -97,7 +97,7 @@ def test_head_gradients_with_bias_and_fallback(bias):
         got = run(scorer, module)  # nn.Sequential is not an nn.Linear: the checkpoint fallback
         torch.testing.assert_close(got[0], expected[0], **TOL)
         torch.testing.assert_close(got[1], expected[1], **TOL)
-        for a, b in zip(got[2], expected[2]):
+        for a, b in zip(got[2], expected[2], strict=True):
             torch.testing.assert_close(a, b, **TOL)
 
 

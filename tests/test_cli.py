@@ -107,7 +107,7 @@ def test_resume_draws_and_weights_match_uninterrupted_run(tmp_path):
     resumed = build_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'resumed'}",
                          "--trainer.max_steps=6", f"--ckpt_path={ckpt}"])
     assert first.model.sampler_rng.step == 3 and resumed.model.sampler_rng.step == full.model.sampler_rng.step == 6
-    for a, b in zip(full.model.policy.state_dict().values(), resumed.model.policy.state_dict().values()):
+    for a, b in zip(full.model.policy.state_dict().values(), resumed.model.policy.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # bitwise, single process
 
 

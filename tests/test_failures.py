@@ -88,7 +88,7 @@ def test_pretrained_loads_a_local_directory(tmp_path):
     FromConfig("llama", TINY_LLAMA, seed=3).build().save_pretrained(tmp_path / "tiny")
     model = Pretrained(str(tmp_path / "tiny")).build()
     again = FromConfig("llama", TINY_LLAMA, seed=3).build()
-    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
 

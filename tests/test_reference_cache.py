@@ -114,7 +114,7 @@ def test_cached_equals_online_loss_and_gradients(mode, tiny_source):
         # Per response, the sums (~ -50) agree to float32's resolution there (1 ulp = 4e-6): relative 1e-6.
         torch.testing.assert_close(rc_, ro, atol=0, rtol=ATOL)
         for token_online, token_cached in zip(online.reference.token_logps(batch, plan),
-                                              cached.reference.token_logps(batch, plan)):
+                                              cached.reference.token_logps(batch, plan), strict=True):
             torch.testing.assert_close(token_cached, token_online, atol=ATOL, rtol=0)
     assert cached.reference.tokens_executed(plan) == 0 and not list(cached.reference.parameters())
 
@@ -257,7 +257,7 @@ def test_resumed_run_reads_the_same_cache_and_matches_uninterrupted_run(tmp_path
                          "--trainer.max_steps=6", f"--ckpt_path={ckpt}"])
     assert len(builds) == 1 and os.stat(cache).st_mtime_ns == stamp, "the cache was rebuilt"
     assert resumed.model.sampler_rng.step == full.model.sampler_rng.step == 6
-    for a, b in zip(full.model.policy.state_dict().values(), resumed.model.policy.state_dict().values()):
+    for a, b in zip(full.model.policy.state_dict().values(), resumed.model.policy.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # bitwise, single process
 
 

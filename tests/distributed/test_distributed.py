@@ -131,8 +131,8 @@ def test_corrupt_or_missing_checkpoint_is_refused_with_its_path(tmp_path):
             "--trainer.max_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             "--data.init_args.max_rows=48", "--data.init_args.val_fraction=0.25",
             "--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO"]
-    # the CLI itself reads a given checkpoint file for its hyper-parameters, and fails there
-    with pytest.raises(Exception):
+    # the CLI itself reads a given checkpoint file for its hyper-parameters, and fails there, naming it
+    with pytest.raises(RuntimeError, match=f"could not read checkpoint {bad}"):
         build_cli([*args, f"--ckpt_path={bad}"])
     # the trainer's load (what `ckpt_path: last` and a requeue reach) names the file
     cli = build_cli(args[1:], run=False)
