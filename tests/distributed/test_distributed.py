@@ -187,6 +187,12 @@ def test_ddp_and_fsdp2_train_the_same_weights(runs, mode):
     assert _max_diff(_weights(runs, f"ddp_{mode}"), _weights(runs, f"fsdp_{mode}")) <= TOL
 
 
+def test_corrupt_distributed_checkpoint_is_refused_on_every_rank(runs):
+    for rank in json.loads((runs / "fsdp_corrupt.json").read_text()):
+        assert rank["message"].startswith("RuntimeError: cannot load checkpoint") and "fsdp_corrupt.ckpt" in rank["message"]
+        assert not rank["stepped"]
+
+
 def test_tied_embeddings_shard_in_one_unit(runs):
     assert json.loads((runs / "fsdp_tied.json").read_text())["max_grad_diff"] <= TOL
 

@@ -77,6 +77,27 @@ def check_tied_embeddings(out: Path, rank: int) -> None:
         (out / "fsdp_tied.json").write_text(json.dumps({"max_grad_diff": diff}))
 
 
+def check_corrupt_distributed_checkpoint(out: Path, cli) -> None:
+    """A distributed checkpoint folder with a garbage ``.metadata`` is refused on every rank, naming the folder,
+    before any training step."""
+    bad = out / "fsdp_corrupt.ckpt"
+    if int(os.environ["RANK"]) == 0:
+        bad.mkdir(exist_ok=True)
+        (bad / ".metadata").write_bytes(b"not a checkpoint" * 10)
+    dist.barrier()
+    step = cli.trainer.global_step
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(bad))
+        message = "no error"
+    except Exception as err:  # the test asserts on the message
+        message = f"{type(err).__name__}: {err}"
+    result = {"message": message, "stepped": cli.trainer.global_step != step}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, result)
+    if int(os.environ["RANK"]) == 0:
+        (out / "fsdp_corrupt.json").write_text(json.dumps(gathered))
+
+
 def main() -> None:
     out, strategy = Path(sys.argv[1]), sys.argv[2]
     nodes = int(sys.argv[sys.argv.index("--nodes") + 1]) if "--nodes" in sys.argv else 1
@@ -129,6 +150,7 @@ def main() -> None:
         run("skewed", "all", 2, "--model.branch_sampler=worker.RankSkewedBranch", record_plans=True)
     if strategy == "fsdp":
         check_tied_embeddings(out, rank)
+        check_corrupt_distributed_checkpoint(out, half)
     gathered = [None] * world
     dist.all_gather_object(gathered, plans)
     if rank == 0:
