@@ -16,6 +16,7 @@ different samplers compare.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Literal
 
 import lightning as L
@@ -127,6 +128,14 @@ class PrunedDPO(L.LightningModule):
         self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
 
     # ----------------------------------------------------------------------------------------- set-up
+    def on_fit_start(self) -> None:
+        # Lightning warns about every module in eval mode at the start of fit; the frozen reference always is,
+        # by design. That warning is replaced by the one that matters: a policy module left in eval mode.
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+        frozen = [name for name, m in self.policy.named_modules() if not m.training]
+        if frozen:
+            rank_zero_warn(f"{len(frozen)} policy module(s) are in eval mode at the start of training, e.g. {frozen[:3]}")
+
     def setup(self, stage: str) -> None:
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)

@@ -110,3 +110,10 @@ def test_pretrained_policy_trains_in_training_mode_without_dropout(tmp_path):
     assert dropouts and all(m.p == 0.0 for m in dropouts)
     kept = PrunedDPO(policy=Pretrained(str(tmp_path / "g")), disable_dropout=False)
     assert any(m.p > 0 for m in kept.policy.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_a_policy_left_in_eval_mode_is_reported(tiny_source, tmp_path):
+    module = PrunedDPO(policy=tiny_source)
+    module.policy.eval()
+    with pytest.warns(UserWarning, match=r"policy module\(s\) are in eval mode"):
+        trainer(tmp_path, steps=1).fit(module, datamodule=data())
