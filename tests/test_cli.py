@@ -132,3 +132,11 @@ def test_quickstart_trains_on_a_users_jsonl(tmp_path):
     assert cli.trainer.global_step == 2
     stats = cli.datamodule.stats  # FAST holds out a quarter for validation
     assert (stats["train"]["pairs"], stats["val"]["pairs"]) == (30, 10)
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test"])
+def test_validate_and_test_subcommands(subcommand, tmp_path):
+    cli = build_cli([subcommand, "--config", str(REPO / "configs/all.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2", *FAST])
+    prefix = "val" if subcommand == "validate" else "test"
+    assert {f"{prefix}/loss", f"{prefix}/rewards/accuracies"} <= set(cli.trainer.callback_metrics)

@@ -408,6 +408,12 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
+    def test_dataloader(self) -> DataLoader:
+        """The validation pairs: this module reads two splits. To test on a held-out split, name it
+        ``val_split`` in a config used with ``lit-prunedpo test``."""
+        rank_zero_info(f"testing on the validation pairs of {self._source_name(self.val_split or self.train_split)}")
+        return self.val_dataloader()
+
 
 def _check_args(
     *,
