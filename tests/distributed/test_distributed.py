@@ -244,5 +244,7 @@ def test_sigterm_saves_a_checkpoint_and_the_relaunch_resumes(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     log = out.stdout + out.stderr
     assert "Restoring states from the checkpoint path at" in log and "checkpoints/last.ckpt" in log, log[-3000:]
-    newest = max(ckpt.parent.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    assert torch.load(newest, weights_only=False, map_location="cpu")["global_step"] == step + 2, sorted(ckpt.parent.iterdir())
+    # it continued from the saved step to the new limit (which checkpoint files ModelCheckpoint writes on the
+    # way depends on whether its every_n_train_steps falls in between, so the log is the robust witness)
+    assert f"`Trainer.fit` stopped: `max_steps={step + 2}` reached." in log, log[-3000:]
+    assert f"Restored all states from the checkpoint at {ckpt}" in log, log[-3000:]
