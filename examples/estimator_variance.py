@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
@@ -40,10 +42,9 @@ from lit_prunedpo.samplers import (  # noqa: E402
     StratifiedPositions,
 )
 
-QUICKSTART_LLAMA = dict(  # as in configs/quickstart.yaml
-    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
-)
+# the quickstart's model, read from its config so that the two cannot drift apart
+QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[
+    "model"]["policy"]["init_args"]
 MODES = {
     "branch (random)": (FullPrefix(), AllPositions(), RandomBranch(0.5)),
     "branch (antithetic)": (FullPrefix(), AllPositions(), AntitheticBranch()),
@@ -72,7 +73,7 @@ def main() -> None:
     data = PreferenceDataModule(tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=args.pairs)
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    module = PrunedDPO(policy=FromConfig("llama", QUICKSTART_LLAMA, seed=0))
+    module = PrunedDPO(policy=FromConfig(**QUICKSTART_POLICY))
     with torch.no_grad():
         for p in module.policy.parameters():
             p.add_(args.perturbation * torch.randn_like(p))

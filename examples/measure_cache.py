@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
@@ -46,10 +47,9 @@ from lit_prunedpo.reference_cache import (  # noqa: E402
 from lit_prunedpo.samplers import BothBranches, RandomBranch  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-QUICKSTART_LLAMA = dict(  # as in configs/quickstart.yaml
-    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
-)
+# the quickstart's model, read from its config so that the two cannot drift apart
+QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[
+    "model"]["policy"]["init_args"]
 SAMPLERS = {"vanilla": BothBranches, "branch": lambda: RandomBranch(0.5)}
 
 
@@ -57,7 +57,7 @@ def quickstart_setup(args):
     # configs/quickstart.yaml's data: the generated task through the text pipeline, ByT5 bytes
     dm = PreferenceDataModule(tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=16)
     dm.setup("fit")
-    return FromConfig(model_type="llama", config=QUICKSTART_LLAMA, seed=0), dm, 16
+    return FromConfig(**QUICKSTART_POLICY), dm, 16
 
 
 def hh_setup(args):

@@ -89,8 +89,8 @@ class TokenScorer:
     Subclass and override :meth:`log_probs` for another head computation (e.g. a chunked one).
     """
 
-    def hidden_states(self, model: nn.Module, inputs: GroupInputs) -> Tensor:
-        body, _ = split_causal_lm(model)
+    def hidden_states(self, body: nn.Module, inputs: GroupInputs) -> Tensor:
+        """``[n, W, d]`` last hidden states of the model body on the group's inputs."""
         out = body(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,
@@ -105,7 +105,7 @@ class TokenScorer:
         return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
     def __call__(self, model: nn.Module, inputs: GroupInputs) -> Tensor:
-        hidden = self.hidden_states(model, inputs)
+        body, head = split_causal_lm(model)
+        hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
-        _, head = split_causal_lm(model)
         return self.log_probs(head, gathered, inputs.targets)
