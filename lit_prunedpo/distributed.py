@@ -145,7 +145,8 @@ def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = Tr
 class FSDP2Strategy(ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` as plain FSDP2: one data-parallel dimension over every process
     of every node (``tensor_parallel_size=1``), so ``--trainer.devices`` and ``--trainer.num_nodes`` alone
-    size it. Loading a missing or unreadable checkpoint raises an error that names it.
+    size it. Loading a missing or unreadable checkpoint raises an error that names it. A second
+    ``fit``/``validate``/``test`` with the same trainer keeps the device mesh (and its process groups) of the first.
 
     Args:
         save_distributed_checkpoint: each rank writes its shard into a checkpoint *folder* (default);
@@ -167,7 +168,16 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
-        super().setup_environment()
+        if self._device_mesh is None:
+            super().setup_environment()
+            return
+        # A second fit/validate/test on this strategy. Lightning would build a new device mesh and drop the old
+        # one; the old mesh's gloo process groups are then destroyed whenever the garbage collector gets to them,
+        # which now and then aborts the process ("terminate called without an active exception"). The process
+        # group and the world are the same as before, so the mesh is kept.
+        super(ModelParallelStrategy, self).setup_environment()
+        self._setup_distributed()
+        self.lightning_module._device_mesh = self._device_mesh
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(self.broadcast(checkpoint_path))

@@ -135,7 +135,9 @@ def test_chunked_head_lowers_peak_memory():
     hidden, targets = torch.randn(K, d, generator=g), torch.randint(0, V, (K,), generator=g)
     logits_bytes = K * V * 4  # 262 MB: the plain scorer holds at least two such tensors at once
     plain = min(_peak_step_bytes(TokenScorer(), head, hidden, targets) for _ in range(2))
-    chunked = min(_peak_step_bytes(ChunkedScorer(256), head, hidden, targets) for _ in range(2))
+    # 64-row chunks hold ~8 MB of logits each. The RSS probe sees the allocator's reuse as well, so a chunked
+    # peak varies from run to run (0-25 MiB here, 30-190 MiB with 256-row chunks); the bound leaves a wide margin.
+    chunked = min(_peak_step_bytes(ChunkedScorer(64), head, hidden, targets) for _ in range(2))
     assert plain > 1.5 * logits_bytes, (plain, logits_bytes)
     assert chunked < plain / 4, f"chunked peak {chunked / 2**20:.0f} MiB vs plain {plain / 2**20:.0f} MiB"
 

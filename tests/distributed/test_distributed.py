@@ -68,14 +68,30 @@ def _wait(procs: list[subprocess.Popen], cwd: Path, name: str, timeout: float = 
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """FSDP2 on one node with 2 processes, then DDP as two 1-process "nodes" (torchrun --nnodes 2)."""
-    root = tmp_path_factory.mktemp("distributed")
-    out = root / "out"
-    _wait([_torchrun(1, 0, _port(), out, "fsdp", root)], root, "fsdp")
-    port = _port()
-    _wait([_torchrun(2, r, port, out, "ddp", root) for r in (1, 0)], root, "ddp")
+def launch_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("distributed")
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(launch_root) -> Path:
+    """FSDP2 on one node with 2 processes. A launch of its own, so that its failure fails only its tests."""
+    out = launch_root / "out"
+    _wait([_torchrun(1, 0, _port(), out, "fsdp", launch_root)], launch_root, "fsdp")
     return out
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(launch_root) -> Path:
+    """DDP as two 1-process "nodes" (torchrun --nnodes 2)."""
+    out, port = launch_root / "out", _port()
+    _wait([_torchrun(2, r, port, out, "ddp", launch_root) for r in (1, 0)], launch_root, "ddp")
+    return out
+
+
+@pytest.fixture
+def runs(request, strategy) -> Path:
+    """The launch of the test's ``strategy`` parameter."""
+    return request.getfixturevalue(f"{strategy}_runs")
 
 
 def _weights(out: Path, name: str) -> dict[str, torch.Tensor]:
@@ -165,7 +181,8 @@ def test_ranks_backpropagate_different_branches_in_the_same_step(runs, strategy)
     assert per_rank[0]["all_full"][0] != per_rank[1]["all_full"][0]
 
 
-def test_ranks_with_different_row_groups_do_not_desync_fsdp(runs):
+def test_ranks_with_different_row_groups_do_not_desync_fsdp(fsdp_runs):
+    runs = fsdp_runs
     """A custom sampler gives rank 0 one row group and rank 1 two; the step pads rank 0 with a placeholder."""
     per_rank = json.loads((runs / "fsdp_plans.json").read_text())
     assert all(all(row == [True, True] for row in mask) for mask in per_rank[0]["skewed"])
@@ -181,23 +198,27 @@ def test_resume_matches_the_uninterrupted_run(runs, strategy):
 
 
 @pytest.mark.parametrize("mode", ["vanilla", "all_full"])
-def test_ddp_and_fsdp2_train_the_same_weights(runs, mode):
+def test_ddp_and_fsdp2_train_the_same_weights(ddp_runs, fsdp_runs, mode):
     """Same data, seeds and draws: sharding changes nothing but float summation order (FSDP's vanilla run
     also has activation checkpointing on)."""
-    assert _max_diff(_weights(runs, f"ddp_{mode}"), _weights(runs, f"fsdp_{mode}")) <= TOL
+    assert _max_diff(_weights(ddp_runs, f"ddp_{mode}"), _weights(fsdp_runs, f"fsdp_{mode}")) <= TOL
 
 
-def test_corrupt_distributed_checkpoint_is_refused_on_every_rank(runs):
-    for rank in json.loads((runs / "fsdp_corrupt.json").read_text()):
+def test_corrupt_distributed_checkpoint_is_refused_on_every_rank(fsdp_runs):
+    for rank in json.loads((fsdp_runs / "fsdp_corrupt.json").read_text()):
         assert rank["message"].startswith("RuntimeError: cannot load checkpoint") and "fsdp_corrupt.ckpt" in rank["message"]
         assert not rank["stepped"]
+        # the second fit of that trainer kept the first fit's device mesh: dropping it (and its gloo groups)
+        # mid-process is what aborted this worker now and then
+        assert rank["mesh_kept"]
 
 
-def test_tied_embeddings_shard_in_one_unit(runs):
-    assert json.loads((runs / "fsdp_tied.json").read_text())["max_grad_diff"] <= TOL
+def test_tied_embeddings_shard_in_one_unit(fsdp_runs):
+    assert json.loads((fsdp_runs / "fsdp_tied.json").read_text())["max_grad_diff"] <= TOL
 
 
-def test_val_loss_reduced_over_ranks_equals_one_process(runs, tmp_path):
+def test_val_loss_reduced_over_ranks_equals_one_process(ddp_runs, tmp_path):
+    runs = ddp_runs
     cli = build_cli(["--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
                      "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25", "--trainer.enable_progress_bar=false",
                      "--trainer.enable_model_summary=false"], run=False)

@@ -85,13 +85,14 @@ def check_corrupt_distributed_checkpoint(out: Path, cli) -> None:
         bad.mkdir(exist_ok=True)
         (bad / ".metadata").write_bytes(b"not a checkpoint" * 10)
     dist.barrier()
-    step = cli.trainer.global_step
+    step, mesh = cli.trainer.global_step, cli.model.device_mesh
     try:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(bad))
         message = "no error"
     except Exception as err:  # the test asserts on the message
         message = f"{type(err).__name__}: {err}"
-    result = {"message": message, "stepped": cli.trainer.global_step != step}
+    result = {"message": message, "stepped": cli.trainer.global_step != step,
+              "mesh_kept": cli.model.device_mesh is mesh}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result)
     if int(os.environ["RANK"]) == 0:
