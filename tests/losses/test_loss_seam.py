@@ -142,3 +142,27 @@ def test_branch_pruning_gradient_is_exactly_unbiased(loss, branch):
     expected = sum(prob * gradient(ForcedBranch(mask, branch)) for mask, prob in branch.support(batch.num_pairs))
     torch.testing.assert_close(expected, want, rtol=1e-10, atol=1e-12)
     assert want.abs().sum() > 0
+
+
+def test_a_users_margin_loss_runs_unchanged_through_estimate():
+    """A README-style ``MarginLoss`` subclass (only ``value``) gives the built-in DPO's objective and gradient."""
+    import torch.nn.functional as F
+
+    from lit_prunedpo.losses import MarginLoss
+
+    class MyDPO(MarginLoss):
+        def value(self, margin, beta):
+            return -F.logsigmoid(beta * margin)
+
+    batch = synthetic_batch(LENGTHS)
+    g = torch.Generator().manual_seed(5)
+    policy = (-torch.rand(batch.response_ids.shape, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    reference = -torch.rand(batch.response_ids.shape, generator=g, dtype=torch.float64) * 2
+    plan = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(0.4), torch.Generator().manual_seed(1))
+    at = lambda x, grp: x[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t]  # noqa: E731
+    results = []
+    for loss in (MyDPO(), SigmoidLoss()):
+        est = estimate(plan, [at(policy, grp) for grp in plan.groups], [at(reference, grp) for grp in plan.groups], loss, BETA)
+        results.append((est.objective.detach(), torch.autograd.grad(est.objective, policy)[0]))
+    torch.testing.assert_close(results[0], results[1])
+    assert results[0][1].abs().sum() > 0
