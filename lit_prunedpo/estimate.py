@@ -1,13 +1,14 @@
-"""Stage 3 of a step, **estimate**: IPW sums, margin and the single-branch surrogate.
+"""Stage 3 of a step, **estimate**: IPW sums, the loss and the single-branch surrogate.
 
-    R_hat^b   = sum_{t in S} rho_t^b / (s_t p_t(L))              per branch, both branches
-    Delta_hat = R_hat^w - R_hat^l
-    c         = f'(Delta_hat)                                     detached
-    surrogate = mean_i  c_i * sum_{b in B_i} sign_b R_hat_i^b / q_ib
+    P_hat^b, Ref_hat^b = sum_{t in S} logp_t^b / (s_t p_t(L))     policy and reference, both branches
+    c_b       = d loss / d P^b  at the estimates                   detached (the loss's ``policy_partials``)
+    surrogate = mean_i  sum_{b in B_i} c_ib * P_hat_i^b / q_ib
 
-The value handed to ``backward`` equals the estimated DPO loss ``mean f(Delta_hat)`` but carries the
-surrogate's gradient, so progress bars show a loss while the gradient is the unbiased single-branch one.
-With both branches back-propagated (``q = 1``) and no position/prefix pruning it is exactly the DPO gradient.
+For a margin loss ``f(Delta)``, ``c = (f'(Delta_hat), -f'(Delta_hat))`` and this is the design note's
+``f'(Delta_hat) * sum_b sign_b R_hat^b / q_b`` (the reference sums carry no gradient). The value handed to
+``backward`` equals the estimated loss ``mean loss(sums_hat)`` but carries the surrogate's gradient, so progress
+bars show a loss while the gradient is the single-branch one. With both branches back-propagated (``q = 1``)
+and no position/prefix pruning it is exactly the loss's gradient.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from lit_prunedpo.losses import MarginLoss
+from lit_prunedpo.losses import BranchSums, PreferenceLoss
 from lit_prunedpo.plan import StepPlan
 
 
@@ -31,7 +32,7 @@ class Estimate:
         reference_logps: ``[B, 2]`` IPW sums of reference log-probs.
         log_ratio: ``[B, 2]`` ``R_hat``, detached.
         margin: ``[B]`` ``Delta_hat``, detached.
-        loss: ``[B]`` ``f(Delta_hat)``, detached.
+        loss: ``[B]`` the per-pair loss at the estimates, detached.
         objective: scalar whose value is ``loss.mean()`` and whose gradient is the surrogate's.
     """
 
@@ -59,21 +60,23 @@ def estimate(
     plan: StepPlan,
     policy_logps: Sequence[Tensor],
     reference_logps: Sequence[Tensor],
-    loss: MarginLoss,
+    loss: PreferenceLoss,
     beta: float,
+    lengths: Tensor | None = None,
 ) -> Estimate:
-    """Turn the scored log-probs of every group into the step's estimates and objective."""
+    """Turn the scored log-probs of every group into the step's estimates and objective.
+
+    ``lengths`` (``[B, 2]`` full response lengths) is needed by losses of means or token averages only.
+    """
     B = plan.grad_mask.shape[0]
     policy = ipw_sums(plan, policy_logps, B)
-    reference = ipw_sums(plan, [r.detach() for r in reference_logps], B)
-    log_ratio = policy - reference
-    margin = (log_ratio[:, 0] - log_ratio[:, 1]).detach()
-    coefficient = loss.derivative(margin, beta)
+    reference = ipw_sums(plan, [r.detach() for r in reference_logps], B).detach()
+    sums = BranchSums(policy.detach(), reference, lengths)
+    coefficient = loss.policy_partials(sums, beta)
 
-    device = policy.device
-    sign = torch.tensor([1.0, -1.0], dtype=policy.dtype, device=device)
-    keep = plan.grad_mask.to(device=device, dtype=policy.dtype) / plan.branch_prob.to(device=device, dtype=policy.dtype)
-    surrogate = (coefficient * (log_ratio * sign * keep).sum(-1)).mean()
-    per_pair_loss = loss.value(margin, beta).detach()
+    device, dtype = policy.device, policy.dtype
+    keep = plan.grad_mask.to(device=device, dtype=dtype) / plan.branch_prob.to(device=device, dtype=dtype)
+    surrogate = (coefficient.to(dtype) * policy * keep).sum(-1).mean()
+    per_pair_loss = loss.per_pair(sums, beta).detach()
     objective = per_pair_loss.mean() + surrogate - surrogate.detach()
-    return Estimate(policy, reference.detach(), log_ratio.detach(), margin, per_pair_loss, objective)
+    return Estimate(policy, reference, sums.log_ratio, sums.margin, per_pair_loss, objective)

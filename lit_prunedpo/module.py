@@ -28,12 +28,13 @@ from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
 from lit_prunedpo.estimate import Estimate, estimate
-from lit_prunedpo.losses import MarginLoss, SigmoidLoss
+from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.plan import RowGroup, StepPlan, plan_step
-from lit_prunedpo.reference import OnlineReference, ReferenceSource
+from lit_prunedpo.reference import ReferenceSource
+from lit_prunedpo.reference_free import reference_for
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.samplers import (
     AllPositions,
@@ -53,8 +54,9 @@ class PrunedDPO(L.LightningModule):
 
     Args:
         policy: where the trainable policy comes from (``lit_prunedpo.models.FromConfig`` or ``Pretrained``).
-        reference: source of reference log-probs; ``None`` is a frozen copy of the initial policy, run online.
-        loss: the margin loss; ``None`` is DPO's sigmoid loss.
+        reference: source of reference log-probs; ``None`` is a frozen copy of the initial policy, run online,
+            or no reference at all (``NoReference``) for a loss that needs none.
+        loss: the loss (``lit_prunedpo.losses``); ``None`` is DPO's sigmoid loss.
         beta: DPO's inverse temperature (> 0).
         prefix_sampler: which response prefixes run; ``None`` keeps them whole.
         position_sampler: which kept positions are scored; ``None`` scores all.
@@ -72,14 +74,15 @@ class PrunedDPO(L.LightningModule):
             step (on every rank together), counts and logs it.
 
     Raises:
-        ValueError: on a non-positive ``beta`` or an unknown ``on_nonfinite``.
+        ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite``, or a reference given to a loss that
+            uses none.
     """
 
     def __init__(
         self,
         policy: ModelSource,
         reference: ReferenceSource | None = None,
-        loss: MarginLoss | None = None,
+        loss: PreferenceLoss | None = None,
         beta: float = 0.1,
         prefix_sampler: PrefixSampler | None = None,
         position_sampler: PositionSampler | None = None,
@@ -117,7 +120,7 @@ class PrunedDPO(L.LightningModule):
                     layer.p = 0.0
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.reference = reference if reference is not None else OnlineReference()
+        self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
 
         self.sampler_rng = SamplerRNG()
@@ -194,7 +197,7 @@ class PrunedDPO(L.LightningModule):
         """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""
         policy_logps = [self.score_policy(batch, group) for group in plan.groups]
         reference_logps = self.reference.token_logps(batch, plan)
-        return estimate(plan, policy_logps, reference_logps, self.loss, self.beta)
+        return estimate(plan, policy_logps, reference_logps, self.loss, self.beta, batch.response_lengths)
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
         batch.validate()

@@ -17,18 +17,23 @@ What is checked, and the tolerances:
 * **end to end** (:func:`check_unbiased`): the real :func:`lit_prunedpo.plan.plan_step` and
   :func:`lit_prunedpo.estimate.ipw_sums` are run with any combination of samplers, and the mean of the
   branch-weighted estimate matches ``R_w - R_l`` within ``z`` standard errors.
+* **a loss's reward estimate** (:func:`check_reward_estimate`): a quantity a loss computes from the IPW sums
+  and the full lengths (a length-normalised mean, a token-averaged NLL) has, exactly by enumeration and by
+  Monte Carlo through the real planner, the expectation of that quantity on the true sums.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.estimate import ipw_sums
+from lit_prunedpo.losses import BranchSums
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
@@ -236,4 +241,80 @@ def check_unbiased(
     stacked, dirs = torch.stack(r_hats), torch.stack(directions)
     _mc(report, "E[R_hat] per branch", stacked.mean(0), R, stacked.std(0) / math.sqrt(num_draws), z)
     _mc(report, "E[branch-weighted R_hat]", dirs.mean(0), R[:, 0] - R[:, 1], dirs.std(0) / math.sqrt(num_draws), z)
+    return report
+
+
+def _check_affine(reward: Callable[[BranchSums], Tensor], lengths: Tensor, g: torch.Generator) -> None:
+    """Enumerating per-row marginals is exact for quantities affine in the sums only: check that premise."""
+    zero = torch.zeros(lengths.shape, dtype=torch.float64)
+    x, y = (torch.randn(lengths.shape, generator=g, dtype=torch.float64) for _ in range(2))
+    at = lambda v: reward(BranchSums(v, zero, lengths))  # noqa: E731
+    lhs, rhs = at(x + 2 * y) - at(zero), (at(x) - at(zero)) + 2 * (at(y) - at(zero))
+    if not torch.allclose(lhs, rhs, rtol=1e-9, atol=1e-9):
+        raise AssertionError("reward is not affine in the branch sums: only its expectation conditional on the "
+                             "sums' noise is unbiased, so check_reward_estimate does not apply")
+
+
+def check_reward_estimate(
+    reward: Callable[[BranchSums], Tensor],
+    prefix: PrefixSampler | None = None,
+    position: PositionSampler | None = None,
+    lengths: Tensor | None = None,
+    num_draws: int = 4000,
+    z: float = 5.0,
+    max_support: int = 4096,
+    seed: int = 0,
+) -> SamplerReport:
+    """Check that ``reward`` of the pruned IPW sums is unbiased for ``reward`` of the true sums.
+
+    ``reward`` maps :class:`BranchSums` (policy sums, zero reference, the *full* lengths) to any tensor, e.g.
+    ``lambda s: s.means().policy`` (length-normalised rewards) or ``lambda s: SftLoss().per_pair(s, 1.0)`` (the
+    NLL term); it must be affine in the sums (checked), as a mean or a token average is.
+
+    * **exact**: for every response, its kept length over the prefix sampler's marginal pmf and its scored
+      positions over the position sampler's ``support`` give ``E[R_hat]`` exactly; by affinity
+      ``E[reward(R_hat)] = reward(E[R_hat])``, which must equal ``reward(R)`` to ``1e-9``. Skipped (noted) when
+      the position sampler cannot enumerate its support.
+    * **Monte Carlo**: ``num_draws`` plans from the real :func:`lit_prunedpo.plan.plan_step` and
+      :func:`lit_prunedpo.estimate.ipw_sums`; the mean of ``reward`` lies within ``z`` standard errors.
+    """
+    prefix, position = prefix or FullPrefix(), position or AllPositions()
+    lengths = lengths if lengths is not None else torch.tensor([[5, 3], [1, 8], [12, 12]])
+    batch = synthetic_batch(lengths, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    full = batch.response_lengths.to(torch.float64)
+    _check_affine(reward, full, g)
+    rho = -torch.rand(batch.response_ids.shape, generator=g, dtype=torch.float64).mul(3) * batch.response_mask
+    zero = torch.zeros(full.shape, dtype=torch.float64)
+    truth = reward(BranchSums(rho.sum(-1), zero, full))
+    report = SamplerReport()
+
+    flat_lengths, flat_rho, width = full.long().reshape(-1), rho.reshape(-1, rho.shape[-1]), rho.shape[-1]
+    survival, pmf = prefix.survival(flat_lengths, width), prefix.pmf(flat_lengths, width)
+    expected = torch.zeros(flat_lengths.shape, dtype=torch.float64)
+    for r, T in enumerate(flat_lengths.tolist()):
+        for kept in range(1, T + 1):
+            if float(pmf[r, kept - 1]) <= 0:
+                continue
+            outcomes = _support(position, kept, max_support)
+            if outcomes is None:
+                report.notes.append(f"{type(position).__name__} does not enumerate its support: no exact check")
+                expected = None
+                break
+            inclusion = position.inclusion(torch.tensor([kept]), width)[0, :kept].to(torch.float64)
+            weight = 1.0 / (survival[r, :kept] * inclusion)
+            for mask, prob in outcomes:
+                expected[r] += float(pmf[r, kept - 1]) * prob * (mask * flat_rho[r, :kept] * weight).sum()
+        if expected is None:
+            break
+    if expected is not None:
+        _exact(report, "E[reward(R_hat)] by enumeration", reward(BranchSums(expected.view(full.shape), zero, full)), truth)
+
+    values = []
+    for _ in range(num_draws):
+        plan = plan_step(batch, prefix, position, BothBranches(), g)
+        scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
+        values.append(reward(BranchSums(ipw_sums(plan, scored, batch.num_pairs), zero, full)))
+    stacked = torch.stack(values)
+    _mc(report, "E[reward(R_hat)]", stacked.mean(0), truth, stacked.std(0) / math.sqrt(num_draws), z)
     return report

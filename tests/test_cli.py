@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 
@@ -56,7 +57,11 @@ def offline_overrides(path, tmp_path):
 def test_every_yaml_instantiates_through_the_cli(path, tmp_path, examples_importable):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and "--config" in first, f"{path} must open with the command that runs it"
-    cli = build_cli(["--config", str(path), f"--trainer.default_root_dir={tmp_path}", *offline_overrides(path, tmp_path)],
+    # Overlays (configs/losses/) are composed after the configs their command names: load them the same way.
+    configs = re.findall(r"--config (\S+)", first)
+    assert configs[-1] == path.relative_to(REPO).as_posix(), f"{path}'s first line must be the command that runs it"
+    composed = [arg for config in configs for arg in ("--config", str(REPO / config))]
+    cli = build_cli([*composed, f"--trainer.default_root_dir={tmp_path}", *offline_overrides(path, tmp_path)],
                     run=False)
     assert isinstance(cli.model, PrunedDPO)
 
