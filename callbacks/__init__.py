@@ -1,6 +1,8 @@
-"""Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors."""
+"""Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
+checkpoint with its run summary."""
 
+from .final_checkpoint import FinalCheckpoint
 from .peak_memory import PeakMemoryMonitor
 from .step_time import StepTimeMonitor
 
-__all__ = ["PeakMemoryMonitor", "StepTimeMonitor"]
+__all__ = ["FinalCheckpoint", "PeakMemoryMonitor", "StepTimeMonitor"]

@@ -1,7 +1,10 @@
 """The ``lit-prunedpo`` command: a LightningCLI over ``PrunedDPO`` and any LightningDataModule.
 
 Subcommands ``fit``, ``validate``, ``test`` (and ``--print_config``) come from LightningCLI; the data module
-is chosen by ``class_path`` like every other plug-in. The quickstart config ships inside the package and is
+is chosen by ``class_path`` like every other plug-in. Every ``fit`` ends with a checkpoint of its last step and a
+summary (``FinalCheckpoint``, options ``--final.*``). ``export`` (a Hugging Face folder from a checkpoint) is
+not a Trainer method, which is all LightningCLI subcommands can be: ``main`` hands it to
+``lit_prunedpo.export.main``. The quickstart config ships inside the package and is
 the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone trains the quickstart. A given
 ``--config`` is used alone, so nothing from the quickstart leaks into it unseen.
 """
@@ -16,6 +19,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningCLI
 
+from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
 from lit_prunedpo.module import PrunedDPO
 
 
@@ -36,6 +40,10 @@ class PrunedDPOCLI(LightningCLI):
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
 
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
+        # a forced callback: every fit saves its last step, whatever the config's callbacks are
+        parser.add_lightning_class_args(FinalCheckpoint, "final")
+
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
@@ -55,6 +63,11 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-prunedpo`` and ``python -m lit_prunedpo``."""
+    given = sys.argv[1:] if args is None else args
+    if given[:1] == ["export"]:
+        from lit_prunedpo.export import main as export_main
+
+        return export_main(given[1:])
     build_cli(args)
     # Lightning leaves the process group alive; tearing down live gloo/NCCL threads during interpreter
     # shutdown can abort a process that trained fine ("terminate called without an active exception").

@@ -32,6 +32,22 @@ class ModelSource(ABC):
     def build(self) -> nn.Module:
         """Return a new model."""
 
+    def spec(self) -> dict[str, Any] | None:
+        """``{"class_path", "init_args"}`` that rebuild this source (stored in checkpoints so that an export can
+        rebuild frozen weights a checkpoint leaves out); ``None`` when the source cannot say."""
+        init_args = getattr(self, "init_args", None)
+        if init_args is None:
+            return None
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": dict(init_args)}
+
+
+def source_from_spec(spec: dict[str, Any]) -> ModelSource:
+    """The :class:`ModelSource` that :meth:`ModelSource.spec` described."""
+    import importlib
+
+    module, _, name = spec["class_path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)(**spec["init_args"])
+
 
 class Pretrained(ModelSource):
     """A pretrained causal LM from the hub or a local directory, via ``AutoModelForCausalLM.from_pretrained``.
@@ -52,6 +68,8 @@ class Pretrained(ModelSource):
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
+        self.init_args = {"name_or_path": name_or_path, "dtype": dtype, "revision": revision,
+                          "attn_implementation": attn_implementation, "trust_remote_code": trust_remote_code}
         self.name_or_path = name_or_path
         self.dtype = _dtype(dtype)
         self.revision = revision
@@ -87,6 +105,7 @@ class FromConfig(ModelSource):
     """
 
     def __init__(self, model_type: str = "llama", config: dict[str, Any] | None = None, seed: int = 0, dtype: str | None = None) -> None:
+        self.init_args = {"model_type": model_type, "config": dict(config or {}), "seed": seed, "dtype": dtype}
         self.model_type = model_type
         self.config = dict(config or {})
         self.seed = int(seed)
