@@ -3,7 +3,8 @@
 Why not ``ModelCheckpoint`` alone: it saves after a validation or every ``n`` steps, so ``max_steps: 50`` with
 validation every 40 steps leaves the step-40 weights, and a run shorter than one interval leaves nothing.
 :class:`FinalCheckpoint` saves ``{dirpath}/last.ckpt`` at the end of training (``max_steps``, ``max_epochs``,
-``max_time``, early stop) and on Lightning's own ``SIGTERMException``, through ``trainer.save_checkpoint`` (so
+``max_time``, early stop; mid-epoch ends are written as mid-epoch, so that a resume continues the same data
+order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_checkpoint`` (so
 the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
 ``--ckpt_path last`` resumes from the newest ``last*.ckpt`` of the ``ModelCheckpoint`` folder, which is this
 one's folder by default. With :class:`~lit_prunedpo.preemption.PreemptionCheckpoint` in the callbacks, a
@@ -67,6 +68,7 @@ class FinalCheckpoint(Callback):
         self.exported_dir: Optional[str] = None
         self._saved_step: Optional[int] = None
         self._val_step: Optional[int] = None
+        self._saving = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -118,12 +120,31 @@ class FinalCheckpoint(Callback):
             self.saved_path = existing
         else:
             path = trainer.strategy.broadcast(os.path.join(self._folder(trainer), self.filename + ".ckpt"))
-            trainer.save_checkpoint(path)
+            self._saving = True
+            try:
+                trainer.save_checkpoint(path)
+            finally:
+                self._saving = False
             self.saved_path = path
             checkpoint = trainer.checkpoint_callback
             if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath and Path(checkpoint.dirpath) == Path(path).parent:
                 checkpoint.last_model_path = path  # its own next save_last replaces this file instead of adding one
         self._saved_step = trainer.global_step
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # When max_steps (or max_time, or a stop request) ends the fit in the middle of an epoch, Lightning has
+        # already counted that epoch as completed by on_train_end; a checkpoint saved there would resume with
+        # the *next* epoch (a new shuffle), not the next batch. Write the epoch as still running, exactly as a
+        # ModelCheckpoint saved after the same batch does, so the resume continues the same data order.
+        if not self._saving or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+        if progress is None:
+            return
+        for counts in (progress["total"], progress["current"]):
+            if counts["completed"] == counts["started"]:
+                counts["processed"] = counts["completed"] = counts["started"] - 1
 
     def _export(self, trainer: pl.Trainer) -> None:
         from lit_prunedpo.export import export

@@ -37,12 +37,13 @@ def policy_metadata(policy: nn.Module, source: Any = None) -> dict[str, Any]:
     from lit_prunedpo.lora import is_peft_model
 
     if is_peft_model(policy):
-        base = policy.get_base_model()
-        peft_config = policy.peft_config["default"].to_dict()
-        peft_config = {k: sorted(v) if isinstance(v, set) else v for k, v in peft_config.items()}
         spec = source.base_spec() if hasattr(source, "base_spec") else None
-        return {"config": base.config.to_dict(), "peft": peft_config, "base": spec}
-    return {"config": policy.config.to_dict(), "peft": None, "base": None}
+        info = {"config": policy.get_base_model().config.to_dict(), "peft": policy.peft_config["default"].to_dict(),
+                "base": spec}
+    else:
+        info = {"config": policy.config.to_dict(), "peft": None, "base": None}
+    # plain JSON types only (peft's enums and sets would make torch.load(weights_only=True) refuse the checkpoint)
+    return json.loads(json.dumps(info, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
