@@ -18,8 +18,10 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
+from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
 
 
@@ -39,6 +41,13 @@ class PrunedDPOCLI(LightningCLI):
         except Exception as err:
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
+
+    def before_instantiate_classes(self) -> None:
+        # FromConfig without vocab_size takes the data's (len(tokenizer)): nobody should copy it by hand
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        size = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
+        if size is not None:
+            rank_zero_info(f"model.policy: vocab_size not set, using the data's: {size}")
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
         # a forced callback: every fit saves its last step, whatever the config's callbacks are

@@ -122,3 +122,33 @@ class FromConfig(ModelSource):
             torch.manual_seed(self.seed)
             model = AutoModelForCausalLM.from_config(config)
         return model.to(self.dtype) if self.dtype is not None else model
+
+
+def fill_vocab_size(policy: Any, data: Any) -> int | None:
+    """Give a ``FromConfig`` policy (also as a ``LoRA`` base) without ``vocab_size`` in its config the data's
+    vocabulary size, in a parsed CLI config (jsonargparse ``Namespace`` objects), before anything is built.
+
+    The data's size is ``len(tokenizer)`` for a data module with a ``tokenizer`` argument (loaded here, as the data
+    module will load it) or its ``vocab_size`` argument (``SyntheticPreferenceData``). Returns the size filled in,
+    or ``None`` when there was nothing to fill (a ``vocab_size`` given, another source, or no data vocabulary).
+    """
+    while policy is not None and str(policy.get("class_path", "")).endswith(".LoRA"):
+        policy = policy.get("init_args", {}).get("base")
+    if policy is None or not str(policy.get("class_path", "")).endswith("models.FromConfig"):
+        return None
+    args = policy.get("init_args")
+    config = dict(args.get("config") or {})
+    if config.get("vocab_size") is not None or data is None:
+        return None
+    data_args = data.get("init_args") or {}
+    if data_args.get("tokenizer") is not None:
+        from lit_prunedpo.data.tokenize import load_tokenizer
+
+        size = len(load_tokenizer(data_args["tokenizer"]))
+    elif data_args.get("vocab_size") is not None:
+        size = int(data_args["vocab_size"])
+    else:
+        return None
+    config["vocab_size"] = size
+    args["config"] = config
+    return size
