@@ -3,7 +3,8 @@ checkpoint with its run summary, greedy samples at each validation."""
 
 from .final_checkpoint import FinalCheckpoint
 from .peak_memory import PeakMemoryMonitor
+from .progress_bar import StepProgressBar
 from .step_time import StepTimeMonitor
 from .validation_samples import ValidationSamples
 
-__all__ = ["FinalCheckpoint", "PeakMemoryMonitor", "StepTimeMonitor", "ValidationSamples"]
+__all__ = ["FinalCheckpoint", "PeakMemoryMonitor", "StepProgressBar", "StepTimeMonitor", "ValidationSamples"]

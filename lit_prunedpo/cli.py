@@ -17,10 +17,12 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
+from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
 
@@ -48,6 +50,17 @@ class PrunedDPOCLI(LightningCLI):
         size = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
         if size is not None:
             rank_zero_info(f"model.policy: vocab_size not set, using the data's: {size}")
+
+    def instantiate_trainer(self, **kwargs):  # noqa: ANN201 - a Trainer
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        given = config.get("trainer", {}).get("callbacks") or []
+        given = {id(c) for c in (given if isinstance(given, list) else [given])}
+        trainer = super().instantiate_trainer(**kwargs)
+        # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
+        for i, callback in enumerate(trainer.callbacks):
+            if type(callback) is RichProgressBar and id(callback) not in given:
+                trainer.callbacks[i] = StepProgressBar()
+        return trainer
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
         # a forced callback: every fit saves its last step, whatever the config's callbacks are
