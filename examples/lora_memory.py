@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _presets() -> dict:
     """The benchmark's presets, plus ``weight-heavy``: a model whose weights, not its activations, dominate memory
-    (Llama d=1024, 8 layers, V=32768, 151M parameters; 2 pairs of 32-64 response tokens), as with real LLMs."""
+    (Llama d=1024, 8 layers, V=32768, 170M parameters; 2 pairs of 32-64 response tokens), as with real LLMs."""
     import dataclasses
 
     from lit_prunedpo.bench.presets import PRESETS, Preset, _llama

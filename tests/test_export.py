@@ -81,19 +81,17 @@ def test_export_refuses_what_it_cannot_read(tmp_path):
         read_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("adapter", ["merged", "adapter"])
-def test_lora_exports_merged_weights_or_the_adapter(adapter, tmp_path):
-    cli = _fit("lora", tmp_path / "run", f"--final.export_dir={tmp_path / 'hf'}", f"--final.export_adapter={adapter}")
+def test_lora_exports_merged_weights_or_the_adapter(tmp_path):
+    cli = _fit("lora", tmp_path / "run", f"--final.export_dir={tmp_path / 'merged'}")  # merged: the default
     ids = _ids(384)
     expected = _module_logits(cli.model.policy, ids)
-    if adapter == "merged":
-        assert not (tmp_path / "hf/adapter_config.json").exists()
-        model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
-    else:
-        from peft import PeftModel
+    assert not (tmp_path / "merged/adapter_config.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
 
-        assert (tmp_path / "hf/adapter_model.safetensors").exists() and not (tmp_path / "hf/model.safetensors").exists()
-        base = cli.model.policy_source.base.build()
-        model = PeftModel.from_pretrained(base, tmp_path / "hf").eval()
-        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
+    from peft import PeftModel
+
+    export(str(tmp_path / "run/lightning_logs/version_0/checkpoints/last.ckpt"), str(tmp_path / "adapter"), adapter="adapter")
+    assert (tmp_path / "adapter/adapter_model.safetensors").exists() and not (tmp_path / "adapter/model.safetensors").exists()
+    model = PeftModel.from_pretrained(cli.model.policy_source.base.build(), tmp_path / "adapter").eval()
+    torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
