@@ -48,10 +48,16 @@ def test_held_out_prompts_are_completed_at_every_validation(tmp_path):
 
 
 def test_text_prompts_are_encoded_with_the_data_tokenizer(tmp_path):
-    cli = _fit(tmp_path, '--trainer.callbacks.prompts=["abc", "hello there"]')
-    rows = [json.loads(line) for line in (tmp_path / "lightning_logs/version_0/samples.jsonl").read_text().splitlines()]
-    assert [r["prompt"] for r in rows] == ["abc", "hello there"] * 2
-    assert len(_samples(cli).history) == 4
+    from types import SimpleNamespace
+
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"], run=False)
+    callback = ValidationSamples(prompts=["abc", "hello there"], max_new_tokens=3)
+    trainer = SimpleNamespace(datamodule=cli.datamodule, global_step=7)
+    samples = callback.generate(trainer, cli.model)
+    assert [s["prompt"] for s in samples] == ["abc", "hello there"] and all(s["step"] == 7 for s in samples)
+    ids, mask = callback._prompt_inputs(trainer)
+    assert mask.sum(1).tolist() == [3, 11]  # ByT5 has no BOS: the bytes alone
+    assert not mask[0, :8].any() and mask[0, 8:].all()  # left-padded to the longer prompt
 
 
 def test_arguments_are_checked():
