@@ -181,4 +181,4 @@ def main(args: list[str] | None = None) -> None:
     """``lit-prunedpo export --ckpt_path PATH --out DIR [--adapter merged|adapter] [--tokenizer NAME]``."""
     from jsonargparse import CLI
 
-    CLI(export, args=args, as_positional=False)
+    CLI(export, args=args, as_positional=False, prog="lit-prunedpo export")
