@@ -1,6 +1,10 @@
-"""Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors."""
+"""Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
+checkpoint with its run summary, greedy samples at each validation."""
 
+from .final_checkpoint import FinalCheckpoint
 from .peak_memory import PeakMemoryMonitor
+from .progress_bar import StepProgressBar
 from .step_time import StepTimeMonitor
+from .validation_samples import ValidationSamples
 
-__all__ = ["PeakMemoryMonitor", "StepTimeMonitor"]
+__all__ = ["FinalCheckpoint", "PeakMemoryMonitor", "StepProgressBar", "StepTimeMonitor", "ValidationSamples"]

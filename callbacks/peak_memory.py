@@ -40,7 +40,12 @@ class PeakMemoryMonitor(Callback):
       to the current RSS) and the step end reads ``VmHWM`` from ``/proc/self/status``. Caveats: RSS
       is the whole process (other threads, the allocator's cached-but-free memory, shared pages such
       as mapped libraries and files, all count), memory freed back to the OS lowers it, swapped-out
-      pages do not count, and DataLoader worker processes are not included.
+      pages do not count, and DataLoader worker processes are not included. The reset is not local to
+      this callback: ``clear_refs`` lowers the kernel's one high-water mark, so after a run with this
+      callback the *lifetime* peak that ``getrusage(RUSAGE_SELF).ru_maxrss``, ``VmHWM`` and
+      ``/usr/bin/time -v`` ("Maximum resident set size") report is only the peak since the last step start,
+      not the process's. Read the run's peak from :attr:`run_max_mb` (or leave this callback out when
+      measuring a whole process from outside, as ``examples/lora_memory.py`` does).
     * If ``clear_refs`` is not writable on some rank (e.g. a restricted container):
       ``on_unresettable="raise"`` raises at setup; ``"warn"`` (default) warns and logs
       ``memory/lifetime_peak_rss_mb`` instead, the non-resettable peak RSS since the process

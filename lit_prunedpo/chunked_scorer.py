@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.checkpoint import checkpoint
 
 from lit_prunedpo.scoring import TokenScorer
@@ -108,30 +109,59 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
 class ChunkedScorer(TokenScorer):
     """Exact per-token log-probs with the LM head applied ``chunk_size`` rows at a time, recomputed in backward.
 
+    When it helps: only when one forward scores more than ``chunk_size`` positions (``K``, e.g. 2 x batch x
+    response length without position pruning). With ``K <= chunk_size`` the head runs in one chunk, saves
+    nothing and still pays the recomputation, so the default sizes the chunk from each forward instead:
+    ``ceil(K / num_chunks)`` rows, i.e. ``num_chunks`` times less head memory whatever the batch. A fixed
+    ``chunk_size`` that covers a whole gradient forward is reported once (``rank_zero_warn``).
+
     Args:
         chunk_size: rows of gathered hidden states projected at once; peak head memory is about
-            ``3 * chunk_size * V`` floats instead of ``3 * K * V``.
+            ``3 * chunk_size * V`` floats instead of ``3 * K * V``. ``None`` (default): from ``num_chunks``.
+        num_chunks: with ``chunk_size=None``, how many chunks each forward's ``K`` rows are split into.
 
     Raises:
-        ValueError: if ``chunk_size < 1``.
+        ValueError: if ``chunk_size`` or ``num_chunks`` is < 1.
     """
 
-    def __init__(self, chunk_size: int = 1024) -> None:
-        if int(chunk_size) != chunk_size or chunk_size < 1:
-            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-        self.chunk_size = int(chunk_size)
+    def __init__(self, chunk_size: int | None = None, num_chunks: int = 8) -> None:
+        if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
+            raise ValueError(f"chunk_size must be None or an integer >= 1, got {chunk_size!r}")
+        if int(num_chunks) != num_chunks or num_chunks < 1:
+            raise ValueError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+        self.fixed_chunk_size = None if chunk_size is None else int(chunk_size)
+        self.num_chunks = int(num_chunks)
+        self._warned = False
+
+    @property
+    def chunk_size(self) -> int | None:
+        """The fixed chunk size, or ``None`` when sized from each forward."""
+        return self.fixed_chunk_size
+
+    def rows_per_chunk(self, num_rows: int) -> int:
+        """The chunk size used for a forward scoring ``num_rows`` positions."""
+        if self.fixed_chunk_size is None:
+            return max(1, -(-num_rows // self.num_chunks))
+        if num_rows <= self.fixed_chunk_size and torch.is_grad_enabled() and num_rows > 1 and not self._warned:
+            self._warned = True
+            rank_zero_warn(
+                f"ChunkedScorer(chunk_size={self.fixed_chunk_size}) scores {num_rows} positions in one chunk: no head "
+                "memory is saved and backward recomputes the head; use a smaller chunk_size or chunk_size=null"
+            )
+        return self.fixed_chunk_size
 
     def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
         """``[K]`` float32 log-probabilities of ``targets`` from gathered hidden states ``[K, d]``."""
+        chunk = self.rows_per_chunk(hidden.shape[0])
         if isinstance(head, nn.Linear):
             if torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad or (
                 head.bias is not None and head.bias.requires_grad
             )):
-                return _ChunkedLinearLogProb.apply(hidden, head.weight, head.bias, targets, self.chunk_size)
-            return _chunked_forward(hidden, head.weight, head.bias, targets, self.chunk_size)[0]
-        return self._checkpointed(head, hidden, targets)
+                return _ChunkedLinearLogProb.apply(hidden, head.weight, head.bias, targets, chunk)
+            return _chunked_forward(hidden, head.weight, head.bias, targets, chunk)[0]
+        return self._checkpointed(head, hidden, targets, chunk)
 
-    def _checkpointed(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
+    def _checkpointed(self, head: nn.Module, hidden: Tensor, targets: Tensor, chunk: int) -> Tensor:
         """Any head module: plain log-softmax per chunk, activations recomputed by ``torch.utils.checkpoint``."""
         parent = super()
 
@@ -139,12 +169,14 @@ class ChunkedScorer(TokenScorer):
             return parent.log_probs(head, h, t)
 
         parts = []
-        for start in range(0, hidden.shape[0], self.chunk_size):
-            h, t = hidden[start : start + self.chunk_size], targets[start : start + self.chunk_size]
+        for start in range(0, hidden.shape[0], chunk):
+            h, t = hidden[start : start + chunk], targets[start : start + chunk]
             parts.append(checkpoint(score, h, t, use_reentrant=False) if torch.is_grad_enabled() else score(h, t))
         if not parts:
             return hidden.new_empty(0, dtype=torch.float32)
         return torch.cat(parts)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(chunk_size={self.chunk_size})"
+        if self.fixed_chunk_size is None:
+            return f"{type(self).__name__}(num_chunks={self.num_chunks})"
+        return f"{type(self).__name__}(chunk_size={self.fixed_chunk_size})"

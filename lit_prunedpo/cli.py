@@ -1,7 +1,10 @@
 """The ``lit-prunedpo`` command: a LightningCLI over ``PrunedDPO`` and any LightningDataModule.
 
 Subcommands ``fit``, ``validate``, ``test`` (and ``--print_config``) come from LightningCLI; the data module
-is chosen by ``class_path`` like every other plug-in. The quickstart config ships inside the package and is
+is chosen by ``class_path`` like every other plug-in. Every ``fit`` ends with a checkpoint of its last step and a
+summary (``FinalCheckpoint``, options ``--final.*``). ``export`` (a Hugging Face folder from a checkpoint) is
+not a Trainer method, which is all LightningCLI subcommands can be: ``main`` hands it to
+``lit_prunedpo.export.main``. The quickstart config ships inside the package and is
 the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone trains the quickstart. A given
 ``--config`` is used alone, so nothing from the quickstart leaks into it unseen.
 """
@@ -14,8 +17,13 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
+from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
+from lit_prunedpo.callbacks.progress_bar import StepProgressBar
+from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
 
 
@@ -36,6 +44,28 @@ class PrunedDPOCLI(LightningCLI):
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
 
+    def before_instantiate_classes(self) -> None:
+        # FromConfig without vocab_size takes the data's (len(tokenizer)): nobody should copy it by hand
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        size = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
+        if size is not None:
+            rank_zero_info(f"model.policy: vocab_size not set, using the data's: {size}")
+
+    def instantiate_trainer(self, **kwargs):  # noqa: ANN201 - a Trainer
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        given = config.get("trainer", {}).get("callbacks") or []
+        given = {id(c) for c in (given if isinstance(given, list) else [given])}
+        trainer = super().instantiate_trainer(**kwargs)
+        # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
+        for i, callback in enumerate(trainer.callbacks):
+            if type(callback) is RichProgressBar and id(callback) not in given:
+                trainer.callbacks[i] = StepProgressBar()
+        return trainer
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
+        # a forced callback: every fit saves its last step, whatever the config's callbacks are
+        parser.add_lightning_class_args(FinalCheckpoint, "final")
+
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
@@ -55,6 +85,11 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-prunedpo`` and ``python -m lit_prunedpo``."""
+    given = sys.argv[1:] if args is None else args
+    if given[:1] == ["export"]:
+        from lit_prunedpo.export import main as export_main
+
+        return export_main(given[1:])
     build_cli(args)
     # Lightning leaves the process group alive; tearing down live gloo/NCCL threads during interpreter
     # shutdown can abort a process that trained fine ("terminate called without an active exception").

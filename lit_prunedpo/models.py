@@ -32,6 +32,22 @@ class ModelSource(ABC):
     def build(self) -> nn.Module:
         """Return a new model."""
 
+    def spec(self) -> dict[str, Any] | None:
+        """``{"class_path", "init_args"}`` that rebuild this source (stored in checkpoints so that an export can
+        rebuild frozen weights a checkpoint leaves out); ``None`` when the source cannot say."""
+        init_args = getattr(self, "init_args", None)
+        if init_args is None:
+            return None
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": dict(init_args)}
+
+
+def source_from_spec(spec: dict[str, Any]) -> ModelSource:
+    """The :class:`ModelSource` that :meth:`ModelSource.spec` described."""
+    import importlib
+
+    module, _, name = spec["class_path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)(**spec["init_args"])
+
 
 class Pretrained(ModelSource):
     """A pretrained causal LM from the hub or a local directory, via ``AutoModelForCausalLM.from_pretrained``.
@@ -52,6 +68,8 @@ class Pretrained(ModelSource):
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
     ) -> None:
+        self.init_args = {"name_or_path": name_or_path, "dtype": dtype, "revision": revision,
+                          "attn_implementation": attn_implementation, "trust_remote_code": trust_remote_code}
         self.name_or_path = name_or_path
         self.dtype = _dtype(dtype)
         self.revision = revision
@@ -87,6 +105,7 @@ class FromConfig(ModelSource):
     """
 
     def __init__(self, model_type: str = "llama", config: dict[str, Any] | None = None, seed: int = 0, dtype: str | None = None) -> None:
+        self.init_args = {"model_type": model_type, "config": dict(config or {}), "seed": seed, "dtype": dtype}
         self.model_type = model_type
         self.config = dict(config or {})
         self.seed = int(seed)
@@ -103,3 +122,33 @@ class FromConfig(ModelSource):
             torch.manual_seed(self.seed)
             model = AutoModelForCausalLM.from_config(config)
         return model.to(self.dtype) if self.dtype is not None else model
+
+
+def fill_vocab_size(policy: Any, data: Any) -> int | None:
+    """Give a ``FromConfig`` policy (also as a ``LoRA`` base) without ``vocab_size`` in its config the data's
+    vocabulary size, in a parsed CLI config (jsonargparse ``Namespace`` objects), before anything is built.
+
+    The data's size is ``len(tokenizer)`` for a data module with a ``tokenizer`` argument (loaded here, as the data
+    module will load it) or its ``vocab_size`` argument (``SyntheticPreferenceData``). Returns the size filled in,
+    or ``None`` when there was nothing to fill (a ``vocab_size`` given, another source, or no data vocabulary).
+    """
+    while policy is not None and str(policy.get("class_path", "")).endswith(".LoRA"):
+        policy = policy.get("init_args", {}).get("base")
+    if policy is None or not str(policy.get("class_path", "")).endswith("models.FromConfig"):
+        return None
+    args = policy.get("init_args")
+    config = dict(args.get("config") or {})
+    if config.get("vocab_size") is not None or data is None:
+        return None
+    data_args = data.get("init_args") or {}
+    if data_args.get("tokenizer") is not None:
+        from lit_prunedpo.data.tokenize import load_tokenizer
+
+        size = len(load_tokenizer(data_args["tokenizer"]))
+    elif data_args.get("vocab_size") is not None:
+        size = int(data_args["vocab_size"])
+    else:
+        return None
+    config["vocab_size"] = size
+    args["config"] = config
+    return size

@@ -114,6 +114,7 @@ class PrunedDPO(L.LightningModule):
         # from_pretrained returns a model in eval mode, and Lightning keeps modules' modes: a policy left in
         # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
         self.policy = policy.build().train()
+        self.policy_source = policy  # its spec goes into checkpoints, for lit_prunedpo.export
         if disable_dropout:
             for layer in self.policy.modules():
                 if isinstance(layer, nn.Dropout):
@@ -262,8 +263,18 @@ class PrunedDPO(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
+        from lit_prunedpo.export import policy_metadata
+        from lit_prunedpo.lora import drop_frozen, is_peft_model
+
+        checkpoint["policy"] = policy_metadata(self.policy, self.policy_source)
+        if is_peft_model(self.policy) and not self._sharded:  # LoRA: adapters only (see lit_prunedpo.lora)
+            drop_frozen(checkpoint["state_dict"], self.policy)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from lit_prunedpo.lora import is_peft_model, restore_frozen
+
+        if is_peft_model(self.policy) and "state_dict" in checkpoint:
+            restore_frozen(checkpoint["state_dict"], self.policy)
         state = checkpoint.get("sampler_rng")
         if state is None:
             rank_zero_warn("checkpoint has no sampler generator state: sampler draws restart from step 0")

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.lora import adapters_off, is_peft_model
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.plan import RowGroup, StepPlan
 from lit_prunedpo.scoring import TokenScorer, group_inputs
@@ -66,7 +67,8 @@ class OnlineReference(ReferenceSource):
     """A frozen causal LM scored on the same truncated inputs as the policy, one no-grad forward per step.
 
     Args:
-        model: where the reference comes from; ``None`` (default) freezes a copy of the initial policy.
+        model: where the reference comes from; ``None`` (default) freezes a copy of the initial policy, or for a
+            LoRA policy uses the policy itself with its adapters off (no copy; see ``lit_prunedpo.lora``).
     """
 
     def __init__(self, model: ModelSource | None = None) -> None:
@@ -79,7 +81,10 @@ class OnlineReference(ReferenceSource):
 
     def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
         self.scorer = scorer
-        if self.model is None:
+        if self.model is None and is_peft_model(policy):
+            # a tuple, not an attribute: registering the policy here would duplicate its parameters
+            self._adapters_off_policy = (policy,)
+        elif self.model is None:
             self.model = copy.deepcopy(policy)
             self._freeze()
 
@@ -98,8 +103,10 @@ class OnlineReference(ReferenceSource):
 
     @torch.no_grad()
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
-        if self.model is None:
+        shared = getattr(self, "_adapters_off_policy", None)
+        if self.model is None and shared is None:
             raise RuntimeError("OnlineReference.configure(policy, scorer) was not called before scoring")
         merged = merge_groups(plan.groups)
-        logps = self.scorer(self.model, group_inputs(batch, merged.to(batch.prompt_ids.device)))
+        with adapters_off(self.model if self.model is not None else shared[0]) as model:
+            logps = self.scorer(model, group_inputs(batch, merged.to(batch.prompt_ids.device)))
         return list(logps.split([g.num_scored for g in plan.groups]))

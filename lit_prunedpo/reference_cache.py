@@ -62,6 +62,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.lora import adapters_off
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.reference import ReferenceSource
@@ -298,7 +299,8 @@ class CachedReference(ReferenceSource):
         )
         model.to(runtime.device)
         try:
-            shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context)
+            with adapters_off(model):  # a LoRA policy's reference is its base model
+                shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context)
         finally:
             model.to(original_device)  # the policy goes back where the strategy expects to find it
         self.builds += 1

@@ -64,7 +64,11 @@ _UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "outp
 
 
 def split_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """Return ``(body, head)`` of a ``transformers`` causal LM: hidden states in, vocabulary logits out."""
+    """Return ``(body, head)`` of a ``transformers`` causal LM: hidden states in, vocabulary logits out.
+
+    A peft (LoRA) model is split as the ``transformers`` model it wraps: its adapters sit inside those layers."""
+    if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
+        model = model.get_base_model()
     config = getattr(model, "config", None)
     for name in _UNSUPPORTED_LOGIT_TRANSFORMS:
         value = getattr(config, name, None)

@@ -165,3 +165,31 @@ def test_fit_with_chunked_scorer(tmp_path):
         "--data.init_args.max_rows=80", "--data.init_args.val_fraction=0.2",
     ])
     assert any(tmp_path.rglob("*.ckpt"))
+
+
+def test_default_chunk_is_sized_from_each_forward():
+    scorer = ChunkedScorer(num_chunks=4)
+    assert scorer.chunk_size is None
+    assert [scorer.rows_per_chunk(k) for k in (1, 4, 10, 400)] == [1, 1, 3, 100]
+    with pytest.raises(ValueError, match="num_chunks"):
+        ChunkedScorer(num_chunks=0)
+
+
+def test_default_chunks_match_plain_scorer():
+    batch = make_batch([3, 1, 4], [5, 2, 7], [4, 6, 1])
+    results = []
+    for scorer in (TokenScorer(), ChunkedScorer()):
+        module = _module(False, scorer)
+        est = module.execute_and_estimate(batch, plan_step(batch, *MODES["vanilla"], generator=torch.Generator()))
+        est.objective.backward()
+        results.append((est.objective.detach(), torch.cat([p.grad.flatten() for p in module.policy.parameters()])))
+    torch.testing.assert_close(results[1][0], results[0][0], **TOL)
+    torch.testing.assert_close(results[1][1], results[0][1], **TOL)
+
+
+def test_a_chunk_covering_the_whole_forward_is_reported_once(recwarn):
+    scorer = ChunkedScorer(chunk_size=1024)
+    head = nn.Linear(8, 16)
+    for _ in range(2):
+        scorer.log_probs(head, torch.randn(5, 8, requires_grad=True), torch.zeros(5, dtype=torch.long)).sum().backward()
+    assert sum("in one chunk" in str(w.message) for w in recwarn) == 1

@@ -36,3 +36,16 @@ def test_custom_sampler_config_trains(custom_sampler, tmp_path):
                      "--data.init_args.max_rows=64", "--trainer.enable_progress_bar=false"])
     assert type(cli.model.position_sampler).__name__ == "TailWeightedPositions"
     assert cli.trainer.global_step == 2
+
+
+def test_lora_memory_script_counts(monkeypatch):
+    """examples/lora_memory.py in one process on the small preset: LoRA trains and keeps optimizer state for the
+    adapters only, full fine-tuning for every weight (and holds the reference copy)."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    from lora_memory import run_one
+
+    full = run_one("small", "full", "vanilla", steps=1, warmup=0, rank=2)
+    lora = run_one("small", "lora", "vanilla", steps=1, warmup=0, rank=2)
+    assert full["params"] == 2 * full["trainable"]  # the policy and its frozen online-reference copy
+    assert lora["trainable"] < full["trainable"] / 4 and lora["params"] == full["trainable"] + lora["trainable"]
+    assert lora["optimizer_state_mib"] * 4 < full["optimizer_state_mib"]

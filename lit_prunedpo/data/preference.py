@@ -78,7 +78,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         train_split: Split to train on. A single file or saved ``Dataset`` has no splits and is used whole.
         val_split: Split to validate on; None holds out ``val_fraction`` of the training split instead.
         val_fraction: Share of the training split held out for validation (seeded) when ``val_split`` is None;
-            must be in (0, 1).
+            in [0, 1). ``0`` trains on every row and validates on nothing (no validation runs).
         seed: Seed of the validation hold-out and of the training order (with the epoch).
         batch_size: Pairs per training batch (per device).
         val_batch_size: Pairs per validation batch; None uses ``batch_size``.
@@ -96,6 +96,10 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
         num_workers: DataLoader worker processes.
         max_rows: Keep only the first N rows of each loaded split (for quick runs), before the hold-out.
+        add_bos: Put the tokenizer's BOS in front of every prompt (default). ``False`` is TRL's layout for
+            decoder-only models, where ``max_length`` then holds one more real token.
+        truncation: "keep_start" (default) cuts responses to fit ``max_length``; "keep_end" (TRL's default
+            ``truncation_mode``) first cuts the prompt's beginning so that prompt + the longer response fit.
 
     Raises:
         ValueError: an argument is out of range, or the chat template file is unreadable.
@@ -126,8 +130,14 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         num_proc: int | None = None,
         num_workers: int = 0,
         max_rows: int | None = None,
+        add_bos: bool = True,
+        truncation: Literal["keep_start", "keep_end"] = "keep_start",
     ) -> None:
         super().__init__()
+        if truncation not in ("keep_start", "keep_end"):
+            raise ValueError(f"truncation must be 'keep_start' or 'keep_end', got {truncation!r}")
+        self.add_bos = add_bos
+        self.truncation = truncation
         _check_args(
             val_fraction=val_fraction,
             batch_size=batch_size,
@@ -216,7 +226,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
                 f"{source} is conversational, but tokenizer {name!r} has no chat template to render it; "
                 "pass chat_template (a Jinja template string or file)"
             )
-        encoder = PairEncoder(self.tokenizer, fmt, self.columns, self.max_length, self.max_prompt_length)
+        encoder = PairEncoder(self.tokenizer, fmt, self.columns, self.max_length, self.max_prompt_length,
+                              add_bos=self.add_bos, truncation=self.truncation)
         return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}"), fmt, source
 
     def _check_bad_rows(self, encoded: datasets.Dataset, bad_kind: np.ndarray, source: str) -> None:
@@ -268,7 +279,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             if len(encoded) < 2:
                 raise ValueError(f"{source}: {len(encoded)} row cannot be split into training and validation")
             order = np.random.default_rng(self.seed).permutation(len(encoded))
-            n_val = min(max(1, round(len(encoded) * self.val_fraction)), len(encoded) - 1)
+            n_val = 0 if self.val_fraction == 0 else min(max(1, round(len(encoded) * self.val_fraction)), len(encoded) - 1)
             val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
             val_encoded, val_cols, val_keep = encoded, cols, keep
         else:
@@ -293,7 +304,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             "val": self._split_stats(val_rows, val_cols, val_keep),
         }
         for split, kept in (("train", train_rows[keep[train_rows]]), ("val", val_rows[val_keep[val_rows]])):
-            if kept.size == 0:
+            if kept.size == 0 and not (split == "val" and self._no_validation):
                 raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
         train_kept = train_rows[keep[train_rows]]
         longest_response = np.maximum(cols["chosen"][train_kept], cols["rejected"][train_kept])
@@ -396,9 +407,16 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def val_dataloader(self) -> DataLoader:
-        """Validation pairs in dataset order."""
+    @property
+    def _no_validation(self) -> bool:
+        return self.val_split is None and self.val_fraction == 0
+
+    def val_dataloader(self) -> DataLoader | list:
+        """Validation pairs in dataset order; none (an empty list: Lightning then skips validation) with
+        ``val_fraction: 0``."""
         self._require_setup()
+        if self._no_validation:
+            return []
         return DataLoader(
             self.val_dataset,
             batch_size=self.val_batch_size,
@@ -428,8 +446,8 @@ def _check_args(
     max_rows: int | None,
 ) -> None:
     """Fail fast on arguments out of range, naming the argument."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1) (0: no validation split), got {val_fraction}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if val_batch_size is not None and val_batch_size < 1:

@@ -12,6 +12,12 @@ Layout rules (what :func:`build_pair_ids` does):
   the chat template closes the turn itself;
 * responses keep their **start**, cut so that prompt + response <= ``max_length``.
 
+TRL's layout is an option (``add_bos=False``, ``truncation="keep_end"``): TRL adds no BOS to a decoder-only
+prompt (so the default here spends one token of ``max_length`` more on the prompt than TRL does), and its default
+``truncation_mode="keep_end"`` cuts prompt + response jointly from the start, so the prompt loses its beginning
+before a response loses its end. TRL cuts each batch by its longest row; here a pair is cut by its own longer
+response (prompt and responses share one prompt per pair), which is TRL's cut for a batch of that one pair.
+
 The map writes every row, bad ones included (with empty ids and their ``bad_kind``/``bad_field``), so
 the cached result does not depend on the bad-row policy; the data module filters afterwards.
 """
@@ -86,6 +92,8 @@ def build_pair_ids(
     bos_id: int | None,
     eos_id: int | None,
     fallback_id: int,
+    add_bos: bool = True,
+    truncation: str = "keep_start",
 ) -> EncodedPair:
     """Apply the layout rules of this module to raw token ids.
 
@@ -98,11 +106,16 @@ def build_pair_ids(
         bos_id: put in front of the prompt when not None and not already there.
         eos_id: appended to each response when not None (pass None for chat-rendered responses).
         fallback_id: the single prompt token when the prompt is empty and there is no BOS.
+        add_bos: put ``bos_id`` in front of the prompt (``False``: TRL's decoder-only layout).
+        truncation: ``keep_start`` cuts responses to fit ``max_length``; ``keep_end`` (TRL's default) first
+            cuts the prompt's beginning (down to one token) so that prompt + the longer response fit.
 
     Returns:
         The ids; a response may come back empty (the caller drops and counts such pairs).
     """
     prompt = list(prompt)
+    if not add_bos:
+        bos_id = None
     if bos_id is not None and (not prompt or prompt[0] != bos_id):
         prompt.insert(0, bos_id)
     if not prompt:
@@ -112,11 +125,17 @@ def build_pair_ids(
         # Keep the end (the turn being answered) and a leading BOS, which models are trained to see first.
         head = prompt[:1] if bos_id is not None and prompt[0] == bos_id and max_prompt_length > 1 else []
         prompt = head + prompt[len(prompt) - (max_prompt_length - len(head)):]
+    full = [list(r) + ([eos_id] if eos_id is not None else []) for r in (chosen, rejected)]
+    if truncation == "keep_end":
+        over = len(prompt) + max(len(r) for r in full) - max_length
+        cut = min(max(over, 0), len(prompt) - 1)
+        if cut:
+            prompt = prompt[cut:]
+            prompt_truncated = True
     room = max(max_length - len(prompt), 0)
     responses = []
     response_truncated = False
-    for response in (chosen, rejected):
-        response = list(response) + ([eos_id] if eos_id is not None else [])
+    for response in full:
         response_truncated |= len(response) > room
         responses.append(response[:room])
     return EncodedPair(prompt, responses[0], responses[1], prompt_truncated, response_truncated)
@@ -140,7 +159,13 @@ class PairEncoder:
         columns: Columns,
         max_length: int,
         max_prompt_length: int,
+        add_bos: bool = True,
+        truncation: str = "keep_start",
     ) -> None:
+        if truncation not in ("keep_start", "keep_end"):
+            raise ValueError(f"truncation must be 'keep_start' or 'keep_end', got {truncation!r}")
+        self.add_bos = add_bos
+        self.truncation = truncation
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.columns = columns
@@ -158,6 +183,8 @@ class PairEncoder:
                 self.max_length,
                 self.max_prompt_length,
                 tokenizer_fingerprint(self.tokenizer),
+                # only when not the default, so that caches of default runs stay valid
+                *([] if (self.add_bos, self.truncation) == (True, "keep_start") else [self.add_bos, self.truncation]),
             ]
         )
 
@@ -220,6 +247,8 @@ class PairEncoder:
                 bos_id=tok.bos_token_id,
                 eos_id=eos,
                 fallback_id=fallback,
+                add_bos=self.add_bos,
+                truncation=self.truncation,
             )
             out["prompt_ids"][position] = pair.prompt_ids
             out["chosen_ids"][position] = pair.chosen_ids

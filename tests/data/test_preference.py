@@ -59,7 +59,8 @@ def test_jsonargparse_resolves_the_signature() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"val_fraction": 0.0}, "val_fraction"),
+        ({"val_fraction": -0.1}, "val_fraction"),
+        ({"truncation": "middle"}, "truncation"),
         ({"val_fraction": 1.0}, "val_fraction"),
         ({"max_prompt_length": 512, "max_length": 512}, "max_prompt_length"),
         ({"max_prompt_length": 0}, "max_prompt_length"),
@@ -359,3 +360,27 @@ def test_runs_inside_a_lightning_trainer(tmp_path: Path) -> None:
     assert dm.stats["train"]["pairs"] == 38
     assert [sorted(e) for e in probe.epochs_seen] == [sorted(dm.train_dataset["index"])] * 2
     assert probe.epochs_seen[0] != probe.epochs_seen[1]  # set_epoch reached the sampler
+
+
+def test_val_fraction_zero_trains_on_every_row_and_validates_on_nothing(tmp_path):
+    rows = [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(10)]
+    dm = _module(write_rows(tmp_path / "p.jsonl", rows), val_fraction=0.0)
+    assert len(dm.train_dataset) == 10 and dm.stats["val"]["pairs"] == 0
+    assert dm.val_dataloader() == []
+
+
+def test_trl_layout_option_drops_bos_and_keeps_the_end(tmp_path):
+    from transformers import AutoTokenizer
+
+    gpt2 = str(Path(__file__).resolve().parents[2].parent / "shared/tokenizers/gpt2")
+    rows = [{"prompt": "one two three four five six", "chosen": " yes indeed it is", "rejected": " no"}] * 4
+    path = write_rows(tmp_path / "p.jsonl", rows)
+    tok = AutoTokenizer.from_pretrained(gpt2)
+    prompt = tok(rows[0]["prompt"], add_special_tokens=False)["input_ids"]
+    chosen = tok(rows[0]["chosen"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    dm = _module(path, tokenizer=gpt2, max_length=8, max_prompt_length=6, val_fraction=0.25,
+                 add_bos=False, truncation="keep_end")
+    pair = dm.train_dataset[0]
+    assert pair["chosen_ids"] == chosen and pair["prompt_ids"] == prompt[len(prompt) + len(chosen) - 8:]
+    default = _module(path, tokenizer=gpt2, max_length=8, max_prompt_length=6, val_fraction=0.25)
+    assert default.train_dataset[0]["prompt_ids"][0] == tok.bos_token_id  # GPT-2's BOS (= EOS) in front

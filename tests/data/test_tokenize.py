@@ -44,3 +44,26 @@ def test_fallback_is_bos_else_eos() -> None:
     byt5 = load_tokenizer("byt5")
     assert byt5.bos_token_id is None
     assert prompt_fallback_id(byt5) == byt5.eos_token_id
+
+
+def test_trl_layout_adds_no_bos() -> None:
+    out = build_pair_ids([1, 2], [7], [8], bos_id=0, eos_id=99, fallback_id=0, add_bos=False, **LIMITS)
+    assert out.prompt_ids == [1, 2]
+    assert build_pair_ids([1, 2], [7], [8], bos_id=0, eos_id=99, fallback_id=0, **LIMITS).prompt_ids == [0, 1, 2]
+
+
+def test_keep_end_cuts_the_prompt_start_before_the_responses() -> None:
+    # prompt 4 tokens + longer response 7 (6 + EOS) = 11 > 10: the prompt loses its first token, responses stay whole
+    out = build_pair_ids([1, 2, 3, 4], list(range(10, 16)), [30], bos_id=None, eos_id=99, fallback_id=0,
+                         truncation="keep_end", **LIMITS)
+    assert out.prompt_ids == [2, 3, 4] and out.prompt_truncated and not out.response_truncated
+    assert out.chosen_ids == [10, 11, 12, 13, 14, 15, 99] and out.rejected_ids == [30, 99]
+    # keep_start (the default) cuts the response instead
+    default = build_pair_ids([1, 2, 3, 4], list(range(10, 16)), [30], bos_id=None, eos_id=99, fallback_id=0, **LIMITS)
+    assert default.prompt_ids == [1, 2, 3, 4] and default.chosen_ids == [10, 11, 12, 13, 14, 15]
+
+
+def test_keep_end_keeps_one_prompt_token_then_cuts_responses() -> None:
+    out = build_pair_ids([1, 2, 3], list(range(10, 30)), [30], bos_id=None, eos_id=None, fallback_id=0,
+                         truncation="keep_end", **LIMITS)
+    assert out.prompt_ids == [3] and out.chosen_ids == list(range(10, 19)) and out.response_truncated

@@ -269,3 +269,60 @@ def test_sigterm_saves_a_checkpoint_and_the_relaunch_resumes(tmp_path):
     # way depends on whether its every_n_train_steps falls in between, so the log is the robust witness)
     assert f"`Trainer.fit` stopped: `max_steps={step + 2}` reached." in log, log[-3000:]
     assert f"Restored all states from the checkpoint at {ckpt}" in log, log[-3000:]
+
+
+# ------------------------------------------------------------------------- LoRA and export (issue 11)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lora_trains_adapters_only(runs, strategy):
+    full = _weights(runs, f"{strategy}_lora_full")
+    from lit_prunedpo.lora import LoRA
+    from lit_prunedpo.models import FromConfig
+    import yaml
+
+    base = yaml.safe_load((REPO / "configs/lora.yaml").read_text())["model"]["policy"]["init_args"]["base"]["init_args"]
+    initial = LoRA(FromConfig(**base), target_modules="all-linear").build().state_dict()
+    for name, tensor in full.items():
+        assert (not torch.equal(tensor, initial[name])) == ("lora_" in name), name  # base frozen, adapters trained
+
+
+def test_lora_ddp_and_fsdp2_train_the_same_adapters(runs):
+    assert _max_diff(_weights(runs, "ddp_lora_full"), _weights(runs, "fsdp_lora_full")) <= TOL
+
+
+def test_lora_resumes_exactly_from_a_sharded_checkpoint(runs):
+    assert _max_diff(_weights(runs, "fsdp_lora_full"), _weights(runs, "fsdp_lora_resumed")) <= TOL
+
+
+@pytest.mark.parametrize("mode", ["all_full", "lora_full"])
+def test_export_from_an_fsdp2_sharded_checkpoint(runs, mode, tmp_path):
+    """The FSDP2 run's final checkpoint (a folder of shards) exports to a folder that loads with
+    from_pretrained and gives the logits of the trained policy (its full weights, gathered by the worker)."""
+    from transformers import AutoModelForCausalLM
+
+    from lit_prunedpo.export import export, load_policy
+
+    ckpt = runs / "fsdp" / mode / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert ckpt.is_dir() and (ckpt / ".metadata").exists()
+    export(str(ckpt), str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    trained, _ = load_policy(ckpt)
+    trained.load_state_dict(_weights(runs, f"fsdp_{mode}"))  # what the live module held at the end
+    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, trained(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    out = exported.generate(input_ids=ids[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 12)
+
+
+def test_fit_exports_at_the_end_under_fsdp2(runs):
+    """``--final.export_dir`` on a 2-process FSDP2 LoRA run: merged weights equal the trained adapters + base."""
+    from transformers import AutoModelForCausalLM
+
+    from lit_prunedpo.export import load_policy
+
+    exported = AutoModelForCausalLM.from_pretrained(runs / "fsdp_lora_hf").eval()
+    trained, _ = load_policy(runs / "fsdp/lora_full/lightning_logs/version_0/checkpoints/last.ckpt")
+    trained.load_state_dict(_weights(runs, "fsdp_lora_full"))
+    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, trained(input_ids=ids).logits, rtol=1e-5, atol=1e-5)

@@ -147,6 +147,11 @@ def main() -> None:
     half = run("all_half", "all", 2)
     ckpt = next(p for p in (out / strategy / "all_half").rglob("*.ckpt"))
     run("all_resumed", "all", 4, ckpt=str(ckpt))
+    # LoRA with the adapters-off reference; the fsdp run also exports at the end of fit (rank 0 reads the shards)
+    run("lora_full", "lora", 4, *([f"--final.export_dir={out / 'fsdp_lora_hf'}"] if strategy == "fsdp" else []))
+    if strategy == "fsdp":  # a sharded LoRA checkpoint resumes too (single-file ones: tests/test_lora.py)
+        run("lora_half", "lora", 2)
+        run("lora_resumed", "lora", 4, ckpt=str(out / strategy / "lora_half/lightning_logs/version_0/checkpoints/last.ckpt"))
     if strategy == "fsdp":
         run("skewed", "all", 2, "--model.branch_sampler=worker.RankSkewedBranch", record_plans=True)
     if strategy == "fsdp":

@@ -1,0 +1,186 @@
+"""The trained model out: every ``fit`` ends with a checkpoint of its last step, and a summary that says where.
+
+Why not ``ModelCheckpoint`` alone: it saves after a validation or every ``n`` steps, so ``max_steps: 50`` with
+validation every 40 steps leaves the step-40 weights, and a run shorter than one interval leaves nothing.
+:class:`FinalCheckpoint` saves ``{dirpath}/last.ckpt`` at the end of training (``max_steps``, ``max_epochs``,
+``max_time``, early stop; mid-epoch ends are written as mid-epoch, so that a resume continues the same data
+order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_checkpoint`` (so
+the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
+``--ckpt_path last`` resumes from the newest ``last*.ckpt`` of the ``ModelCheckpoint`` folder, which is this
+one's folder by default. With :class:`~lit_prunedpo.preemption.PreemptionCheckpoint` in the callbacks, a
+SIGTERM is saved by that callback (to the same file); this one then only reports it.
+
+The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the
+median step time (``StepTimeMonitor``) and the peak memory (``PeakMemoryMonitor``) when those callbacks run,
+and the Hugging Face folder when ``export_dir`` is set (written by :func:`lit_prunedpo.export.export`).
+
+The ``lit-prunedpo`` command adds this callback to every ``fit`` (its options are ``--final.*``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+
+class FinalCheckpoint(Callback):
+    """Save the last step's weights when ``fit`` ends, optionally export them, and log a run summary.
+
+    Args:
+        dirpath: folder of the checkpoint; ``None``: the trainer's ``ModelCheckpoint`` folder (so that
+            ``--ckpt_path last`` finds it), else ``{default_root_dir}/checkpoints``.
+        filename: file name without extension; must start with ``last`` for ``--ckpt_path last`` to see it.
+        export_dir: also write a Hugging Face folder (policy + tokenizer) there at the end of ``fit``.
+        export_adapter: for a LoRA policy, ``merged`` writes full merged weights, ``adapter`` peft's adapter
+            folder alone (ignored without LoRA).
+
+    Raises:
+        ValueError: on an empty ``filename`` or an unknown ``export_adapter``.
+
+    Example::
+
+        lit-prunedpo fit --config configs/quickstart.yaml --trainer.max_steps 3 --final.export_dir model/
+    """
+
+    def __init__(
+        self,
+        dirpath: Optional[str] = None,
+        filename: str = "last",
+        export_dir: Optional[str] = None,
+        export_adapter: Literal["merged", "adapter"] = "merged",
+    ) -> None:
+        if not filename or "/" in filename or filename.endswith(".ckpt"):
+            raise ValueError(f"filename must be a bare name without '/' or '.ckpt', got {filename!r}")
+        if export_adapter not in ("merged", "adapter"):
+            raise ValueError(f"export_adapter must be 'merged' or 'adapter', got {export_adapter!r}")
+        self.dirpath = dirpath
+        self.filename = filename
+        self.export_dir = export_dir
+        self.export_adapter = export_adapter
+        self.saved_path: Optional[str] = None
+        self.exported_dir: Optional[str] = None
+        self._saved_step: Optional[int] = None
+        self._val_step: Optional[int] = None
+        self._saving = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.saved_path = self.exported_dir = None
+        self._saved_step = self._val_step = None
+
+    def _folder(self, trainer: pl.Trainer) -> str:
+        if self.dirpath:
+            return self.dirpath
+        checkpoint = trainer.checkpoint_callback
+        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
+            return str(checkpoint.dirpath)
+        return str(Path(trainer.default_root_dir) / "checkpoints")
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._save(trainer)
+        if self.export_dir is not None:
+            self._export(trainer)
+        self._summary(trainer, reason="finished")
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Only Lightning's SIGTERM path: after other errors the ranks may be out of step and the state half-updated.
+        if not isinstance(exception, SIGTERMException) or trainer.sanity_checking:
+            return
+        self._save(trainer)
+        self._summary(trainer, reason="stopped by SIGTERM")
+
+    # ------------------------------------------------------------------------------------ saving
+    def _already_saved(self, trainer: pl.Trainer) -> Optional[str]:
+        """A ``last*`` checkpoint of this very step written by another callback (ModelCheckpoint's save_last,
+        PreemptionCheckpoint), so that the same weights are not written twice."""
+        for callback in trainer.callbacks:
+            path, step = None, None
+            if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
+                path, step = callback.last_model_path, getattr(callback, "_last_global_step_saved", None)
+            elif getattr(callback, "saved_path", None) and callback is not self:
+                path, step = callback.saved_path, getattr(callback, "_saved_step", None)
+            if path and step == trainer.global_step and Path(path).name.startswith("last") and os.path.exists(path):
+                return str(path)
+        return None
+
+    def _save(self, trainer: pl.Trainer) -> None:
+        if self._saved_step == trainer.global_step:
+            return
+        existing = trainer.strategy.broadcast(self._already_saved(trainer))
+        if existing is not None:
+            self.saved_path = existing
+        else:
+            path = trainer.strategy.broadcast(os.path.join(self._folder(trainer), self.filename + ".ckpt"))
+            self._saving = True
+            try:
+                trainer.save_checkpoint(path)
+            finally:
+                self._saving = False
+            self.saved_path = path
+            checkpoint = trainer.checkpoint_callback
+            if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath and Path(checkpoint.dirpath) == Path(path).parent:
+                checkpoint.last_model_path = path  # its own next save_last replaces this file instead of adding one
+        self._saved_step = trainer.global_step
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # When max_steps (or max_time, or a stop request) ends the fit in the middle of an epoch, Lightning has
+        # already counted that epoch as completed by on_train_end; a checkpoint saved there would resume with
+        # the *next* epoch (a new shuffle), not the next batch. Write the epoch as still running, exactly as a
+        # ModelCheckpoint saved after the same batch does, so the resume continues the same data order.
+        if not self._saving or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+        if progress is None:
+            return
+        for counts in (progress["total"], progress["current"]):
+            if counts["completed"] == counts["started"]:
+                counts["processed"] = counts["completed"] = counts["started"] - 1
+
+    def _export(self, trainer: pl.Trainer) -> None:
+        from lit_prunedpo.export import export
+
+        trainer.strategy.barrier("final-export")  # every shard of the checkpoint is on disk
+        if trainer.is_global_zero:
+            export(self.saved_path, self.export_dir, adapter=self.export_adapter)
+        trainer.strategy.barrier("final-export-done")
+        self.exported_dir = self.export_dir
+
+    # ----------------------------------------------------------------------------------- summary
+    def _summary(self, trainer: pl.Trainer, reason: str) -> None:
+        lines = [f"run {reason} at step {trainer.global_step}"]
+        val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if val:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(val.items()))
+            lines.append(f"last validation (step {self._val_step}): {shown}")
+        else:
+            lines.append("no validation ran")
+        for callback in trainer.callbacks:
+            median = getattr(callback, "median_s", None)
+            if type(callback).__name__ == "StepTimeMonitor" and median is not None:
+                lines.append(f"median step time: {median:.4g} s over the last {len(callback.window_times)} timed steps")
+            peak = getattr(callback, "max_peak_mb", None)
+            if type(callback).__name__ == "PeakMemoryMonitor" and peak is not None:
+                lines.append(f"peak memory ({callback.primary_key}, this rank): {peak:.1f} MB")
+        lines.append(f"final checkpoint: {self.saved_path}")
+        if self.exported_dir is not None:
+            lines.append(f"Hugging Face folder: {self.exported_dir}")
+        rank_zero_info("\n".join(lines))
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._val_step = trainer.global_step
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {}

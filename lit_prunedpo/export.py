@@ -1,0 +1,184 @@
+"""``lit-prunedpo export``: a Hugging Face folder from a training checkpoint.
+
+The folder holds the policy (``save_pretrained``, safetensors) and the data's tokenizer (with its chat
+template), so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)`` load
+it in any inference stack. Reads a single-file Lightning checkpoint or an FSDP2 folder of shards
+(``torch.distributed.checkpoint``, read in one process without a process group: only the policy's tensors
+are loaded, not the optimizer's).
+
+What a checkpoint must carry besides the weights is written by ``PrunedDPO.on_save_checkpoint`` under
+``"policy"`` (:func:`policy_metadata`): the model's ``transformers`` config, and for a LoRA policy the
+adapter config and the base model's source (LoRA checkpoints hold the adapters only; the frozen base is
+rebuilt from its source). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
+adapter folder alone (``adapter_config.json`` + ``adapter_model.safetensors``), as asked.
+
+    lit-prunedpo export --ckpt_path runs/quickstart/checkpoints/last.ckpt --out model/
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lit_prunedpo.models import source_from_spec
+
+__all__ = ["export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
+
+_POLICY_PREFIX = "policy."
+
+
+def policy_metadata(policy: nn.Module, source: Any = None) -> dict[str, Any]:
+    """What an export needs besides the weights: the ``transformers`` config, and for a peft policy its adapter
+    config and the base model's source spec (``source``: the policy's ``ModelSource``)."""
+    from lit_prunedpo.lora import is_peft_model
+
+    if is_peft_model(policy):
+        spec = source.base_spec() if hasattr(source, "base_spec") else None
+        info = {"config": policy.get_base_model().config.to_dict(), "peft": policy.peft_config["default"].to_dict(),
+                "base": spec}
+    else:
+        info = {"config": policy.config.to_dict(), "peft": None, "base": None}
+    # plain JSON types only (peft's enums and sets would make torch.load(weights_only=True) refuse the checkpoint)
+    return json.loads(json.dumps(info, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The policy's tensors (``policy.`` prefix removed) and the rest of a checkpoint (hyperparameters, the
+    ``"policy"`` metadata), from a ``.ckpt`` file or an FSDP2 folder of shards.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ValueError: when it holds no policy weights or no ``"policy"`` metadata.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        meta, state = _read_sharded(path)
+    else:
+        meta = torch.load(path, map_location="cpu", weights_only=False)
+        state = meta.pop("state_dict", {})
+    policy = {k[len(_POLICY_PREFIX):]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
+    if not policy:
+        raise ValueError(f"checkpoint {path} holds no policy weights (no 'policy.*' keys in its state_dict)")
+    if "policy" not in meta:
+        raise ValueError(
+            f"checkpoint {path} has no 'policy' metadata (written by PrunedDPO.on_save_checkpoint since the export "
+            "command exists): cannot tell which model to build"
+        )
+    return policy, meta
+
+
+def _read_sharded(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta_file = path / "meta.pt"
+    if not meta_file.is_file():
+        raise ValueError(f"{path} is a folder but not a sharded Lightning checkpoint (no meta.pt)")
+    meta = torch.load(meta_file, map_location="cpu", weights_only=False)
+    reader = dcp.FileSystemReader(str(path))
+    prefix = "state_dict." + _POLICY_PREFIX
+    state = {
+        k[len("state_dict."):]: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in reader.read_metadata().state_dict_metadata.items()
+        if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
+    }
+    wrapped = {"state_dict": state}
+    dcp.load(wrapped, storage_reader=reader, no_dist=True)  # fills the tensors in place: policy only
+    return meta, wrapped["state_dict"]
+
+
+def load_policy(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The trained policy of a checkpoint as a ``transformers`` model (a peft model for LoRA), in eval mode,
+    and the checkpoint's other contents."""
+    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+
+    state, meta = read_checkpoint(path)
+    info = meta["policy"]
+    if info["peft"] is None:
+        config_dict = dict(info["config"])
+        config = CONFIG_MAPPING[config_dict.pop("model_type")].from_dict(config_dict)
+        model = AutoModelForCausalLM.from_config(config)
+        dtype = next((t.dtype for t in state.values() if t.is_floating_point()), None)
+        if dtype is not None:
+            model.to(dtype)
+        model.load_state_dict(state, strict=True)
+        return model.eval(), meta
+    from lit_prunedpo.lora import load_adapter_state
+
+    if info["base"] is None:
+        raise ValueError(f"checkpoint {path} is a LoRA run whose base model source cannot be rebuilt (no spec)")
+    model = load_adapter_state(source_from_spec(info["base"]).build(), info["peft"], state, where=str(path))
+    return model.eval(), meta
+
+
+def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str | None) -> Any:
+    from lit_prunedpo.data.preference import _read_template
+    from lit_prunedpo.data.tokenize import load_tokenizer
+
+    data = meta.get("datamodule_hyper_parameters") or {}
+    name = tokenizer if tokenizer is not None else data.get("tokenizer")
+    if name is None:
+        return None
+    tok = load_tokenizer(name)
+    template = chat_template if chat_template is not None else data.get("chat_template")
+    if template is not None:
+        tok.chat_template = _read_template(template)
+    return tok
+
+
+def export(
+    ckpt_path: str,
+    out: str,
+    adapter: Literal["merged", "adapter"] = "merged",
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+) -> Path:
+    """Write a Hugging Face folder from a training checkpoint.
+
+    Args:
+        ckpt_path: a ``.ckpt`` file or an FSDP2 checkpoint folder written by ``lit-prunedpo fit``.
+        out: the folder to write (created; existing files of the same names are replaced).
+        adapter: LoRA runs only: ``merged`` writes full weights with the adapters merged in, ``adapter`` writes
+            peft's adapter folder alone (load it with ``peft.AutoPeftModelForCausalLM``).
+        tokenizer: tokenizer name or path; default: the one the run's data module used.
+        chat_template: a Jinja template or a file holding one; default: the data module's, else the tokenizer's.
+
+    Returns:
+        the folder written.
+    """
+    if adapter not in ("merged", "adapter"):
+        raise ValueError(f"adapter must be 'merged' or 'adapter', got {adapter!r}")
+    model, meta = load_policy(ckpt_path)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if meta["policy"]["peft"] is not None and adapter == "merged":
+        model = model.merge_and_unload()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok = _tokenizer(meta, tokenizer, chat_template)
+    if tok is not None:
+        tok.save_pretrained(out_dir)
+    written = {
+        "checkpoint": str(ckpt_path),
+        "global_step": meta.get("global_step"),
+        "lora": None if meta["policy"]["peft"] is None else adapter,
+        "tokenizer": None if tok is None else (tok.name_or_path or type(tok).__name__),
+    }
+    (out_dir / "lit_prunedpo_export.json").write_text(json.dumps(written, indent=2) + "\n")
+    if tok is None:
+        print(f"exported the policy to {out_dir} (no tokenizer: the run's data module had none; pass --tokenizer)")
+    else:
+        print(f"exported the policy and tokenizer to {out_dir}")
+    return out_dir
+
+
+def main(args: list[str] | None = None) -> None:
+    """``lit-prunedpo export --ckpt_path PATH --out DIR [--adapter merged|adapter] [--tokenizer NAME]``."""
+    from jsonargparse import CLI
+
+    CLI(export, args=args, as_positional=False, prog="lit-prunedpo export")

@@ -1,0 +1,92 @@
+"""FinalCheckpoint: every fit ends with a checkpoint of its last step (max_steps, max_time, SIGTERM, runs shorter
+than one validation interval), ``--ckpt_path last`` resumes from it, and the log ends with a summary."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_prunedpo.callbacks import FinalCheckpoint
+from lit_prunedpo.cli import build_cli
+
+from helpers import REPO
+
+FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
+        "--data.init_args.max_rows=64", "--data.init_args.val_fraction=0.25", "--data.init_args.batch_size=8"]
+
+
+def _step_of(path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+
+
+def test_a_run_shorter_than_one_validation_interval_leaves_its_last_step(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                         "--trainer.max_steps=3", *FAST])  # validates every 40 steps: never here
+    ckpt = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert _step_of(ckpt) == 3 and cli.trainer.global_step == 3
+    summary = caplog.text[caplog.text.index("run finished at step 3"):]
+    assert f"final checkpoint: {ckpt}" in summary and "no validation ran" in summary
+    assert "median step time" in summary and "peak memory" in summary  # the quickstart's monitors
+
+
+def test_the_last_step_is_saved_after_the_last_validation_and_resumed_by_ckpt_path_last(tmp_path, caplog):
+    fixed = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+             f"--trainer.callbacks.dirpath={tmp_path / 'ckpts'}", "--trainer.val_check_interval=4",
+             "--trainer.limit_val_batches=1"]
+    common = ["fit", "--config", str(REPO / "configs/all.yaml"), f"--trainer.default_root_dir={tmp_path}", *FAST, *fixed]
+    with caplog.at_level(logging.INFO):
+        build_cli([*common, "--trainer.max_steps=5"])
+    assert _step_of(tmp_path / "ckpts/last.ckpt") == 5  # not the step-4 weights of the validation checkpoint
+    assert "last validation (step 4): " in caplog.text and "val/loss" in caplog.text
+    resumed = build_cli([*common, "--trainer.max_steps=7", "--ckpt_path=last"])
+    assert resumed.model.sampler_rng.step == 7 and _step_of(tmp_path / "ckpts/last.ckpt") == 7
+    assert sorted(p.name for p in (tmp_path / "ckpts").glob("last*.ckpt")) == ["last.ckpt"]
+
+
+class _Slow(BoringModel):
+    def __init__(self, sleep_s: float = 0.0, sigterm_at: int | None = None):
+        super().__init__()
+        self.sleep_s, self.sigterm_at = sleep_s, sigterm_at
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.sleep_s)
+        if self.global_step == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+def _trainer(tmp_path, **kwargs) -> tuple[Trainer, FinalCheckpoint]:
+    final = FinalCheckpoint()
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, default_root_dir=tmp_path, callbacks=[final], **kwargs)
+    return trainer, final
+
+
+def test_max_time_ends_with_a_checkpoint_of_the_last_step(tmp_path):
+    trainer, final = _trainer(tmp_path, max_time={"seconds": 1}, max_steps=1000)
+    trainer.fit(_Slow(sleep_s=0.3))
+    assert 0 < trainer.global_step < 1000
+    assert _step_of(final.saved_path) == trainer.global_step
+
+
+def test_sigterm_without_preemption_callback_still_saves(tmp_path):
+    trainer, final = _trainer(tmp_path, max_epochs=3, limit_train_batches=2)
+    with pytest.raises(SIGTERMException):
+        trainer.fit(_Slow(sigterm_at=1))
+    assert final.saved_path is not None and _step_of(final.saved_path) == trainer.global_step >= 2
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="filename"):
+        FinalCheckpoint(filename="last.ckpt")
+    with pytest.raises(ValueError, match="export_adapter"):
+        FinalCheckpoint(export_adapter="both")

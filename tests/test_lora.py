@@ -1,0 +1,134 @@
+"""LoRA (peft): the adapters-off reference scores exactly the base model, gradients reach only the adapters,
+nothing of the policy is registered twice, the cached reference agrees with the online one, checkpoints hold
+the adapters only, resume is exact, and every sampler, the chunked scorer and gradient checkpointing train.
+DDP and FSDP2 on 2 CPU processes run with the multi-process tests (tests/distributed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_prunedpo import PrunedDPO
+from lit_prunedpo.batch import collate_pairs
+from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.cli import build_cli
+from lit_prunedpo.data import SyntheticPreferenceData
+from lit_prunedpo.lora import LoRA, is_peft_model
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.reference_cache import CachedReference
+from lit_prunedpo.samplers import AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix, StratifiedPositions
+from lit_prunedpo.scoring import TokenScorer, group_inputs
+
+from helpers import REPO
+
+EXACT = (FullPrefix(), AllPositions(), BothBranches())
+PRUNED = (SharedFractionPrefix(0.5), StratifiedPositions(rate=0.5), AntitheticBranch())
+FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
+        "--data.init_args.max_rows=64", "--data.init_args.val_fraction=0.25", "--data.init_args.batch_size=8",
+        "--trainer.limit_val_batches=1"]
+
+
+@pytest.fixture
+def lora(tiny_source) -> LoRA:
+    return LoRA(tiny_source, r=4, alpha=8, target_modules="all-linear")
+
+
+def _perturb_adapters(policy, scale=0.1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def _pairs():
+    dm = SyntheticPreferenceData(vocab_size=32, num_train=40, num_val=8, batch_size=8, seed=3)
+    dm.setup("fit")
+    return dm, collate_pairs((dm.train_pairs + dm.val_pairs)[:6], pad_id=0)
+
+
+def test_reference_is_the_base_model_with_no_copy(lora, tiny_source):
+    module = PrunedDPO(policy=lora)
+    assert is_peft_model(module.policy)
+    assert module.reference.model is None and not list(module.reference.parameters())
+    assert not any(k.startswith("reference.") for k in module.state_dict())  # no duplicate parameters
+    _perturb_adapters(module.policy)
+    _, batch = _pairs()
+    plan = plan_step(batch, *EXACT, generator=torch.Generator())
+    base = tiny_source.build().eval()
+    with torch.no_grad():
+        expected = TokenScorer()(base, group_inputs(batch, plan.groups[0]))
+        adapted = module.score_policy(batch, plan.groups[0])
+    (reference,) = module.reference.token_logps(batch, plan)
+    torch.testing.assert_close(reference, expected, rtol=0, atol=1e-6)
+    assert (adapted - expected).abs().max() > 1e-3  # the adapters do change the policy
+    assert module.policy.training  # the reference's eval mode was put back
+
+
+def test_gradients_reach_only_the_adapters_and_the_optimizer_holds_only_them(lora):
+    module = PrunedDPO(policy=lora)
+    _perturb_adapters(module.policy)  # lora_B starts at 0, where lora_A gets no gradient
+    _, batch = _pairs()
+    est = module.execute_and_estimate(batch, plan_step(batch, *PRUNED, generator=torch.Generator().manual_seed(1)))
+    est.objective.backward()
+    named = dict(module.policy.named_parameters())
+    adapters = {n for n in named if "lora_" in n}
+    assert adapters and all(named[n].grad is not None and named[n].grad.abs().sum() > 0 for n in adapters)
+    assert all(p.grad is None and not p.requires_grad for n, p in named.items() if n not in adapters)
+    optimizer = module.configure_optimizers()
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(named[n]) for n in adapters}
+
+
+def test_cached_reference_built_from_a_lora_policy_agrees_with_the_adapters_off_reference(lora, tmp_path):
+    from types import SimpleNamespace
+
+    import lightning as L
+
+    dm, batch = _pairs()
+    online = PrunedDPO(policy=lora)
+    _perturb_adapters(online.policy)  # even with live adapters the cache must hold the base model's log-probs
+    cached = PrunedDPO(policy=lora, reference=CachedReference(path=str(tmp_path / "ref.safetensors"), batch_size=5))
+    cached.policy.load_state_dict(online.policy.state_dict())
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=str(tmp_path))
+    cached.reference.prepare(SimpleNamespace(policy=cached.policy, trainer=SimpleNamespace(
+        datamodule=dm, strategy=trainer.strategy, default_root_dir=str(tmp_path))), "fit")
+    plan = plan_step(batch, *PRUNED, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(online.reference.token_logps(batch, plan), cached.reference.token_logps(batch, plan), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
+def test_lora_arguments_are_checked(tiny_source):
+    with pytest.raises(ValueError, match="r must be"):
+        LoRA(tiny_source, r=0)
+    with pytest.raises(ValueError, match="not peft.LoraConfig fields"):
+        LoRA(tiny_source, options={"rank": 3}).build()
+
+
+def _fit(root, steps, *extra):
+    return build_cli(["fit", "--config", str(REPO / "configs/lora.yaml"), f"--trainer.default_root_dir={root}",
+                      f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}", *FAST, *extra])
+
+
+def test_checkpoint_holds_the_adapters_only_and_resume_is_exact(tmp_path):
+    full = _fit(tmp_path / "full", 4)
+    _fit(tmp_path / "half", 2)
+    ckpt = tmp_path / "half/lightning_logs/version_0/checkpoints/last.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    trainable = {"policy." + n for n, p in full.model.policy.named_parameters() if p.requires_grad}
+    assert set(state) == trainable
+    resumed = _fit(tmp_path / "resumed", 4, f"--ckpt_path={ckpt}")
+    for (name, a), b in zip(full.model.policy.state_dict().items(), resumed.model.policy.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_every_sampler_chunked_scorer_and_gradient_checkpointing_train_adapters(tmp_path):
+    cli = _fit(tmp_path, 2, "--model.prefix_sampler=lit_prunedpo.samplers.SharedFractionPrefix",
+               "--model.position_sampler=lit_prunedpo.samplers.StratifiedPositions",
+               "--model.position_sampler.rate=0.5", "--model.branch_sampler=lit_prunedpo.samplers.AntitheticBranch",
+               "--model.scorer=lit_prunedpo.chunked_scorer.ChunkedScorer", "--model.gradient_checkpointing=true")
+    assert isinstance(cli.model.scorer, ChunkedScorer) and cli.trainer.global_step == 2
+    initial = LoRA(cli.model.policy_source.base, r=8, alpha=16, target_modules="all-linear").build().state_dict()
+    for name, tensor in cli.model.policy.state_dict().items():
+        changed = not torch.equal(tensor, initial[name])
+        assert changed == ("lora_B" in name or "lora_A" in name), name
