@@ -317,7 +317,7 @@ def _run_rounds(
     vanilla_samplers = MODES["vanilla"]()
     for r, batch in enumerate(batches):
         measured = r >= warmup
-        vanilla_plan = plan_step(batch, *vanilla_samplers, generator=torch.Generator())
+        vanilla_plan = plan_step(batch, *vanilla_samplers, generator=torch.Generator(), shared_prompt=module.shared_prompt)
         for c in configs:
             module.prefix_sampler, module.position_sampler, module.branch_sampler = samplers[c.mode]
             module.scorer = scorer_of[c.scorer]

@@ -1,0 +1,214 @@
+"""Shared-prompt execution equals the padded layout exactly, and runs each prompt once.
+
+Exactness: the same module and sampler seed with ``shared_prompt`` on and off give the same loss, per-branch
+estimates and policy gradients (float32, ``atol=1e-5, rtol=1e-4``), for every mode of ``configs/``, with left
+padding (prompts of different lengths), right padding (responses of different lengths, longer chosen or
+longer rejected), common prefixes of every length (none, part, all but the last token of one response),
+one-token responses, the chunked scorer, eager attention and gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_prunedpo import PrunedDPO
+from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.models import FromConfig
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.reference import merge_groups
+from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.samplers import (
+    AllPositions,
+    AntitheticBranch,
+    BernoulliPositions,
+    BothBranches,
+    FullPrefix,
+    RandomBranch,
+    SharedFractionPrefix,
+    StratifiedPositions,
+)
+from lit_prunedpo.scoring import group_inputs, split_causal_lm
+from lit_prunedpo.shared_prompt import check_attention, packed_layout, prompt_and_common_lengths
+
+from helpers import TINY_LLAMA, make_batch
+
+TOL = dict(atol=1e-5, rtol=1e-4)
+
+# the samplers of configs/{vanilla,branch,sequence,position,all}.yaml (position and prefix rates lowered so
+# that a small batch draws real pruning)
+MODES = {
+    "vanilla": dict(),
+    "branch": dict(branch_sampler=RandomBranch(0.5)),
+    "sequence": dict(prefix_sampler=SharedFractionPrefix(0.3)),
+    "position": dict(position_sampler=BernoulliPositions(0.4, 1.0)),
+    "all": dict(prefix_sampler=SharedFractionPrefix(0.3), position_sampler=StratifiedPositions(0.5),
+                branch_sampler=AntitheticBranch()),
+}
+
+
+def padded_everywhere():
+    """Prompts of 1-5 tokens (left padding in all but one row), responses of 1-9 tokens (right padding on
+    either branch), and common prefixes: none, two tokens, all of the shorter response but its last token."""
+    batch = make_batch([3, 1, 5, 2, 4], [9, 1, 6, 4, 3], [4, 7, 6, 8, 1], seed=3)
+    ids = batch.response_ids
+    ids[0, 1, :2] = ids[0, 0, :2]          # pair 0: 2 common tokens
+    ids[2, 1, :5] = ids[2, 0, :5]          # pair 2: equal lengths, differ only at the last token
+    ids[3, 0, :3] = ids[3, 1, :3]          # pair 3: chosen = rejected's first 3 tokens, then differs
+    ids[3, 0, 3] = (ids[3, 1, 3] % 31) + 1
+    return batch
+
+
+def run(module, batch, seed):
+    module.sampler_rng = SamplerRNG(seed=seed)  # both layouts draw the same plan
+    module.zero_grad()
+    plan = module.plan(batch)
+    est = module.execute_and_estimate(batch, plan)
+    est.objective.backward()
+    grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters() if p.grad is not None}
+    return plan, est, grads
+
+
+def assert_same_step(source, batch, seeds=(0, 1, 2), **kwargs):
+    shared = PrunedDPO(policy=source, shared_prompt=True, **kwargs)
+    padded = PrunedDPO(policy=source, shared_prompt=False, **kwargs)
+    for seed in seeds:
+        plan_s, est_s, grads_s = run(shared, batch, seed)
+        plan_p, est_p, grads_p = run(padded, batch, seed)
+        assert plan_s.positions_scored == plan_p.positions_scored
+        assert plan_s.tokens_executed < plan_p.tokens_executed
+        torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
+        torch.testing.assert_close(est_s.policy_logps.detach(), est_p.policy_logps.detach(), **TOL)
+        torch.testing.assert_close(est_s.reference_logps, est_p.reference_logps, **TOL)
+        assert grads_s.keys() == grads_p.keys() and grads_s
+        for name in grads_s:
+            torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_mode_equals_the_padded_layout(tiny_source, mode):
+    assert_same_step(tiny_source, padded_everywhere(), **MODES[mode])
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "all"])
+def test_chunked_scorer_and_gradient_checkpointing_equal_the_padded_layout(tiny_source, mode):
+    assert_same_step(tiny_source, padded_everywhere(), seeds=(0, 1), scorer=ChunkedScorer(chunk_size=5),
+                     gradient_checkpointing=True, **MODES[mode])
+
+
+def test_eager_attention_equals_the_padded_layout():
+    source = FromConfig("llama", {**TINY_LLAMA, "attn_implementation": "eager"}, seed=0)
+    assert source.build().config._attn_implementation == "eager"
+    assert_same_step(source, padded_everywhere(), seeds=(0,), **MODES["all"])
+
+
+def test_validation_step_is_the_same_exact_objective(tiny_source):
+    batch = padded_everywhere()
+    values = []
+    for shared in (True, False):
+        module = PrunedDPO(policy=tiny_source, shared_prompt=shared, **MODES["all"])
+        plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=shared)
+        values.append(module.execute_and_estimate(batch, plan))
+    torch.testing.assert_close(values[0].loss, values[1].loss, **TOL)
+    torch.testing.assert_close(values[0].policy_logps, values[1].policy_logps, **TOL)
+
+
+def test_layout_by_hand():
+    """Pair 0: prompt of 2, chosen (5 kept) and rejected (3 kept) share 2 tokens; pair 1 has one row."""
+    layout = packed_layout(
+        pair=torch.tensor([0, 0, 1]), kept=torch.tensor([5, 3, 4]),
+        prompt_len=torch.tensor([2, 2, 3]), common_len=torch.tensor([2, 2, 0]),
+    )
+    # pair 0: prompt 2 + shared 2 + chosen's own 4 - 2 = 2 + rejected's own 2 - 2 = 0 -> 6; pair 1: 3 + 3
+    assert layout.seq_len.tolist() == [6, 6] and layout.width == 6 and layout.num_sequences == 2
+    assert layout.row_start.tolist() == [4, 6, 3] and layout.row_len.tolist() == [2, 0, 3]
+    assert layout.shared.tolist() == [2, 2, 0]
+
+
+def test_inputs_mask_and_gather_by_hand():
+    batch = make_batch([2, 1], [4, 2], [3, 3], seed=0)
+    batch.response_ids[0, 1, 0] = batch.response_ids[0, 0, 0]  # pair 0 shares one response token
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    (group,) = plan.groups
+    inputs = group_inputs(batch, group)
+    x, y = batch.prompt_ids[0, -2:].tolist(), batch.response_ids[0].tolist()
+    # [prompt(2) | shared y0 | chosen y1 y2 | rejected y1]: the last kept token of each row only a target
+    assert inputs.input_ids[0].tolist() == x + [y[0][0], y[0][1], y[0][2], y[1][1]]
+    assert inputs.position_ids[0].tolist() == [0, 1, 2, 3, 4, 3]
+    mask = inputs.attention_mask[0, 0].int()
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 0, 0, 1],  # the rejected segment sees the trunk and itself, not the chosen segment
+    ]
+    # pair 1: prompt 1 | chosen y0 | rejected y0 y1 | one pad column that attends itself only
+    x1, z = batch.prompt_ids[1, -1:].tolist(), batch.response_ids[1].tolist()
+    assert inputs.input_ids[1, :4].tolist() == x1 + [z[0][0], z[1][0], z[1][1]]
+    assert inputs.position_ids[1, :4].tolist() == [0, 1, 1, 2]
+    assert inputs.attention_mask[1, 0, 4].int().tolist() == [0, 0, 0, 0, 1, 0]
+    # chosen of pair 0 scores t = 0..3 from columns 1 (prompt end), 2 (shared), 3, 4; rejected 1, 2, 5
+    pair0 = inputs.gather_row == 0
+    assert inputs.gather_col[pair0].tolist() == [1, 2, 3, 4, 1, 2, 5]
+    assert inputs.targets[pair0].tolist() == y[0][:4] + y[1][:3]
+
+
+def test_common_prefix_lengths():
+    batch = padded_everywhere()
+    prompt_len, common = prompt_and_common_lengths(batch)
+    assert prompt_len.tolist() == [3, 1, 5, 2, 4]
+    assert common[[0, 2, 3]].tolist() == [2, 5, 3]
+
+
+def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_source):
+    """Forward-hook count: the bodies receive each pair's real prompt once and no left padding."""
+    module = PrunedDPO(policy=tiny_source)
+    batch = padded_everywhere()
+    seen = []
+    for model in (module.policy, module.reference.model):
+        split_causal_lm(model)[0].register_forward_pre_hook(
+            lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True
+        )
+    plan = module.plan(batch)
+    module.execute_and_estimate(batch, plan)
+    policy_ids, reference_ids = seen
+    prompt_len, common = prompt_and_common_lengths(batch)
+    lengths = batch.response_lengths
+    # per pair: prompt + common prefix + each response's remaining input tokens (its last token only a target)
+    real = prompt_len + common + (lengths - 1 - common[:, None]).sum(-1)
+    assert policy_ids.shape == reference_ids.shape == (batch.num_pairs, int(real.max()))
+    assert plan.real_tokens_executed == int(real.sum()) == merge_groups(plan.groups).real_tokens_executed
+    assert module.reference.tokens_executed(plan) == reference_ids.numel() == plan.tokens_executed
+    padded = PrunedDPO(policy=tiny_source, shared_prompt=False).plan(batch)
+    # the padded layout runs 2B rows of P + T - 1 columns; each prompt twice, with its left padding
+    assert padded.tokens_executed == 2 * batch.num_pairs * (batch.prompt_width + batch.response_width - 1)
+    saved = padded.real_tokens_executed - plan.real_tokens_executed
+    assert saved == int((prompt_len + common).sum())
+
+
+def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
+    module = PrunedDPO(policy=tiny_source, branch_sampler=RandomBranch())
+    batch = padded_everywhere()
+    plan = module.plan(batch)
+    grad_group, no_grad_group = plan.groups
+    assert module.score_policy(batch, grad_group).grad_fn is not None
+    assert module.score_policy(batch, no_grad_group).grad_fn is None
+    # one branch per pair in each group: one sequence per pair, prompt once per group
+    assert grad_group.executed_shape[0] == no_grad_group.executed_shape[0] == batch.num_pairs
+
+
+def test_unsupported_attention_is_refused(tiny_source):
+    model = tiny_source.build()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*shared_prompt=false"):
+        check_attention(model)
+
+    class Flash(FromConfig):
+        def build(self):
+            return model
+
+    with pytest.raises(ValueError, match="shared-prompt execution needs a custom 4-D attention mask"):
+        PrunedDPO(policy=Flash("llama", TINY_LLAMA))
+    PrunedDPO(policy=Flash("llama", TINY_LLAMA), shared_prompt=False)  # the padded layout still runs it
