@@ -73,7 +73,8 @@ class PrunedDPO(L.LightningModule):
             step (on every rank together), counts and logs it.
         shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
             (``lit_prunedpo.shared_prompt``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
-            attention.
+            attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
+            cancel in the margin; ``train/logps/*`` then sum the differing part only).
 
     Raises:
         ValueError: on a non-positive ``beta`` or an unknown ``on_nonfinite``.
@@ -189,6 +190,8 @@ class PrunedDPO(L.LightningModule):
         plan = plan_step(
             batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next(),
             shared_prompt=self.shared_prompt,
+            # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
+            score_common_prefix=not (self.shared_prompt and isinstance(self.loss, MarginLoss)),
         )
         if self._sharded:
             # FSDP pairs collectives across ranks by forward order: every rank must run the same forwards.

@@ -168,12 +168,18 @@ def plan_step(
     branch: BranchSampler,
     generator: torch.Generator,
     shared_prompt: bool = False,
+    score_common_prefix: bool = True,
 ) -> StepPlan:
     """Draw branches, then prefixes, then positions (the order data flows) and group the rows.
 
     All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too. With
     ``shared_prompt`` every group runs one sequence per pair (``lit_prunedpo.shared_prompt``): the same rows,
     positions and weights, fewer executed tokens.
+
+    With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are not
+    scored in either branch: their log-ratios are equal in both branches (same context, same token), so they
+    cancel exactly in the margin ``R_w - R_l``; a loss of the margin alone loses nothing (the IPW weights of the
+    other positions are unchanged), while per-branch sums (``logps/chosen``) then cover the differing part only.
     """
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
     lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
@@ -182,6 +188,9 @@ def plan_step(
     branch_prob = branch.probabilities(B)
     kept = prefix.draw(lengths, generator)
     scored = position.draw(kept, T, generator)
+    prompt_len, common_len = prompt_and_common_lengths(batch)
+    if not score_common_prefix:
+        scored = scored & (torch.arange(T)[None, :] >= common_len.repeat_interleave(2)[:, None])
     survival = prefix.survival(lengths, T)
     inclusion = position.inclusion(kept, T)
 
@@ -190,7 +199,7 @@ def plan_step(
 
     rows = torch.arange(2 * B)
     flat_grad = grad_mask.reshape(-1)
-    layout = (*prompt_and_common_lengths(batch), shared_prompt)
+    layout = (prompt_len, common_len, shared_prompt)
     groups = tuple(
         g
         for g in (

@@ -14,10 +14,10 @@ import torch
 
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import merge_groups
-from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,
@@ -59,10 +59,11 @@ def padded_everywhere():
     return batch
 
 
-def run(module, batch, seed):
-    module.sampler_rng = SamplerRNG(seed=seed)  # both layouts draw the same plan
+def run(module, batch, seed, **layout):
+    """One step of ``module`` on ``batch`` with the plan drawn from ``seed`` in the given layout."""
     module.zero_grad()
-    plan = module.plan(batch)
+    samplers = module.prefix_sampler, module.position_sampler, module.branch_sampler
+    plan = plan_step(batch, *samplers, torch.Generator().manual_seed(seed), **layout)
     est = module.execute_and_estimate(batch, plan)
     est.objective.backward()
     grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters() if p.grad is not None}
@@ -70,19 +71,24 @@ def run(module, batch, seed):
 
 
 def assert_same_step(source, batch, seeds=(0, 1, 2), **kwargs):
-    shared = PrunedDPO(policy=source, shared_prompt=True, **kwargs)
-    padded = PrunedDPO(policy=source, shared_prompt=False, **kwargs)
+    """The same draws executed in the shared-prompt and the padded layout give the same step."""
+    module = PrunedDPO(policy=source, **kwargs)
     for seed in seeds:
-        plan_s, est_s, grads_s = run(shared, batch, seed)
-        plan_p, est_p, grads_p = run(padded, batch, seed)
+        plan_s, est_s, grads_s = run(module, batch, seed, shared_prompt=True)
+        plan_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False)
         assert plan_s.positions_scored == plan_p.positions_scored
         assert plan_s.tokens_executed < plan_p.tokens_executed
-        torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
-        torch.testing.assert_close(est_s.policy_logps.detach(), est_p.policy_logps.detach(), **TOL)
-        torch.testing.assert_close(est_s.reference_logps, est_p.reference_logps, **TOL)
-        assert grads_s.keys() == grads_p.keys() and grads_s
-        for name in grads_s:
-            torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
+        assert_same_estimate(est_s, est_p, grads_s, grads_p)
+
+
+def assert_same_estimate(est_s, est_p, grads_s, grads_p):
+    torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
+    torch.testing.assert_close(est_s.margin, est_p.margin, **TOL)
+    torch.testing.assert_close(est_s.policy_logps.detach(), est_p.policy_logps.detach(), **TOL)
+    torch.testing.assert_close(est_s.reference_logps, est_p.reference_logps, **TOL)
+    assert grads_s.keys() == grads_p.keys() and grads_s
+    for name in grads_s:
+        torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -212,3 +218,67 @@ def test_unsupported_attention_is_refused(tiny_source):
     with pytest.raises(ValueError, match="shared-prompt execution needs a custom 4-D attention mask"):
         PrunedDPO(policy=Flash("llama", TINY_LLAMA))
     PrunedDPO(policy=Flash("llama", TINY_LLAMA), shared_prompt=False)  # the padded layout still runs it
+
+
+# ------------------------------------------------------------------------ the common prefix is not scored
+def test_margin_loss_skips_the_common_prefix_with_the_same_loss_and_gradients(tiny_source):
+    """Vanilla: the module with a shared prompt (common prefix not scored) equals the padded module scoring it."""
+    batch = padded_everywhere()
+    _, common = prompt_and_common_lengths(batch)
+    steps = []
+    for shared in (True, False):
+        module = PrunedDPO(policy=tiny_source, shared_prompt=shared)
+        module.zero_grad()
+        plan = module.plan(batch)
+        est = module.execute_and_estimate(batch, plan)
+        est.objective.backward()
+        grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters()}
+        steps.append((plan, est, grads))
+    (plan_s, est_s, grads_s), (plan_p, est_p, grads_p) = steps
+    assert plan_p.positions_scored - plan_s.positions_scored == 2 * int(common.sum())
+    torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
+    torch.testing.assert_close(est_s.margin, est_p.margin, **TOL)
+    torch.testing.assert_close(est_s.log_ratio[:, 0] - est_s.log_ratio[:, 1],
+                               est_p.log_ratio[:, 0] - est_p.log_ratio[:, 1], **TOL)
+    for name in grads_s:
+        torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_skipping_the_common_prefix_keeps_the_margin_unbiased():
+    """Monte Carlo through the real planner (all three samplers): with equal log-ratios on the common prefix, as
+    a causal LM gives, ``E[R_hat_w - R_hat_l]`` and the branch-weighted direction still have mean ``R_w - R_l``."""
+    batch = padded_everywhere()
+    _, common = prompt_and_common_lengths(batch)
+    g = torch.Generator().manual_seed(0)
+    rho = torch.randn(batch.response_ids.shape, generator=g, dtype=torch.float64) * batch.response_mask
+    shared = torch.arange(batch.response_width)[None, :] < common[:, None]
+    rho[:, 1] = torch.where(shared, rho[:, 0], rho[:, 1])
+    target = rho[:, 0].sum(-1) - rho[:, 1].sum(-1)
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    samplers = SharedFractionPrefix(0.3), StratifiedPositions(0.5), RandomBranch(0.5)
+    margins, directions = [], []
+    for _ in range(600):
+        plan = plan_step(batch, *samplers, g, shared_prompt=True, score_common_prefix=False)
+        for grp in plan.groups:
+            assert bool((grp.scored_t >= grp.common_len[grp.scored_row]).all())
+        scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
+        r_hat = ipw_sums(plan, scored, batch.num_pairs)
+        margins.append(r_hat[:, 0] - r_hat[:, 1])
+        directions.append((plan.grad_mask * sign * r_hat / plan.branch_prob).sum(-1))
+    for draws in (torch.stack(margins), torch.stack(directions)):
+        stderr = draws.std(0) / len(draws) ** 0.5
+        assert bool(((draws.mean(0) - target).abs() <= 5 * stderr + 1e-9).all()), (draws.mean(0), target)
+
+
+def test_a_loss_that_is_not_a_margin_loss_scores_the_common_prefix(tiny_source):
+    class LengthAware:  # not a MarginLoss: may depend on each branch, so every position is scored
+        def value(self, margin, beta):
+            return -torch.nn.functional.logsigmoid(beta * margin)
+
+        def derivative(self, margin, beta):
+            return -beta * torch.sigmoid(-beta * margin)
+
+    batch = padded_everywhere()
+    margin_plan = PrunedDPO(policy=tiny_source).plan(batch)
+    other_plan = PrunedDPO(policy=tiny_source, loss=LengthAware()).plan(batch)
+    assert other_plan.positions_scored == int(batch.response_lengths.sum()) > margin_plan.positions_scored
