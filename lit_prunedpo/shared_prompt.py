@@ -48,58 +48,81 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """Where every row of a group sits in the group's per-pair sequences.
+    """Where every pair and row of a group sits in the group's packed sequences.
 
     Attributes:
-        seq_pair: ``[S]`` pair of each sequence.
-        seq_len: ``[S]`` real tokens of each sequence (prompt + shared + segments).
-        row_seq: ``[n]`` sequence of each row.
-        shared: ``[n]`` response tokens of the row's sequence that both branches share (after the prompt).
+        pair: ``[U]`` the group's pairs (batch indices, sorted).
+        pair_seq: ``[U]`` sequence holding each pair.
+        pair_start: ``[U]`` column where each pair's prompt starts in its sequence.
+        pair_len: ``[U]`` real tokens of each pair (prompt + shared + its rows' segments).
+        seq_len: ``[S]`` real tokens of each sequence (its pairs together).
+        row_pair: ``[n]`` index into ``pair`` of each row.
+        shared: ``[n]`` response tokens of the row's pair that its rows share (after the prompt).
         row_start: ``[n]`` column where the row's own segment starts.
         row_len: ``[n]`` length of the row's own segment (kept input tokens past the shared ones).
     """
 
-    seq_pair: Tensor
+    pair: Tensor
+    pair_seq: Tensor
+    pair_start: Tensor
+    pair_len: Tensor
     seq_len: Tensor
-    row_seq: Tensor
+    row_pair: Tensor
     shared: Tensor
     row_start: Tensor
     row_len: Tensor
 
     @property
     def num_sequences(self) -> int:
-        return int(self.seq_pair.numel())
+        return int(self.seq_len.numel())
 
     @property
     def width(self) -> int:
-        return int(self.seq_len.max()) if self.seq_len.numel() else 0
+        return int(self.pair_len.max()) if self.pair_len.numel() else 0
 
     @property
     def real_tokens(self) -> int:
-        return int(self.seq_len.sum())
+        return int(self.pair_len.sum())
+
+    @property
+    def row_seq(self) -> Tensor:
+        """``[n]`` sequence of each row."""
+        return self.pair_seq[self.row_pair]
 
 
 def packed_layout(pair: Tensor, kept: Tensor, prompt_len: Tensor, common_len: Tensor) -> PackedLayout:
-    """Lay out rows (``pair``, ``kept``, their pair's real ``prompt_len`` and ``common_len``) one sequence per pair.
+    """Lay out rows (``pair``, ``kept``, their pair's real ``prompt_len`` and ``common_len``): one block per pair,
+    blocks packed first-fit-decreasing into sequences as wide as the longest block.
 
     A row with kept length ``L`` feeds its first ``L - 1`` response tokens (the last kept token is only a target).
     """
-    seq_pair, row_seq = torch.unique(pair, sorted=True, return_inverse=True)
+    pairs, row_pair = torch.unique(pair, sorted=True, return_inverse=True)
     own = kept - 1
-    S = seq_pair.numel()
-    longest = torch.zeros(S, dtype=own.dtype).scatter_reduce(0, row_seq, own, "amax", include_self=False)
-    seq_common = torch.zeros(S, dtype=own.dtype).scatter_reduce(0, row_seq, common_len, "amax", include_self=False)
-    seq_prompt = torch.zeros(S, dtype=own.dtype).scatter_reduce(0, row_seq, prompt_len, "amax", include_self=False)
-    seq_shared = torch.minimum(seq_common, longest)
-    shared = seq_shared[row_seq]
+    U = pairs.numel()
+    per_pair = lambda x: torch.zeros(U, dtype=own.dtype).scatter_reduce(0, row_pair, x, "amax", include_self=False)  # noqa: E731
+    pair_prompt, pair_shared = per_pair(prompt_len), torch.minimum(per_pair(common_len), per_pair(own))
+    shared = pair_shared[row_pair]
     row_len = (own - shared).clamp(min=0)
-    # segments follow the trunk in row order within each sequence
+    pair_len = (pair_prompt + pair_shared).index_add(0, row_pair, row_len)
+    # first-fit decreasing: a short pair fills the end of a longer pair's sequence instead of padding
+    width = int(pair_len.max()) if U else 0
+    pair_seq, pair_start = torch.empty_like(pair_len), torch.empty_like(pair_len)
+    seq_len: list[int] = []
+    for u in sorted(range(U), key=lambda u: -int(pair_len[u])):
+        n = int(pair_len[u])
+        seq = next((k for k, used in enumerate(seq_len) if used + n <= width), len(seq_len))
+        if seq == len(seq_len):
+            seq_len.append(0)
+        pair_seq[u], pair_start[u] = seq, seq_len[seq]
+        seq_len[seq] += n
+    # segments follow their pair's prompt and shared tokens, in row order
     row_start = torch.empty_like(row_len)
-    cursor = (seq_prompt + seq_shared).tolist()
-    for r, (s, n) in enumerate(zip(row_seq.tolist(), row_len.tolist())):
-        row_start[r] = cursor[s]
-        cursor[s] += n
-    return PackedLayout(seq_pair, torch.tensor(cursor, dtype=own.dtype), row_seq, shared, row_start, row_len)
+    cursor = (pair_start + pair_prompt + pair_shared).tolist()
+    for r, (u, n) in enumerate(zip(row_pair.tolist(), row_len.tolist())):
+        row_start[r] = cursor[u]
+        cursor[u] += n
+    return PackedLayout(pairs, pair_seq, pair_start, pair_len, torch.tensor(seq_len, dtype=own.dtype), row_pair,
+                        shared, row_start, row_len)
 
 
 def group_layout(group: "RowGroup") -> PackedLayout:
@@ -117,40 +140,46 @@ def packed_group_inputs(batch: "PreferenceBatch", group: "RowGroup") -> "GroupIn
     S, W, P = layout.num_sequences, layout.width, batch.prompt_width
     ids = torch.zeros(S, W, dtype=torch.long)
     positions = torch.zeros(S, W, dtype=torch.long)
-    segment = torch.full((S, W), -1, dtype=torch.long)  # -1 padding, 0 prompt + shared, r + 1 row r's own tokens
+    block = torch.full((S, W), -1, dtype=torch.long)  # the pair a column belongs to; -1 padding
+    segment = torch.full((S, W), -1, dtype=torch.long)  # 0 prompt + shared, r + 1 row r's own tokens
     prompt_ids, response_ids = batch.prompt_ids.cpu(), batch.response_ids.cpu()
     pair, branch = group.pair.cpu(), group.branch.cpu()
     prompt_len = group.prompt_len.cpu()
-    seq_first_row: dict[int, int] = {}
-    for r, s in enumerate(layout.row_seq.tolist()):
-        seq_first_row.setdefault(s, r)
-    for s, r in seq_first_row.items():
+    first_row = {}
+    for r, u in enumerate(layout.row_pair.tolist()):
+        first_row.setdefault(u, r)
+    for u, r in first_row.items():
         i, p, c = int(pair[r]), int(prompt_len[r]), int(layout.shared[r])
-        trunk = torch.cat([prompt_ids[i, P - p:], response_ids[i, int(branch[r]), :c]])
-        ids[s, : p + c] = trunk
-        positions[s, : p + c] = torch.arange(p + c)
-        segment[s, : p + c] = 0
+        s, a = int(layout.pair_seq[u]), int(layout.pair_start[u])
+        ids[s, a : a + p + c] = torch.cat([prompt_ids[i, P - p:], response_ids[i, int(branch[r]), :c]])
+        positions[s, a : a + p + c] = torch.arange(p + c)
+        block[s, a : a + int(layout.pair_len[u])] = u
+        segment[s, a : a + p + c] = 0
+    row_seq = layout.row_seq
     for r in range(group.num_rows):
-        s, start, n = int(layout.row_seq[r]), int(layout.row_start[r]), int(layout.row_len[r])
+        s, start, n = int(row_seq[r]), int(layout.row_start[r]), int(layout.row_len[r])
         p, c = int(prompt_len[r]), int(layout.shared[r])
         ids[s, start : start + n] = response_ids[int(pair[r]), int(branch[r]), c : c + n]
         positions[s, start : start + n] = torch.arange(p + c, p + c + n)
         segment[s, start : start + n] = r + 1
-    # token j attends token k: k <= j, k in the trunk or in j's own segment; padding attends itself only
+    # token j attends token k: k <= j in the same pair, k in the pair's prompt + shared tokens or in j's own
+    # segment; padding attends itself only (a query with no key would give NaN)
     causal = torch.ones(W, W, dtype=torch.bool).tril()
+    same_pair = (block[:, None, :] == block[:, :, None]) & (block[:, None, :] >= 0)
     key, query = segment[:, None, :], segment[:, :, None]
-    mask = causal & ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)
+    mask = causal & same_pair & ((key == 0) | (key == query))
     mask |= torch.eye(W, dtype=torch.bool)
     # scored position t of row r is predicted by its input token t - 1 (the prompt's last token for t = 0)
     t = group.scored_t.cpu()
     row = group.scored_row.cpu()
+    a = layout.pair_start[layout.row_pair[row]]
     p, c, start = prompt_len[row], layout.shared[row], layout.row_start[row]
-    column = torch.where(t == 0, p - 1, torch.where(t - 1 < c, p + t - 1, start + t - 1 - c))
+    column = torch.where(t == 0, a + p - 1, torch.where(t - 1 < c, a + p + t - 1, start + t - 1 - c))
     return GroupInputs(
         input_ids=ids.to(device),
         attention_mask=mask[:, None].to(device),
         position_ids=positions.to(device),
-        gather_row=layout.row_seq[row].to(device),
+        gather_row=row_seq[row].to(device),
         gather_col=column.to(device),
         targets=response_ids[pair[row], branch[row], t].to(device),
     )

@@ -120,15 +120,31 @@ def test_validation_step_is_the_same_exact_objective(tiny_source):
 
 
 def test_layout_by_hand():
-    """Pair 0: prompt of 2, chosen (5 kept) and rejected (3 kept) share 2 tokens; pair 1 has one row."""
+    """Pair 0: prompt of 2, chosen (5 kept) and rejected (3 kept) share 2 tokens; pairs 1 and 2 one row each."""
     layout = packed_layout(
-        pair=torch.tensor([0, 0, 1]), kept=torch.tensor([5, 3, 4]),
-        prompt_len=torch.tensor([2, 2, 3]), common_len=torch.tensor([2, 2, 0]),
+        pair=torch.tensor([0, 0, 1, 2]), kept=torch.tensor([5, 3, 2, 1]),
+        prompt_len=torch.tensor([2, 2, 3, 2]), common_len=torch.tensor([2, 2, 0, 0]),
     )
-    # pair 0: prompt 2 + shared 2 + chosen's own 4 - 2 = 2 + rejected's own 2 - 2 = 0 -> 6; pair 1: 3 + 3
-    assert layout.seq_len.tolist() == [6, 6] and layout.width == 6 and layout.num_sequences == 2
-    assert layout.row_start.tolist() == [4, 6, 3] and layout.row_len.tolist() == [2, 0, 3]
-    assert layout.shared.tolist() == [2, 2, 0]
+    # pair 0: prompt 2 + shared 2 + chosen's own 4 - 2 = 2 + rejected's own 2 - 2 = 0 -> 6; pair 1: 3 + 1; pair 2: 2
+    assert layout.pair_len.tolist() == [6, 4, 2] and layout.width == 6
+    # first fit decreasing: pair 2 fills the end of pair 1's sequence
+    assert layout.pair_seq.tolist() == [0, 1, 1] and layout.pair_start.tolist() == [0, 0, 4]
+    assert layout.seq_len.tolist() == [6, 6] and layout.num_sequences == 2 and layout.real_tokens == 12
+    assert layout.row_start.tolist() == [4, 6, 3, 6] and layout.row_len.tolist() == [2, 0, 1, 0]
+    assert layout.shared.tolist() == [2, 2, 0, 0]
+
+
+def test_two_pairs_in_one_sequence_do_not_see_each_other():
+    batch = make_batch([3, 1, 1], [4, 2, 1], [2, 1, 2], seed=5)
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    (group,) = plan.groups
+    inputs = group_inputs(batch, group)
+    # pair 0: 3 + 3 + 1 = 7 tokens, alone; pairs 1 and 2: 1 + 1 + 0 and 1 + 0 + 1 tokens, together
+    assert inputs.input_ids.shape == (2, 7) and plan.real_tokens_executed == 11
+    assert inputs.position_ids[1, :4].tolist() == [0, 1, 0, 1]
+    mask = inputs.attention_mask[1, 0]
+    assert not mask[2:4, :2].any() and mask[3, 2:4].tolist() == [True, True] and mask[1, :2].tolist() == [True, True]
+    assert inputs.gather_row.tolist().count(1) == 3 + 3  # both pairs' scored positions read sequence 1
 
 
 def test_inputs_mask_and_gather_by_hand():
@@ -184,7 +200,8 @@ def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_sour
     lengths = batch.response_lengths
     # per pair: prompt + common prefix + each response's remaining input tokens (its last token only a target)
     real = prompt_len + common + (lengths - 1 - common[:, None]).sum(-1)
-    assert policy_ids.shape == reference_ids.shape == (batch.num_pairs, int(real.max()))
+    assert policy_ids.shape == reference_ids.shape and policy_ids.shape[1] == int(real.max())
+    assert policy_ids.shape[0] <= batch.num_pairs
     assert plan.real_tokens_executed == int(real.sum()) == merge_groups(plan.groups).real_tokens_executed
     assert module.reference.tokens_executed(plan) == reference_ids.numel() == plan.tokens_executed
     padded = PrunedDPO(policy=tiny_source, shared_prompt=False).plan(batch)
@@ -201,8 +218,11 @@ def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
     grad_group, no_grad_group = plan.groups
     assert module.score_policy(batch, grad_group).grad_fn is not None
     assert module.score_policy(batch, no_grad_group).grad_fn is None
-    # one branch per pair in each group: one sequence per pair, prompt once per group
-    assert grad_group.executed_shape[0] == no_grad_group.executed_shape[0] == batch.num_pairs
+    # one branch per pair in each group: each prompt runs once per group, so twice in the step's policy forwards
+    prompt_len, _ = prompt_and_common_lengths(batch)
+    lengths = batch.response_lengths[torch.arange(batch.num_pairs)[:, None], plan.grad_mask.long().argsort(-1)]
+    for group, rows in ((grad_group, lengths[:, 1]), (no_grad_group, lengths[:, 0])):
+        assert group.real_tokens_executed == int((prompt_len + rows - 1).sum())
 
 
 def test_unsupported_attention_is_refused(tiny_source):

@@ -14,6 +14,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mode", "mode", str),
     ("reference", "reference", str),
     ("scorer", "scorer", str),
+    ("prompt", "prompt", str),
     ("step_time_s", "median step (s)", lambda v: f"{v:.3f}"),
     ("step_time_p90_s", "p90 step (s)", lambda v: f"{v:.3f}"),
     ("peak_memory_mb", "peak mem (MiB)", lambda v: f"{v:.0f}"),
@@ -40,7 +41,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
         f"- memory: {payload.get('memory_measure', '?')}; 'step mem' is the peak above the step's starting point",
         f"- LM head share of a vanilla forward (cost model): {payload.get('head_share', float('nan')):.1%}",
         (
-            "- speedup: median step time of `vanilla` with the same reference and scorer over this configuration's; "
+            "- speedup: median step time of `vanilla` with the same reference and scorer (and the `padded` prompt "
+            "when measured, else `shared`) over this configuration's; "
             "ideal: FLOP ratio from the cost model on the executed shapes; efficiency = speedup / ideal; "
             "'speedup (sums)': ratio of total step times over the same batches, the like-for-like counterpart "
             "of the ideal (which sums FLOPs over the batches)"
@@ -67,7 +69,7 @@ def write_png(payload: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     rows = payload["results"]
-    labels = [f"{r['mode']}\n{r['reference']}/{r['scorer']}" for r in rows]
+    labels = [f"{r['mode']}\n{r['reference']}/{r['scorer']}/{r.get('prompt', 'shared')}" for r in rows]
     x = list(range(len(rows)))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 0.9 * len(rows) + 2), 7), sharex=True)
     w = 0.4
