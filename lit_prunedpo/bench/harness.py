@@ -236,6 +236,7 @@ def run_benchmark(
     device: str = "cpu",
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
 
@@ -251,6 +252,7 @@ def run_benchmark(
         device: ``cpu`` or a CUDA device.
         seed: seed of the data and of every configuration's sampler generator.
         log: called with a progress line after every round; ``None`` is silent.
+        dtype: parameter dtype of the policy and reference (``bfloat16``, ...); ``None`` is float32.
 
     Returns:
         The report payload: ``preset``, ``device`` and ``results`` (one dict per configuration) and context.
@@ -274,7 +276,7 @@ def run_benchmark(
 
     batches = [b.to(dev) for b in make_batches(preset, warmup + steps, seed)]
     module = PrunedDPO(
-        policy=FromConfig("llama", preset.model, seed=seed),
+        policy=FromConfig("llama", preset.model, seed=seed, dtype=dtype),
         beta=0.1,
         optimizer=partial(torch.optim.AdamW, lr=preset.lr),
     ).to(dev)
@@ -320,6 +322,7 @@ def run_benchmark(
         "preset": preset.name,
         "device": dev.type,
         "device_name": _device_name(dev),
+        "dtype": dtype or "float32",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),

@@ -10,6 +10,8 @@
   7B+ models), 4 pairs whose prompt and response lengths are drawn from HH-RLHF's (GPT-2 tokens, harmless-base
   test file, ``max_length`` 512 / ``max_prompt_length`` 256: :data:`HH_RLHF_LENGTHS`), length-grouped like the
   data module's training order. The shape where the shared prompt matters: prompts are over half the tokens.
+* ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``scripts/gpu-check``
+  runs in bf16 on one GPU.
 
 Modes (every sampler at its documented default strength):
 
@@ -155,6 +157,17 @@ PRESETS: dict[str, Preset] = {
             response_length=(2, 494),
             warmup=1,
             steps=4,
+            chunk_size=1024,
+            lengths=HH_RLHF_LENGTHS,
+        ),
+        Preset(
+            name="hh-gpu",
+            description="Llama d=2048, 16 layers, V=32000 (~0.9B, body-heavy), 8 pairs with HH-RLHF's lengths: for one GPU",
+            model=_llama(32000, 2048, 16, 16, 5632, 1024),
+            batch_size=8,
+            response_length=(2, 494),
+            warmup=2,
+            steps=8,
             chunk_size=1024,
             lengths=HH_RLHF_LENGTHS,
         ),

@@ -33,7 +33,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
     lines = [
         f"# lit-prunedpo benchmark: preset `{payload['preset']}`",
         "",
-        f"- device: {payload['device']} ({payload.get('device_name', '?')}), torch {payload.get('torch', '?')}",
+        f"- device: {payload['device']} ({payload.get('device_name', '?')}), torch {payload.get('torch', '?')}, "
+        f"parameters in {payload.get('dtype', 'float32')}",
         (
             f"- {payload.get('steps', '?')} measured steps per configuration after {payload.get('warmup', '?')} "
             "warm-up round(s), configurations alternating on the same weights and batches"

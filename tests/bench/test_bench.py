@@ -171,3 +171,20 @@ def test_hh_body_preset_is_body_heavy_and_hh_shaped():
     for b in batches:
         total = b.prompt_mask.sum(1) + b.response_lengths.sum(1)
         assert int(total.max() - total.min()) <= 0.25 * int(total.max()) + 8
+
+
+def test_cli_bfloat16_weights(tmp_path):
+    assert main(["--preset", "small", "--modes", "vanilla", "--references", "online", "--scorers", "plain",
+                 "--dtype", "bfloat16", "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "--quiet"]) == 0
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    assert payload["dtype"] == "bfloat16" and payload["results"][0]["tokens_executed"] > 0
+    assert "parameters in bfloat16" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_check_refuses_without_cuda(tmp_path):
+    script = REPO / "scripts" / "gpu-check"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    done = subprocess.run([str(script), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHON=sys.executable), check=False)
+    assert done.returncode != 0 and "no CUDA device visible to torch" in done.stderr
