@@ -42,7 +42,8 @@ class RowGroup:
         requires_grad: whether the group's forward keeps a graph.
         prompt_len: ``[n]`` real prompt tokens of each row's pair (``None`` for groups built without them).
         common_len: ``[n]`` length of the common prefix of the two responses of each row's pair.
-        shared_prompt: run one sequence per pair (``lit_prunedpo.shared_prompt``) instead of one per row.
+        shared_prompt: run one packed block per pair (``lit_prunedpo.shared_prompt``) instead of one row per
+            response.
     """
 
     pair: Tensor
@@ -89,7 +90,7 @@ class RowGroup:
         return int((self.prompt_len + self.kept - 1).sum())
 
     def layout(self) -> "PackedLayout":
-        """Where each row sits in the shared-prompt layout (one sequence per pair)."""
+        """Where each row sits in the shared-prompt layout (one packed block per pair)."""
         from lit_prunedpo.shared_prompt import group_layout
 
         return group_layout(self)
@@ -173,7 +174,7 @@ def plan_step(
     """Draw branches, then prefixes, then positions (the order data flows) and group the rows.
 
     All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too. With
-    ``shared_prompt`` every group runs one sequence per pair (``lit_prunedpo.shared_prompt``): the same rows,
+    ``shared_prompt`` every group runs one packed block per pair (``lit_prunedpo.shared_prompt``): the same rows,
     positions and weights, fewer executed tokens.
 
     With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are not

@@ -2,28 +2,32 @@
 
 The padded layout of :func:`~lit_prunedpo.scoring.group_inputs` runs one sequence per response row: the
 prompt runs once per branch, left padding fills every prompt up to the batch's longest and right padding every
-response up to the group's longest kept prefix. Here a row group runs **one sequence per pair** instead:
+response up to the group's longest kept prefix. Here a row group runs **one block per pair** instead:
 
-    [ prompt | common prefix | rest of branch a | rest of branch b ]   pad to the group's longest pair
+    [ prompt | common prefix | rest of branch a | rest of branch b ]
 
 * the prompt's real tokens (no left padding), then the response tokens both branches share (their common
   prefix, cut to the longest kept prefix of the pair's rows in the group), then each row's own remaining kept
   tokens, one segment per row;
 * position ids continue from the prompt into every segment (each branch sees the positions it would see
-  alone); a 4-D mask lets a token attend causally to the prompt, the common prefix and its own segment only,
+  alone); a 4-D mask lets a token attend causally to its pair's prompt, common prefix and its own segment only,
   so every hidden state equals the one the padded layout computes (tests: float32, every mode, padding in every
   position, chunked scorer, gradient checkpointing);
+* blocks are packed first-fit decreasing into sequences as wide as the longest block (a short pair fills the
+  end of a longer pair's sequence; the mask is block-diagonal and positions restart per pair), so padding is
+  left only at the end of sequences;
 * the gradient of a segment reaches the prompt's keys and values through the attention, so the prompt's
   gradient is the sum over the branches that carry a graph, as in the padded layout.
 
-Why one packed sequence per pair with a custom mask rather than a prompt forward whose KV cache the responses
-attend to: ``transformers`` drops any cache handed to a layer under gradient checkpointing in training (the
-recomputation would write it twice), and a cache with a graph would tie the no-grad group to the gradient
-group's backward. A packed sequence is one ordinary forward: gradient checkpointing, FSDP2 (same forwards in the
-same order on every rank) and the chunked scorer compose unchanged. The price: a group whose pair has rows in
-both groups (branch pruning) runs that pair's prompt once per group, once with a graph and once without, so the
-no-grad branch adds no backward work; the online reference merges all rows into one no-grad forward and runs
-each prompt once.
+Why packed blocks with a custom mask rather than a prompt forward whose KV cache the responses
+attend to: ``transformers`` (5.x, ``GradientCheckpointingLayer``) drops any cache handed to a layer under
+gradient checkpointing in training (the recomputation would write it twice), so the gradient rows could not use
+one there. A packed sequence is one ordinary forward: gradient checkpointing, FSDP2 (same forwards in the same
+order on every rank) and the chunked scorer compose unchanged. The price, with branch pruning: a pair with a row
+in each group runs its prompt once per group, once with a graph and once without (the no-grad branch adds no
+backward work, but its prompt forward is not saved; a detached cache from the gradient group's forward could
+save it and is not done). The online reference merges all rows into one no-grad forward and runs each prompt
+once. Which positions are scored is the plan's business (``plan_step(score_common_prefix=...)``).
 
 The mask is boolean for ``sdpa`` and additive for ``eager`` attention; other attention implementations (flash
 attention, flex attention) cannot take a custom 4-D mask through ``transformers`` and are refused with an error
