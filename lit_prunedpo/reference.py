@@ -96,7 +96,7 @@ class OnlineReference(ReferenceSource):
         return self
 
     def tokens_executed(self, plan: StepPlan) -> int:
-        # the one merged forward: every row of the plan (one sequence per pair with a shared prompt)
+        # the one merged forward: every row of the plan (one packed block per pair with a shared prompt)
         return merge_groups(plan.groups).tokens_executed
 
     @torch.no_grad()

@@ -4,7 +4,7 @@
 runs) and lists the scored positions. ``TokenScorer`` runs the model *body* on those inputs, gathers the
 hidden states at the scored positions, and only then applies the LM head and the log-softmax (position
 pruning shrinks the ``K x V`` logits, never computing the rest). The scorer knows nothing about sampling.
-A group planned with ``shared_prompt`` is laid out one sequence per pair with a 4-D attention mask
+A group planned with ``shared_prompt`` is laid out as packed blocks, one per pair, with a 4-D attention mask
 (``lit_prunedpo.shared_prompt``); the scorer runs it the same way.
 
 Departure from a stock ``model(input_ids).logits``: the body and the head are called separately, so models
@@ -30,7 +30,7 @@ class GroupInputs:
 
     Attributes:
         input_ids: ``[n, W]`` left-padded prompt followed by the kept response prefix (or, shared-prompt
-            layout, ``[S, W]``: one sequence per pair).
+            layout, ``[S, W]``: packed blocks, one per pair).
         attention_mask: ``[n, W]`` long, 0 on padding (or, shared-prompt layout, ``[S, 1, W, W]`` bool, True
             where a query column may attend a key column).
         position_ids: ``[n, W]`` positions that ignore the left padding.

@@ -188,3 +188,18 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
     done = subprocess.run([str(script), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHON=sys.executable), check=False)
     assert done.returncode != 0 and "no CUDA device visible to torch" in done.stderr
+
+
+def test_step_flops_follow_the_shared_prompt_shapes():
+    """Same 2 pairs: one packed block per pair of 3 + 4 + 4 = 11 columns (prompt once, no common prefix)."""
+    from lit_prunedpo.shared_prompt import prompt_and_common_lengths
+
+    batch = make_batch([3, 3], [5, 5], [5, 5])
+    assert prompt_and_common_lengths(batch)[1].tolist() == [0, 0]
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    assert plan.groups[0].executed_shape == (2, 11)
+    # body 2*1000*2*11 = 44000, attention 4*2*8*11^2*2 = 15488, head 2*8*100*20 = 32000
+    f_shared = 44_000 + 15_488 + 32_000
+    online = cost.step_flops(plan, DIMS, "online")
+    assert (online.policy_forward, online.policy_backward, online.reference_forward) == (f_shared, 2 * f_shared, f_shared)
+    assert cost.ideal_speedup([cost.step_flops(_plan(BothBranches()), DIMS, "online")], [online]) == pytest.approx(F / f_shared)
