@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="parameter dtype of policy and reference (default: float32)")
+    parser.add_argument("--peer", default=None, choices=["trl"],
+                        help="also time TRL's DPO step (precomputed reference) on the same weights and batches "
+                             "(pip install -e '.[peer]')")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's, else torch's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")
     parser.add_argument("--out", default=None, help="directory for bench.json, bench.md, bench.png (default: print only)")
@@ -82,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         payload = run_benchmark(
             preset, modes=args.modes, references=args.references, scorers=args.scorers, prompts=args.prompts, steps=args.steps,
-            warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype,
+            warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype, peer=args.peer,
         )
     finally:
         torch.set_num_threads(previous_threads)  # main() may run inside another program (tests)

@@ -237,6 +237,7 @@ def run_benchmark(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
     dtype: str | None = None,
+    peer: str | None = None,
 ) -> dict[str, Any]:
     """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
 
@@ -253,6 +254,8 @@ def run_benchmark(
         seed: seed of the data and of every configuration's sampler generator.
         log: called with a progress line after every round; ``None`` is silent.
         dtype: parameter dtype of the policy and reference (``bfloat16``, ...); ``None`` is float32.
+        peer: ``trl`` also times TRL's DPO step (:mod:`lit_prunedpo.bench.peer_trl`) in every round, on a copy
+            of the same initial weights; each result then carries ``speedup_vs_peer``.
 
     Returns:
         The report payload: ``preset``, ``device`` and ``results`` (one dict per configuration) and context.
@@ -297,6 +300,14 @@ def run_benchmark(
         cached = _cached_reference(online.model, batches)
         sources["cached", "plain"] = sources["cached", "chunked"] = cached
 
+    trl, peer_record = None, _Record()
+    if peer is not None:
+        if peer != "trl":
+            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
+        from lit_prunedpo.bench.peer_trl import TRLPeer
+
+        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
+                      lr=preset.lr, pad_id=PAD)
     configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
     samplers = {m: MODES[m]() for m in modes}
     rngs = {c: SamplerRNG(seed=seed) for c in configs}
@@ -309,7 +320,7 @@ def run_benchmark(
     gc.freeze()
     try:
         _run_rounds(module, optimizer, batches, warmup, configs, samplers, scorer_of, sources, rngs, records, probe, dims, dev,
-                    log, baseline_prompt=_baseline_prompt(prompts))
+                    log, baseline_prompt=_baseline_prompt(prompts), peer=trl, peer_record=peer_record)
     finally:
         gc.unfreeze()
 
@@ -318,6 +329,15 @@ def run_benchmark(
         int(batches[0].response_lengths.sum()),
     )
     results = _summarise(configs, records)
+    peer_row = None
+    if trl is not None:
+        rec = peer_record
+        peer_row = {"name": "trl", "step_time_s": statistics.median(rec.times),
+                    "peak_memory_mb": max(rec.peaks) if rec.peaks else None,
+                    "peak_step_memory_mb": max(rec.step_peaks) if rec.step_peaks else None,
+                    "tokens_executed": statistics.fmean(rec.tokens), "step_times_s": rec.times}
+        for row in results:
+            row["speedup_vs_peer"] = peer_row["step_time_s"] / row["step_time_s"]
     return {
         "preset": preset.name,
         "device": dev.type,
@@ -333,6 +353,7 @@ def run_benchmark(
         "model_dims": asdict(dims),
         "head_share": vanilla_forward.head_share,
         "results": results,
+        "peer": peer_row,
     }
 
 
@@ -352,6 +373,8 @@ def _run_rounds(
     dev: torch.device,
     log: Callable[[str], None],
     baseline_prompt: str = "shared",
+    peer: Any = None,
+    peer_record: _Record | None = None,
 ) -> None:
     """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded."""
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -388,6 +411,22 @@ def _run_rounds(
             recompute = c.scorer == "chunked"
             rec.flops.append(cost.step_flops(plan, dims, c.reference, recompute_head=recompute))
             rec.vanilla_flops.append(cost.step_flops(vanilla_plan, dims, c.reference, recompute_head=recompute))
+        if peer is not None:
+            inputs = peer.inputs(r)
+            probe.start()
+            sync()
+            start = time.perf_counter()
+            peer.step(inputs)
+            sync()
+            elapsed = time.perf_counter() - start
+            peak, step_peak = probe.stop()
+            if measured and peer_record is not None:
+                rec = peer_record
+                rec.times.append(elapsed)
+                if peak is not None:
+                    rec.peaks.append(peak)
+                    rec.step_peaks.append(step_peak)
+                rec.tokens.append(int(inputs["input_ids"].numel()))  # one forward: chosen + rejected rows
         log(f"round {r + 1}/{len(batches)} ({'measured' if measured else 'warm-up'}) done")
 
 

@@ -25,6 +25,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("speedup", "speedup", lambda v: f"{v:.2f}x"),
     ("efficiency", "efficiency", lambda v: f"{v:.2f}"),
     ("speedup_total_time", "speedup (sums)", lambda v: f"{v:.2f}x"),
+    ("speedup_vs_peer", "vs peer", lambda v: f"{v:.2f}x"),
 )
 
 
@@ -55,6 +56,15 @@ def to_markdown(payload: dict[str, Any]) -> str:
     for row in payload["results"]:
         cells = [fmt(row[key]) if row.get(key) is not None else "n/a" for key, _, fmt in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
+    peer = payload.get("peer")
+    if peer:
+        memory = peer.get("peak_step_memory_mb")
+        lines += ["", (
+            f"Peer `{peer['name']}` (DPOTrainer.compute_loss with precomputed reference log-probs, backward, AdamW; same "
+            f"weights, tokens and batches): median step {peer['step_time_s']:.3f} s, "
+            f"step memory {'n/a' if memory is None else f'{memory:.0f} MiB'}, {peer['tokens_executed']:.0f} tokens "
+            "per step (its one forward); 'vs peer' = its median step time over each configuration's."
+        )]
     if payload.get("command"):
         lines += ["", f"Command: `{payload['command']}`"]
     return "\n".join(lines) + "\n"

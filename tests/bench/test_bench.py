@@ -203,3 +203,24 @@ def test_step_flops_follow_the_shared_prompt_shapes():
     online = cost.step_flops(plan, DIMS, "online")
     assert (online.policy_forward, online.policy_backward, online.reference_forward) == (f_shared, 2 * f_shared, f_shared)
     assert cost.ideal_speedup([cost.step_flops(_plan(BothBranches()), DIMS, "online")], [online]) == pytest.approx(F / f_shared)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the [peer] extra (trl)")
+def test_trl_peer_on_the_same_batches(tmp_path):
+    assert main(["--preset", "small", "--modes", "vanilla", "--references", "cached", "--scorers", "plain",
+                 "--steps", "1", "--warmup", "0", "--peer", "trl", "--out", str(tmp_path), "--quiet"]) == 0
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    peer = payload["peer"]
+    assert peer["name"] == "trl" and peer["step_time_s"] > 0
+    (row,) = payload["results"]
+    assert row["speedup_vs_peer"] == pytest.approx(peer["step_time_s"] / row["step_time_s"])
+    # TRL runs chosen and rejected rows of prompt + response, every token: more than the shared layout executes
+    assert peer["tokens_executed"] > row["tokens_executed"]
+    assert "Peer `trl`" in (tmp_path / "bench.md").read_text()
+
+
+def test_trl_peer_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl", None)  # import now raises ImportError
+    with pytest.raises(RuntimeError, match=r"pip install -e '\.\[peer\]'"):
+        run_benchmark(get_preset("small"), modes=["vanilla"], references=["online"], scorers=["plain"], steps=1,
+                      warmup=0, peer="trl")
