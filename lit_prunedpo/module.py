@@ -45,6 +45,7 @@ from lit_prunedpo.samplers import (
     PrefixSampler,
 )
 from lit_prunedpo.scoring import TokenScorer, group_inputs
+from lit_prunedpo.shared_prompt import check_attention
 
 _EXACT = (FullPrefix(), AllPositions(), BothBranches())
 
@@ -72,6 +73,10 @@ class PrunedDPO(L.LightningModule):
             would make the policy's and the reference's log-probs disagree even at identical weights).
         on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
             step (on every rank together), counts and logs it.
+        shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
+            (``lit_prunedpo.shared_prompt``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
+            attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
+            cancel in the margin; ``train/logps/*`` then sum the differing part only).
 
     Raises:
         ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite``, or a reference given to a loss that
@@ -94,6 +99,7 @@ class PrunedDPO(L.LightningModule):
         gradient_checkpointing: bool = False,
         disable_dropout: bool = True,
         on_nonfinite: Literal["raise", "skip"] = "raise",
+        shared_prompt: bool = True,
     ) -> None:
         super().__init__()
         if not beta > 0:
@@ -123,6 +129,11 @@ class PrunedDPO(L.LightningModule):
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
+        self.shared_prompt = bool(shared_prompt)
+        if self.shared_prompt:
+            check_attention(self.policy)
+            if isinstance(getattr(self.reference, "model", None), nn.Module):
+                check_attention(self.reference.model)
 
         self.sampler_rng = SamplerRNG()
         self.step_stats: StepStats | None = None
@@ -180,7 +191,12 @@ class PrunedDPO(L.LightningModule):
     # ------------------------------------------------------------------------------------ the step
     def plan(self, batch: PreferenceBatch) -> StepPlan:
         """Stage 1: all samplers draw from this step's generator."""
-        plan = plan_step(batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next())
+        plan = plan_step(
+            batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next(),
+            shared_prompt=self.shared_prompt,
+            # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
+            score_common_prefix=not (self.shared_prompt and self.loss.margin_only),
+        )
         if self._sharded:
             # FSDP pairs collectives across ranks by forward order: every rank must run the same forwards.
             from lit_prunedpo.distributed import balance_plan_groups
@@ -223,7 +239,7 @@ class PrunedDPO(L.LightningModule):
     def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
         """The unpruned objective: every position of every whole response, whatever the samplers are."""
         batch.validate()
-        plan = plan_step(batch, *_EXACT, generator=torch.Generator())
+        plan = plan_step(batch, *_EXACT, generator=torch.Generator(), shared_prompt=self.shared_prompt)
         est = self.execute_and_estimate(batch, plan)
         for name, value in pair_metrics(est, self.beta).items():
             metric = metrics[_key(name)]

@@ -14,12 +14,17 @@ survival times *conditional* position probability.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
+from lit_prunedpo.shared_prompt import prompt_and_common_lengths
+
+if TYPE_CHECKING:
+    from lit_prunedpo.shared_prompt import PackedLayout
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,10 @@ class RowGroup:
         scored_t: ``[K]`` 0-based response position of each scored position.
         weight: ``[K]`` float64 inverse-probability weight of each scored position.
         requires_grad: whether the group's forward keeps a graph.
+        prompt_len: ``[n]`` real prompt tokens of each row's pair (``None`` for groups built without them).
+        common_len: ``[n]`` length of the common prefix of the two responses of each row's pair.
+        shared_prompt: run one packed block per pair (``lit_prunedpo.shared_prompt``) instead of one row per
+            response.
     """
 
     pair: Tensor
@@ -45,6 +54,9 @@ class RowGroup:
     scored_t: Tensor
     weight: Tensor
     requires_grad: bool
+    prompt_len: Tensor | None = None
+    common_len: Tensor | None = None
+    shared_prompt: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -55,15 +67,40 @@ class RowGroup:
         return int(self.scored_row.numel())
 
     @property
+    def executed_shape(self) -> tuple[int, int]:
+        """``(sequences, columns)`` of the tensor that enters the model body for this group."""
+        if self.shared_prompt:
+            layout = self.layout()
+            return layout.num_sequences, layout.width
+        return self.num_rows, self.width
+
+    @property
     def tokens_executed(self) -> int:
-        """Padded tokens that enter the model body for this group."""
-        return self.num_rows * self.width
+        """Tokens, padding included, that enter the model body for this group."""
+        rows, width = self.executed_shape
+        return rows * width
+
+    @property
+    def real_tokens_executed(self) -> int:
+        """Tokens that enter the model body for this group, padding excluded."""
+        if self.shared_prompt:
+            return self.layout().real_tokens
+        if self.prompt_len is None:
+            raise ValueError("this row group was built without prompt lengths: its real tokens are unknown")
+        return int((self.prompt_len + self.kept - 1).sum())
+
+    def layout(self) -> "PackedLayout":
+        """Where each row sits in the shared-prompt layout (one packed block per pair)."""
+        from lit_prunedpo.shared_prompt import group_layout
+
+        return group_layout(self)
 
     def to(self, device: torch.device | str) -> "RowGroup":
-        move = lambda x: x.to(device)  # noqa: E731
+        move = lambda x: None if x is None else x.to(device)  # noqa: E731
         return RowGroup(
             move(self.pair), move(self.branch), move(self.kept), self.width,
             move(self.scored_row), move(self.scored_t), move(self.weight), self.requires_grad,
+            move(self.prompt_len), move(self.common_len), self.shared_prompt,
         )
 
 
@@ -90,6 +127,10 @@ class StepPlan:
         return sum(g.tokens_executed for g in self.groups)
 
     @property
+    def real_tokens_executed(self) -> int:
+        return sum(g.real_tokens_executed for g in self.groups)
+
+    @property
     def positions_scored(self) -> int:
         return sum(g.num_scored for g in self.groups)
 
@@ -99,7 +140,8 @@ class StepPlan:
 
 
 def _group(
-    rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, prompt_width: int, requires_grad: bool
+    rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, prompt_width: int, requires_grad: bool,
+    prompt_len: Tensor, common_len: Tensor, shared_prompt: bool,
 ) -> RowGroup | None:
     if rows.numel() == 0:
         return None
@@ -114,6 +156,9 @@ def _group(
         scored_t=scored_t,
         weight=weight[rows][scored_row, scored_t],
         requires_grad=requires_grad,
+        prompt_len=prompt_len[rows // 2],
+        common_len=common_len[rows // 2],
+        shared_prompt=shared_prompt,
     )
 
 
@@ -123,10 +168,19 @@ def plan_step(
     position: PositionSampler,
     branch: BranchSampler,
     generator: torch.Generator,
+    shared_prompt: bool = False,
+    score_common_prefix: bool = True,
 ) -> StepPlan:
     """Draw branches, then prefixes, then positions (the order data flows) and group the rows.
 
-    All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too.
+    All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too. With
+    ``shared_prompt`` every group runs one packed block per pair (``lit_prunedpo.shared_prompt``): the same rows,
+    positions and weights, fewer executed tokens.
+
+    With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are not
+    scored in either branch: their log-ratios are equal in both branches (same context, same token), so they
+    cancel exactly in the margin ``R_w - R_l``; a loss of the margin alone loses nothing (the IPW weights of the
+    other positions are unchanged), while per-branch sums (``logps/chosen``) then cover the differing part only.
     """
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
     lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
@@ -135,6 +189,9 @@ def plan_step(
     branch_prob = branch.probabilities(B)
     kept = prefix.draw(lengths, generator)
     scored = position.draw(kept, T, generator)
+    prompt_len, common_len = prompt_and_common_lengths(batch)
+    if not score_common_prefix:
+        scored = scored & (torch.arange(T)[None, :] >= common_len.repeat_interleave(2)[:, None])
     survival = prefix.survival(lengths, T)
     inclusion = position.inclusion(kept, T)
 
@@ -143,11 +200,12 @@ def plan_step(
 
     rows = torch.arange(2 * B)
     flat_grad = grad_mask.reshape(-1)
+    layout = (prompt_len, common_len, shared_prompt)
     groups = tuple(
         g
         for g in (
-            _group(rows[flat_grad], kept, scored, weight, P, requires_grad=True),
-            _group(rows[~flat_grad], kept, scored, weight, P, requires_grad=False),
+            _group(rows[flat_grad], kept, scored, weight, P, True, *layout),
+            _group(rows[~flat_grad], kept, scored, weight, P, False, *layout),
         )
         if g is not None
     )

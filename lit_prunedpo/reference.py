@@ -60,6 +60,9 @@ def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
         scored_t=cat("scored_t"),
         weight=cat("weight"),
         requires_grad=False,
+        prompt_len=cat("prompt_len") if all(g.prompt_len is not None for g in groups) else None,
+        common_len=cat("common_len") if all(g.common_len is not None for g in groups) else None,
+        shared_prompt=all(g.shared_prompt for g in groups),
     )
 
 
@@ -98,8 +101,8 @@ class OnlineReference(ReferenceSource):
         return self
 
     def tokens_executed(self, plan: StepPlan) -> int:
-        # the one merged forward: every row of the plan, at the widest group's width
-        return sum(g.num_rows for g in plan.groups) * max(g.width for g in plan.groups)
+        # the one merged forward: every row of the plan (one packed block per pair with a shared prompt)
+        return merge_groups(plan.groups).tokens_executed
 
     @torch.no_grad()
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:

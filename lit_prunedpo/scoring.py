@@ -4,6 +4,8 @@
 runs) and lists the scored positions. ``TokenScorer`` runs the model *body* on those inputs, gathers the
 hidden states at the scored positions, and only then applies the LM head and the log-softmax (position
 pruning shrinks the ``K x V`` logits, never computing the rest). The scorer knows nothing about sampling.
+A group planned with ``shared_prompt`` is laid out as packed blocks, one per pair, with a 4-D attention mask
+(``lit_prunedpo.shared_prompt``); the scorer runs it the same way.
 
 Departure from a stock ``model(input_ids).logits``: the body and the head are called separately, so models
 that transform logits after the head (Gemma-2's soft-capping, Cohere's ``logit_scale``) are refused rather
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.plan import RowGroup
+from lit_prunedpo.shared_prompt import model_attention_mask, packed_group_inputs
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,10 @@ class GroupInputs:
     """The tensors of one forward pass.
 
     Attributes:
-        input_ids: ``[n, W]`` left-padded prompt followed by the kept response prefix.
-        attention_mask: ``[n, W]`` long, 0 on padding.
+        input_ids: ``[n, W]`` left-padded prompt followed by the kept response prefix (or, shared-prompt
+            layout, ``[S, W]``: packed blocks, one per pair).
+        attention_mask: ``[n, W]`` long, 0 on padding (or, shared-prompt layout, ``[S, 1, W, W]`` bool, True
+            where a query column may attend a key column).
         position_ids: ``[n, W]`` positions that ignore the left padding.
         gather_row: ``[K]`` row of each scored position.
         gather_col: ``[K]`` column whose hidden state predicts the scored token (one before it).
@@ -44,6 +49,8 @@ class GroupInputs:
 
 def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:
     """Build the inputs of ``group``: prompt ``++ y_1..y_{L-1}``, cut to the group's width."""
+    if group.shared_prompt:
+        return packed_group_inputs(batch, group)
     P, W = batch.prompt_width, group.width
     responses = batch.response_ids[group.pair, group.branch]
     response_mask = batch.response_mask[group.pair, group.branch]
@@ -95,9 +102,12 @@ class TokenScorer:
 
     def hidden_states(self, body: nn.Module, inputs: GroupInputs) -> Tensor:
         """``[n, W, d]`` last hidden states of the model body on the group's inputs."""
+        mask = inputs.attention_mask
+        if mask.ndim == 4:
+            mask = model_attention_mask(body, mask)
         out = body(
             input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
+            attention_mask=mask,
             position_ids=inputs.position_ids,
             use_cache=False,
         )

@@ -86,7 +86,8 @@ def test_fit_a_few_steps(mode, tmp_path):
     if mode in ("branch", "all"):
         assert metrics["train/pruning/branches_backpropagated_frac"] == 0.5
     if mode in ("vanilla", "quickstart"):
-        assert metrics["train/pruning/tokens_executed_frac"] == 1.0
+        # nothing pruned; the shared prompt (on by default) runs each prompt once and no left padding
+        assert 0.5 < metrics["train/pruning/tokens_executed_frac"] < 1.0
 
 
 def test_quickstart_learns(tmp_path):

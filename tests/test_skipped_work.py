@@ -13,6 +13,7 @@ from lit_prunedpo.samplers import (
     RandomBranch,
     SharedFractionPrefix,
 )
+from lit_prunedpo.reference import merge_groups
 from lit_prunedpo.scoring import split_causal_lm
 
 from helpers import make_batch
@@ -44,9 +45,10 @@ class Counter:
         self.head_calls.append((args[0].shape[0], torch.is_grad_enabled()))
 
 
+@pytest.mark.parametrize("shared_prompt", [True, False], ids=["shared", "padded"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_counts_match_the_plan(tiny_source, mode):
-    module = PrunedDPO(policy=tiny_source, **MODES[mode])
+def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
+    module = PrunedDPO(policy=tiny_source, shared_prompt=shared_prompt, **MODES[mode])
     module.setup("fit")
     policy, reference = Counter(module.policy), Counter(module.reference.model)
     batch = make_batch([3, 1, 4, 2], [12, 2, 7, 9], [4, 14, 1, 6], seed=1)
@@ -55,13 +57,18 @@ def test_counts_match_the_plan(tiny_source, mode):
     plan = module.plan(batch)
     est = module.execute_and_estimate(batch, plan)
 
-    # policy: one body call per group, shaped [rows, width], grad only for the gradient group
-    assert [c for c in policy.body_calls] == [((g.num_rows, g.width), g.requires_grad) for g in plan.groups]
+    # policy: one body call per group, shaped [sequences, width], grad only for the gradient group
+    assert [c for c in policy.body_calls] == [(g.executed_shape, g.requires_grad) for g in plan.groups]
     assert sum(r * w for (r, w), _ in policy.body_calls) == plan.tokens_executed
     # LM head: only the scored positions, in the same grad mode
     assert policy.head_calls == [(g.num_scored, g.requires_grad) for g in plan.groups]
-    # reference: one no-grad forward over all rows, at the widest executed width, same positions
-    assert reference.body_calls == [((2 * B, max(g.width for g in plan.groups)), False)]
+    # reference: one no-grad forward over all rows (one sequence per pair with a shared prompt), same positions
+    if shared_prompt:
+        assert reference.body_calls == [(merge_groups(plan.groups).executed_shape, False)]
+        assert reference.body_calls[0][0][0] == B
+    else:
+        assert reference.body_calls == [((2 * B, max(g.width for g in plan.groups)), False)]
+    assert reference.body_calls[0][0][0] * reference.body_calls[0][0][1] == module.reference.tokens_executed(plan)
     assert reference.head_calls == [(plan.positions_scored, False)]
     # no autograd path through no-grad branches
     no_grad = ~plan.grad_mask
@@ -72,7 +79,8 @@ def test_counts_match_the_plan(tiny_source, mode):
 
     unpruned_width = P + T - 1
     if mode == "vanilla":
-        assert len(plan.groups) == 1 and plan.tokens_executed == 2 * B * unpruned_width
+        unpruned = 2 * B * unpruned_width
+        assert len(plan.groups) == 1 and (plan.tokens_executed < unpruned if shared_prompt else plan.tokens_executed == unpruned)
         assert plan.positions_scored == int(batch.response_lengths.sum())
     if mode in ("branch", "all"):
         assert plan.branches_backpropagated == B

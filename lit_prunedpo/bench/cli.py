@@ -3,6 +3,7 @@
 Examples::
 
     lit-prunedpo-bench --preset small --out bench_results/small
+    lit-prunedpo-bench --preset hh-body --modes vanilla,branch,all --prompts shared,padded --scorers plain
     lit-prunedpo-bench --preset medium --modes vanilla,branch --references online,cached --scorers plain,chunked \\
         --out bench_results/medium
     python -m lit_prunedpo.bench.cli --preset head-heavy --modes vanilla,position --scorers plain,chunked
@@ -15,7 +16,7 @@ import os
 import sys
 from typing import Sequence
 
-from lit_prunedpo.bench.presets import MODES, PRESETS, REFERENCES, SCORERS, get_preset
+from lit_prunedpo.bench.presets import MODES, PRESETS, PROMPTS, REFERENCES, SCORERS, get_preset
 
 
 def _csv(text: str) -> list[str]:
@@ -33,10 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--references", type=_csv, default=list(REFERENCES), help="comma-separated: online,cached (default: both)"
     )
     parser.add_argument("--scorers", type=_csv, default=list(SCORERS), help="comma-separated: plain,chunked (default: both)")
+    parser.add_argument(
+        "--prompts", type=_csv, default=["shared"],
+        help="comma-separated: shared,padded (model.shared_prompt on / off; default: shared)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="measured steps per configuration (default: the preset's)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: the preset's)")
     parser.add_argument("--chunk-size", type=int, default=None, help="the chunked scorer's chunk_size (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="parameter dtype of policy and reference (default: float32)")
+    parser.add_argument("--peer", default=None, choices=["trl"],
+                        help="also time TRL's DPO step (precomputed reference) on the same weights and batches "
+                             "(pip install -e '.[peer]')")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's, else torch's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")
     parser.add_argument("--out", default=None, help="directory for bench.json, bench.md, bench.png (default: print only)")
@@ -55,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lit_prunedpo.bench.harness import run_benchmark
     from lit_prunedpo.bench.report import to_markdown, write_report
 
-    for name, values, allowed in (("--modes", args.modes, MODES), ("--references", args.references, REFERENCES), ("--scorers", args.scorers, SCORERS)):
+    for name, values, allowed in (("--modes", args.modes, MODES), ("--references", args.references, REFERENCES), ("--scorers", args.scorers, SCORERS), ("--prompts", args.prompts, PROMPTS)):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             build_parser().error(f"{name}: unknown or empty {bad or values}; choose from {','.join(allowed)}")
@@ -74,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(threads)
     try:
         payload = run_benchmark(
-            preset, modes=args.modes, references=args.references, scorers=args.scorers, steps=args.steps,
-            warmup=args.warmup, device=args.device, seed=args.seed, log=log,
+            preset, modes=args.modes, references=args.references, scorers=args.scorers, prompts=args.prompts, steps=args.steps,
+            warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype, peer=args.peer,
         )
     finally:
         torch.set_num_threads(previous_threads)  # main() may run inside another program (tests)

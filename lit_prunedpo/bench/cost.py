@@ -13,7 +13,9 @@ with ``K`` scored positions:
 * the chunked scorer (``recompute_head=True``) recomputes the head's forward in backward: + 1x head forward
   of the gradient groups;
 * the online reference runs one no-grad forward of all the plan's rows at the widest group's width (what
-  ``OnlineReference`` executes); a cached reference costs 0.
+  ``OnlineReference`` executes); a cached reference costs 0;
+* with a shared prompt (``lit_prunedpo.shared_prompt``) a group's ``rows`` are its pairs and ``width`` the
+  longest packed pair: the shapes ``RowGroup.executed_shape`` reports and the body really receives.
 
 Not counted: embedding lookups, norms, activations, rotary, softmaxes (O(d) per token, not O(d^2)),
 and the optimizer (O(N) per step, independent of tokens).
@@ -33,6 +35,7 @@ from typing import Iterable, Literal
 from torch import nn
 
 from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.reference import merge_groups
 from lit_prunedpo.scoring import split_causal_lm
 
 Reference = Literal["online", "cached"]
@@ -154,15 +157,14 @@ def step_flops(
         raise ValueError(f"reference must be 'online' or 'cached', got {reference!r}")
     forward = backward = recompute = 0
     for group in plan.groups:
-        f = forward_flops(dims, group.num_rows, group.width, group.num_scored, attention)
+        f = forward_flops(dims, *group.executed_shape, group.num_scored, attention)
         forward += f.total
         if group.requires_grad:
             backward += 2 * f.total
             recompute += f.head if recompute_head else 0
     ref = 0
     if reference == "online":
-        rows = sum(g.num_rows for g in plan.groups)
-        width = max(g.width for g in plan.groups)
+        rows, width = merge_groups(plan.groups).executed_shape  # the online reference's one merged forward
         ref = forward_flops(dims, rows, width, plan.positions_scored, attention).total
     return StepFlops(forward, backward, recompute, ref)
 

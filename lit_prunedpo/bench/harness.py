@@ -8,6 +8,8 @@ module keeps the process's resident memory that of a single training run (so pea
 and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
 change any shape or cost.
 
+Each configuration is ``(mode, reference, scorer, prompt)``; ``prompt`` switches ``PrunedDPO.shared_prompt``.
+
 Rounds: round ``r`` runs one step of every configuration, in order, on batch ``r`` (``A B C ... A B C ...``);
 the first ``warmup`` rounds are not recorded. Alternating spreads machine noise (other processes, frequency
 changes) evenly over the configurations; medians and p90 summarise it.
@@ -41,10 +43,10 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.bench import cost
-from lit_prunedpo.bench.presets import MODES, REFERENCES, SCORERS, Preset
+from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Preset
 from lit_prunedpo.callbacks import _memory
 from lit_prunedpo.chunked_scorer import ChunkedScorer
-from lit_prunedpo.data.synthetic import PAD, SyntheticPreferenceData
+from lit_prunedpo.data.synthetic import BOS, EOS, PAD, SyntheticPreferenceData
 from lit_prunedpo.metrics import StepStats
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
@@ -63,6 +65,7 @@ class Config:
     mode: str
     reference: str
     scorer: str
+    prompt: str = "shared"
 
 
 @dataclass
@@ -91,6 +94,8 @@ def _check_choice(name: str, values: Sequence[str], allowed: Sequence[str]) -> l
 
 def make_batches(preset: Preset, count: int, seed: int = 0) -> list[PreferenceBatch]:
     """``count`` batches of ``preset.batch_size`` synthetic pairs (unique ``index`` values across batches)."""
+    if preset.lengths is not None:
+        return _length_shaped_batches(preset, count, seed)
     lo, hi = preset.response_length
     data = SyntheticPreferenceData(
         vocab_size=preset.model["vocab_size"], min_response_length=lo, max_response_length=hi,
@@ -99,6 +104,33 @@ def make_batches(preset: Preset, count: int, seed: int = 0) -> list[PreferenceBa
     pairs = data.make_pairs(count * preset.batch_size, stream=0)
     B = preset.batch_size
     return [collate_pairs(pairs[i * B : (i + 1) * B], pad_id=PAD) for i in range(count)]
+
+
+def _from_quantiles(table: Sequence[int], u: float) -> int:
+    """Inverse CDF of an evenly spaced quantile table, linearly interpolated."""
+    x = u * (len(table) - 1)
+    lo = min(int(x), len(table) - 2)
+    return max(1, round(table[lo] + (x - lo) * (table[lo + 1] - table[lo])))
+
+
+def _length_shaped_batches(preset: Preset, count: int, seed: int) -> list[PreferenceBatch]:
+    """Random-token pairs whose prompt, chosen and rejected lengths are drawn (independently) from
+    ``preset.lengths``, grouped by length like ``LengthGroupedSampler``: a mega-batch of at least 50 batches is
+    sorted by ``prompt + chosen + rejected``, cut into batches, and ``count`` of them are taken in random order."""
+    assert preset.lengths is not None
+    B, V = preset.batch_size, preset.model["vocab_size"]
+    g = torch.Generator().manual_seed(seed + 1)
+    num_batches = max(count, 50)
+    tokens = lambda n: torch.randint(3, V, (n,), generator=g).tolist()  # noqa: E731  (0-2: PAD, BOS, EOS)
+    pairs = []
+    for i in range(num_batches * B):
+        u = torch.rand(3, generator=g).tolist()
+        p, c, r = (_from_quantiles(preset.lengths[k], x) for k, x in zip(("prompt", "chosen", "rejected"), u))
+        pairs.append({"prompt_ids": [BOS] + tokens(p - 1), "chosen_ids": tokens(c - 1) + [EOS],
+                      "rejected_ids": tokens(r - 1) + [EOS], "index": i})
+    pairs.sort(key=lambda e: len(e["prompt_ids"]) + len(e["chosen_ids"]) + len(e["rejected_ids"]))
+    chosen = torch.randperm(num_batches, generator=g)[:count].tolist()
+    return [collate_pairs(pairs[k * B : (k + 1) * B], pad_id=PAD) for k in chosen]
 
 
 # ------------------------------------------------------------------------------------------------- memory
@@ -198,11 +230,14 @@ def run_benchmark(
     modes: Sequence[str] = tuple(MODES),
     references: Sequence[str] = REFERENCES,
     scorers: Sequence[str] = SCORERS,
+    prompts: Sequence[str] = ("shared",),
     steps: int | None = None,
     warmup: int | None = None,
     device: str = "cpu",
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    dtype: str | None = None,
+    peer: str | None = None,
 ) -> dict[str, Any]:
     """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
 
@@ -211,11 +246,16 @@ def run_benchmark(
         modes: names from :data:`~lit_prunedpo.bench.presets.MODES`.
         references: ``online`` and/or ``cached``.
         scorers: ``plain`` (``TokenScorer``) and/or ``chunked`` (``ChunkedScorer(preset.chunk_size)``).
+        prompts: ``shared`` (``shared_prompt=True``) and/or ``padded`` (``False``); speedups are against
+            ``vanilla`` ``padded`` when it is measured (concatenated DPO), else against ``vanilla`` ``shared``.
         steps: measured rounds; ``None`` is the preset's.
         warmup: un-measured rounds first; ``None`` is the preset's.
         device: ``cpu`` or a CUDA device.
         seed: seed of the data and of every configuration's sampler generator.
         log: called with a progress line after every round; ``None`` is silent.
+        dtype: parameter dtype of the policy and reference (``bfloat16``, ...); ``None`` is float32.
+        peer: ``trl`` also times TRL's DPO step (:mod:`lit_prunedpo.bench.peer_trl`) in every round, on a copy
+            of the same initial weights; each result then carries ``speedup_vs_peer``.
 
     Returns:
         The report payload: ``preset``, ``device`` and ``results`` (one dict per configuration) and context.
@@ -227,6 +267,7 @@ def run_benchmark(
     modes = _check_choice("modes", modes, tuple(MODES))
     references = _check_choice("references", references, REFERENCES)
     scorers = _check_choice("scorers", scorers, SCORERS)
+    prompts = _check_choice("prompts", prompts, PROMPTS)
     steps = preset.steps if steps is None else steps
     warmup = preset.warmup if warmup is None else warmup
     if steps < 1:
@@ -238,7 +279,7 @@ def run_benchmark(
 
     batches = [b.to(dev) for b in make_batches(preset, warmup + steps, seed)]
     module = PrunedDPO(
-        policy=FromConfig("llama", preset.model, seed=seed),
+        policy=FromConfig("llama", preset.model, seed=seed, dtype=dtype),
         beta=0.1,
         optimizer=partial(torch.optim.AdamW, lr=preset.lr),
     ).to(dev)
@@ -259,7 +300,15 @@ def run_benchmark(
         cached = _cached_reference(online.model, batches)
         sources["cached", "plain"] = sources["cached", "chunked"] = cached
 
-    configs = [Config(m, r, s) for r in references for s in scorers for m in modes]
+    trl, peer_record = None, _Record()
+    if peer is not None:
+        if peer != "trl":
+            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
+        from lit_prunedpo.bench.peer_trl import TRLPeer
+
+        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
+                      lr=preset.lr, pad_id=PAD)
+    configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
     samplers = {m: MODES[m]() for m in modes}
     rngs = {c: SamplerRNG(seed=seed) for c in configs}
     records = {c: _Record() for c in configs}
@@ -270,7 +319,8 @@ def run_benchmark(
     gc.collect()
     gc.freeze()
     try:
-        _run_rounds(module, optimizer, batches, warmup, configs, samplers, scorer_of, sources, rngs, records, probe, dims, dev, log)
+        _run_rounds(module, optimizer, batches, warmup, configs, samplers, scorer_of, sources, rngs, records, probe, dims, dev,
+                    log, baseline_prompt=_baseline_prompt(prompts), peer=trl, peer_record=peer_record)
     finally:
         gc.unfreeze()
 
@@ -279,10 +329,20 @@ def run_benchmark(
         int(batches[0].response_lengths.sum()),
     )
     results = _summarise(configs, records)
+    peer_row = None
+    if trl is not None:
+        rec = peer_record
+        peer_row = {"name": "trl", "step_time_s": statistics.median(rec.times),
+                    "peak_memory_mb": max(rec.peaks) if rec.peaks else None,
+                    "peak_step_memory_mb": max(rec.step_peaks) if rec.step_peaks else None,
+                    "tokens_executed": statistics.fmean(rec.tokens), "step_times_s": rec.times}
+        for row in results:
+            row["speedup_vs_peer"] = peer_row["step_time_s"] / row["step_time_s"]
     return {
         "preset": preset.name,
         "device": dev.type,
         "device_name": _device_name(dev),
+        "dtype": dtype or "float32",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
@@ -293,6 +353,7 @@ def run_benchmark(
         "model_dims": asdict(dims),
         "head_share": vanilla_forward.head_share,
         "results": results,
+        "peer": peer_row,
     }
 
 
@@ -311,14 +372,21 @@ def _run_rounds(
     dims: cost.ModelDims,
     dev: torch.device,
     log: Callable[[str], None],
+    baseline_prompt: str = "shared",
+    peer: Any = None,
+    peer_record: _Record | None = None,
 ) -> None:
     """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded."""
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    vanilla_samplers = MODES["vanilla"]()
     for r, batch in enumerate(batches):
         measured = r >= warmup
-        vanilla_plan = plan_step(batch, *vanilla_samplers, generator=torch.Generator())
+        # the baseline's plan (vanilla draws nothing) for the ideal speedups; with a shared prompt the module's
+        # margin loss skips the common prefix, as PrunedDPO.plan does
+        shared = baseline_prompt == "shared"
+        vanilla_plan = plan_step(batch, *MODES["vanilla"](), generator=torch.Generator(), shared_prompt=shared,
+                                 score_common_prefix=not shared)
         for c in configs:
+            module.shared_prompt = c.prompt == "shared"
             module.prefix_sampler, module.position_sampler, module.branch_sampler = samplers[c.mode]
             module.scorer = scorer_of[c.scorer]
             module.reference = sources[c.reference, c.scorer]
@@ -343,16 +411,37 @@ def _run_rounds(
             recompute = c.scorer == "chunked"
             rec.flops.append(cost.step_flops(plan, dims, c.reference, recompute_head=recompute))
             rec.vanilla_flops.append(cost.step_flops(vanilla_plan, dims, c.reference, recompute_head=recompute))
+        if peer is not None:
+            inputs = peer.inputs(r)
+            probe.start()
+            sync()
+            start = time.perf_counter()
+            peer.step(inputs)
+            sync()
+            elapsed = time.perf_counter() - start
+            peak, step_peak = probe.stop()
+            if measured and peer_record is not None:
+                rec = peer_record
+                rec.times.append(elapsed)
+                if peak is not None:
+                    rec.peaks.append(peak)
+                    rec.step_peaks.append(step_peak)
+                rec.tokens.append(int(inputs["input_ids"].numel()))  # one forward: chosen + rejected rows
         log(f"round {r + 1}/{len(batches)} ({'measured' if measured else 'warm-up'}) done")
+
+
+def _baseline_prompt(prompts: Sequence[str]) -> str:
+    return "padded" if "padded" in prompts else "shared"
 
 
 def _summarise(configs: Sequence[Config], records: dict[Config, _Record]) -> list[dict[str, Any]]:
     medians = {c: statistics.median(records[c].times) for c in configs}
     totals = {c: sum(records[c].times) for c in configs}
+    baseline_prompt = _baseline_prompt([c.prompt for c in configs])
     results = []
     for c in configs:
         rec = records[c]
-        base = Config("vanilla", c.reference, c.scorer)
+        base = Config("vanilla", c.reference, c.scorer, baseline_prompt)
         ideal = cost.ideal_speedup(rec.vanilla_flops, rec.flops)
         speedup = medians[base] / medians[c] if base in medians else None
         # Ratio of total times over the same batches: the like-for-like counterpart of the FLOP ratio (which
@@ -363,6 +452,7 @@ def _summarise(configs: Sequence[Config], records: dict[Config, _Record]) -> lis
                 "mode": c.mode,
                 "reference": c.reference,
                 "scorer": c.scorer,
+                "prompt": c.prompt,
                 "step_time_s": medians[c],
                 "step_time_p90_s": _quantile(rec.times, 0.9),
                 "peak_memory_mb": max(rec.peaks) if rec.peaks else None,

@@ -6,6 +6,12 @@
   128-384 tokens; the LM head is ~24% of a forward's FLOPs (the CLI prints the cost model's number).
 * ``head-heavy``: vocabulary 32768, d=64: the LM head dominates, to show what position pruning and the
   chunked scorer do to peak memory.
+* ``hh-body``: body-heavy, HH-RLHF-shaped: Llama d=384, 6 layers, V=8192 (LM head about 4% of a forward, as in
+  7B+ models), 4 pairs whose prompt and response lengths are drawn from HH-RLHF's (GPT-2 tokens, harmless-base
+  test file, ``max_length`` 512 / ``max_prompt_length`` 256: :data:`HH_RLHF_LENGTHS`), length-grouped like the
+  data module's training order. The shape where the shared prompt matters: prompts are over half the tokens.
+* ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``scripts/gpu-check``
+  runs in bf16 on one GPU.
 
 Modes (every sampler at its documented default strength):
 
@@ -44,6 +50,16 @@ MODES: dict[str, Callable[[], Samplers]] = {
 }
 REFERENCES = ("online", "cached")
 SCORERS = ("plain", "chunked")
+PROMPTS = ("shared", "padded")  # PrunedDPO(shared_prompt=True / False)
+
+# 5%-step quantiles (0%, 5%, ..., 100%) of HH-RLHF lengths in GPT-2 tokens: the 2,196 training pairs of the
+# harmless-base test file through PreferenceDataModule (max_length 512, max_prompt_length 256, EOS included), as
+# printed by `python examples/measure_padding.py --quantiles`.
+HH_RLHF_LENGTHS: dict[str, tuple[int, ...]] = {
+    "prompt": (12, 17, 19, 21, 25, 33, 47, 61, 72, 84, 97, 110, 122, 136, 151, 169, 191, 227, 256, 256, 256),
+    "chosen": (2, 7, 10, 12, 14, 16, 18, 21, 24, 26, 29, 32, 37, 42, 47, 56, 65, 76, 91, 121, 282),
+    "rejected": (2, 7, 10, 13, 16, 19, 22, 25, 29, 33, 38, 43, 48, 55, 61, 68, 78, 92, 113, 151, 494),
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,9 @@ class Preset:
         lr: AdamW learning rate (the weights barely move: the benchmark times steps, it does not train).
         threads: torch CPU threads; ``None`` keeps torch's default. Tiny models run 1 thread: on a shared,
             oversubscribed machine two OpenMP threads make millisecond steps up to 100x slower.
+        lengths: quantile tables (``prompt``, ``chosen``, ``rejected``) to draw each pair's lengths from, with
+            random tokens and length-grouped batches; ``None`` uses the synthetic task's pairs (3-token prompts,
+            ``response_length``).
     """
 
     name: str
@@ -74,6 +93,7 @@ class Preset:
     chunk_size: int = 1024
     lr: float = 1e-5
     threads: int | None = None
+    lengths: dict[str, tuple[int, ...]] | None = None
 
 
 def _llama(vocab: int, d: int, layers: int, heads: int, ffn: int, max_len: int) -> dict[str, Any]:
@@ -128,6 +148,28 @@ PRESETS: dict[str, Preset] = {
             warmup=1,
             steps=4,
             chunk_size=256,
+        ),
+        Preset(
+            name="hh-body",
+            description="Llama d=384, 6 layers, V=8192 (body-heavy), 4 pairs with HH-RLHF's prompt/response lengths",
+            model=_llama(8192, 384, 6, 6, 1024, 1024),
+            batch_size=4,
+            response_length=(2, 494),
+            warmup=1,
+            steps=4,
+            chunk_size=1024,
+            lengths=HH_RLHF_LENGTHS,
+        ),
+        Preset(
+            name="hh-gpu",
+            description="Llama d=2048, 16 layers, V=32000 (~0.9B, body-heavy), 8 pairs with HH-RLHF's lengths: for one GPU",
+            model=_llama(32000, 2048, 16, 16, 5632, 1024),
+            batch_size=8,
+            response_length=(2, 494),
+            warmup=2,
+            steps=8,
+            chunk_size=1024,
+            lengths=HH_RLHF_LENGTHS,
         ),
     )
 }

@@ -14,6 +14,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mode", "mode", str),
     ("reference", "reference", str),
     ("scorer", "scorer", str),
+    ("prompt", "prompt", str),
     ("step_time_s", "median step (s)", lambda v: f"{v:.3f}"),
     ("step_time_p90_s", "p90 step (s)", lambda v: f"{v:.3f}"),
     ("peak_memory_mb", "peak mem (MiB)", lambda v: f"{v:.0f}"),
@@ -24,6 +25,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("speedup", "speedup", lambda v: f"{v:.2f}x"),
     ("efficiency", "efficiency", lambda v: f"{v:.2f}"),
     ("speedup_total_time", "speedup (sums)", lambda v: f"{v:.2f}x"),
+    ("speedup_vs_peer", "vs peer", lambda v: f"{v:.2f}x"),
 )
 
 
@@ -32,7 +34,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
     lines = [
         f"# lit-prunedpo benchmark: preset `{payload['preset']}`",
         "",
-        f"- device: {payload['device']} ({payload.get('device_name', '?')}), torch {payload.get('torch', '?')}",
+        f"- device: {payload['device']} ({payload.get('device_name', '?')}), torch {payload.get('torch', '?')}, "
+        f"parameters in {payload.get('dtype', 'float32')}",
         (
             f"- {payload.get('steps', '?')} measured steps per configuration after {payload.get('warmup', '?')} "
             "warm-up round(s), configurations alternating on the same weights and batches"
@@ -40,7 +43,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
         f"- memory: {payload.get('memory_measure', '?')}; 'step mem' is the peak above the step's starting point",
         f"- LM head share of a vanilla forward (cost model): {payload.get('head_share', float('nan')):.1%}",
         (
-            "- speedup: median step time of `vanilla` with the same reference and scorer over this configuration's; "
+            "- speedup: median step time of `vanilla` with the same reference and scorer (and the `padded` prompt "
+            "when measured, else `shared`) over this configuration's; "
             "ideal: FLOP ratio from the cost model on the executed shapes; efficiency = speedup / ideal; "
             "'speedup (sums)': ratio of total step times over the same batches, the like-for-like counterpart "
             "of the ideal (which sums FLOPs over the batches)"
@@ -52,6 +56,15 @@ def to_markdown(payload: dict[str, Any]) -> str:
     for row in payload["results"]:
         cells = [fmt(row[key]) if row.get(key) is not None else "n/a" for key, _, fmt in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
+    peer = payload.get("peer")
+    if peer:
+        memory = peer.get("peak_step_memory_mb")
+        lines += ["", (
+            f"Peer `{peer['name']}` (DPOTrainer.compute_loss with precomputed reference log-probs, backward, AdamW; same "
+            f"weights, tokens and batches): median step {peer['step_time_s']:.3f} s, "
+            f"step memory {'n/a' if memory is None else f'{memory:.0f} MiB'}, {peer['tokens_executed']:.0f} tokens "
+            "per step (its one forward); 'vs peer' = its median step time over each configuration's."
+        )]
     if payload.get("command"):
         lines += ["", f"Command: `{payload['command']}`"]
     return "\n".join(lines) + "\n"
@@ -67,7 +80,7 @@ def write_png(payload: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     rows = payload["results"]
-    labels = [f"{r['mode']}\n{r['reference']}/{r['scorer']}" for r in rows]
+    labels = [f"{r['mode']}\n{r['reference']}/{r['scorer']}/{r.get('prompt', 'shared')}" for r in rows]
     x = list(range(len(rows)))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 0.9 * len(rows) + 2), 7), sharex=True)
     w = 0.4

@@ -307,13 +307,12 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             if kept.size == 0 and not (split == "val" and self._no_validation):
                 raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
         train_kept = train_rows[keep[train_rows]]
-        longest_response = np.maximum(cols["chosen"][train_kept], cols["rejected"][train_kept])
         return _Built(
             stats=stats,
             train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
             val=val,
-            # A batch pads its prompts once and its responses twice (chosen, rejected): weigh them so.
-            train_lengths=cols["prompt"][train_kept] + 2 * longest_response,
+            # What a pair executes in the shared-prompt layout (prompt once, both responses): similar sums pack tightly.
+            train_lengths=cols["prompt"][train_kept] + cols["chosen"][train_kept] + cols["rejected"][train_kept],
         )
 
     # -- LightningDataModule hooks -------------------------------------------------------------------

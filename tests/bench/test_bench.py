@@ -96,20 +96,24 @@ def test_cached_reference_unavailable_is_a_clear_error(monkeypatch):
         run_benchmark(get_preset("small"), modes=["vanilla"], references=["cached"], scorers=["plain"], steps=1, warmup=0)
 
 
-def _check_payload(payload, modes, references, scorers):
+def _check_payload(payload, modes, references, scorers, prompts=("shared",)):
     assert payload["preset"] == "small" and payload["device"] == "cpu"
     rows = payload["results"]
-    assert {(r["mode"], r["reference"], r["scorer"]) for r in rows} == {
-        (m, r, s) for m in modes for r in references for s in scorers
-    }
+    assert sorted((r["mode"], r["reference"], r["scorer"], r["prompt"]) for r in rows) == sorted(
+        (m, r, s, p) for m in modes for r in references for s in scorers for p in prompts
+    )
     for row in rows:
         for name in FIELDS:
             assert name in row, name
         assert row["step_time_s"] > 0 and row["step_time_p90_s"] >= row["step_time_s"] * 0.999
         assert row["tokens_executed"] > 0 and row["positions_scored"] > 0 and row["ideal_speedup"] > 0
-        if row["mode"] == "vanilla":
+        baseline = row["mode"] == "vanilla" and row["prompt"] == ("padded" if "padded" in prompts else "shared")
+        if baseline:
             assert row["ideal_speedup"] == pytest.approx(1.0) and row["speedup"] == pytest.approx(1.0)
-        if row["mode"] == "branch":
+        elif row["mode"] == "vanilla":  # the shared prompt against concatenated DPO: fewer tokens, same work
+            assert row["ideal_speedup"] > 1.0 and row["tokens_executed"] < min(
+                r["tokens_executed"] for r in rows if r["prompt"] == "padded")
+        if row["mode"] == "branch" and row["prompt"] == "padded":  # equal-width rows: the design note's ratios
             assert row["ideal_speedup"] == pytest.approx(4 / 3 if row["reference"] == "online" else 1.5, rel=0.05)
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
 
@@ -129,15 +133,94 @@ def test_cli_small_subprocess(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     cmd = [
         sys.executable, "-m", "lit_prunedpo.bench.cli", "--preset", "small", "--modes", "vanilla,branch",
-        "--references", "online", "--scorers", "plain", "--out", str(tmp_path / "out"), "--quiet",
+        "--references", "online", "--scorers", "plain", "--prompts", "shared,padded", "--out", str(tmp_path / "out"),
+        "--quiet",
     ]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     payload = json.loads((tmp_path / "out" / "bench.json").read_text())
-    _check_payload(payload, ["vanilla", "branch"], ["online"], ["plain"])
+    _check_payload(payload, ["vanilla", "branch"], ["online"], ["plain"], ("shared", "padded"))
 
 
 def test_cli_rejects_unknown_mode(capsys):
     with pytest.raises(SystemExit):
         main(["--modes", "vanilla,bogus"])
     assert "bogus" in capsys.readouterr().err
+
+
+def test_hh_body_preset_is_body_heavy_and_hh_shaped():
+    """Lengths come from the HH-RLHF quantile table, batches are length-grouped, the LM head is <= 10% of a forward."""
+    from lit_prunedpo.bench.harness import make_batches
+    from lit_prunedpo.bench.presets import HH_RLHF_LENGTHS
+
+    preset = get_preset("hh-body")
+    batches = make_batches(preset, 8, seed=0)
+    prompts = torch.cat([b.prompt_mask.sum(1) for b in batches]).float()
+    responses = torch.cat([b.response_lengths.flatten() for b in batches]).float()
+    table = HH_RLHF_LENGTHS
+    assert table["prompt"][0] <= prompts.min() and prompts.max() <= table["prompt"][-1]
+    assert responses.max() <= max(table["chosen"][-1], table["rejected"][-1])
+    assert prompts.mean() > responses.mean()  # HH-RLHF: prompts are longer than responses
+    model = FromConfig("llama", preset.model).build()
+    dims = cost.ModelDims.from_model(model)
+    b = batches[0]
+    share = cost.forward_flops(dims, 2 * b.num_pairs, b.prompt_width + b.response_width - 1,
+                               int(b.response_lengths.sum())).head_share
+    assert share <= 0.10
+    # length-grouped: within a batch the pairs' executed lengths are close
+    for b in batches:
+        total = b.prompt_mask.sum(1) + b.response_lengths.sum(1)
+        assert int(total.max() - total.min()) <= 0.25 * int(total.max()) + 8
+
+
+def test_cli_bfloat16_weights(tmp_path):
+    assert main(["--preset", "small", "--modes", "vanilla", "--references", "online", "--scorers", "plain",
+                 "--dtype", "bfloat16", "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "--quiet"]) == 0
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    assert payload["dtype"] == "bfloat16" and payload["results"][0]["tokens_executed"] > 0
+    assert "parameters in bfloat16" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_check_refuses_without_cuda(tmp_path):
+    script = REPO / "scripts" / "gpu-check"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    done = subprocess.run([str(script), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHON=sys.executable), check=False)
+    assert done.returncode != 0 and "no CUDA device visible to torch" in done.stderr
+
+
+def test_step_flops_follow_the_shared_prompt_shapes():
+    """Same 2 pairs: one packed block per pair of 3 + 4 + 4 = 11 columns (prompt once, no common prefix)."""
+    from lit_prunedpo.shared_prompt import prompt_and_common_lengths
+
+    batch = make_batch([3, 3], [5, 5], [5, 5])
+    assert prompt_and_common_lengths(batch)[1].tolist() == [0, 0]
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    assert plan.groups[0].executed_shape == (2, 11)
+    # body 2*1000*2*11 = 44000, attention 4*2*8*11^2*2 = 15488, head 2*8*100*20 = 32000
+    f_shared = 44_000 + 15_488 + 32_000
+    online = cost.step_flops(plan, DIMS, "online")
+    assert (online.policy_forward, online.policy_backward, online.reference_forward) == (f_shared, 2 * f_shared, f_shared)
+    assert cost.ideal_speedup([cost.step_flops(_plan(BothBranches()), DIMS, "online")], [online]) == pytest.approx(F / f_shared)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the [peer] extra (trl)")
+def test_trl_peer_on_the_same_batches(tmp_path):
+    assert main(["--preset", "small", "--modes", "vanilla", "--references", "cached", "--scorers", "plain",
+                 "--steps", "1", "--warmup", "0", "--peer", "trl", "--out", str(tmp_path), "--quiet"]) == 0
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    peer = payload["peer"]
+    assert peer["name"] == "trl" and peer["step_time_s"] > 0
+    (row,) = payload["results"]
+    assert row["speedup_vs_peer"] == pytest.approx(peer["step_time_s"] / row["step_time_s"])
+    # TRL runs chosen and rejected rows of prompt + response, every token: more than the shared layout executes
+    assert peer["tokens_executed"] > row["tokens_executed"]
+    assert "Peer `trl`" in (tmp_path / "bench.md").read_text()
+
+
+def test_trl_peer_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl", None)  # import now raises ImportError
+    with pytest.raises(RuntimeError, match=r"pip install -e '\.\[peer\]'"):
+        run_benchmark(get_preset("small"), modes=["vanilla"], references=["online"], scorers=["plain"], steps=1,
+                      warmup=0, peer="trl")

@@ -1,0 +1,304 @@
+"""Shared-prompt execution equals the padded layout exactly, and runs each prompt once.
+
+Exactness: the same module and sampler seed with ``shared_prompt`` on and off give the same loss, per-branch
+estimates and policy gradients (float32, ``atol=1e-5, rtol=1e-4``), for every mode of ``configs/``, with left
+padding (prompts of different lengths), right padding (responses of different lengths, longer chosen or
+longer rejected), common prefixes of every length (none, part, all but the last token of one response),
+one-token responses, the chunked scorer, eager attention and gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_prunedpo import PrunedDPO
+from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.estimate import ipw_sums
+from lit_prunedpo.models import FromConfig
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.reference import merge_groups
+from lit_prunedpo.samplers import (
+    AllPositions,
+    AntitheticBranch,
+    BernoulliPositions,
+    BothBranches,
+    FullPrefix,
+    RandomBranch,
+    SharedFractionPrefix,
+    StratifiedPositions,
+)
+from lit_prunedpo.scoring import group_inputs, split_causal_lm
+from lit_prunedpo.shared_prompt import check_attention, packed_layout, prompt_and_common_lengths
+
+from helpers import TINY_LLAMA, make_batch
+
+TOL = dict(atol=1e-5, rtol=1e-4)
+
+# the samplers of configs/{vanilla,branch,sequence,position,all}.yaml (position and prefix rates lowered so
+# that a small batch draws real pruning)
+MODES = {
+    "vanilla": dict(),
+    "branch": dict(branch_sampler=RandomBranch(0.5)),
+    "sequence": dict(prefix_sampler=SharedFractionPrefix(0.3)),
+    "position": dict(position_sampler=BernoulliPositions(0.4, 1.0)),
+    "all": dict(prefix_sampler=SharedFractionPrefix(0.3), position_sampler=StratifiedPositions(0.5),
+                branch_sampler=AntitheticBranch()),
+}
+
+
+def padded_everywhere():
+    """Prompts of 1-5 tokens (left padding in all but one row), responses of 1-9 tokens (right padding on
+    either branch), and common prefixes: none, two tokens, all of the shorter response but its last token."""
+    batch = make_batch([3, 1, 5, 2, 4], [9, 1, 6, 4, 3], [4, 7, 6, 8, 1], seed=3)
+    ids = batch.response_ids
+    ids[0, 1, :2] = ids[0, 0, :2]          # pair 0: 2 common tokens
+    ids[2, 1, :5] = ids[2, 0, :5]          # pair 2: equal lengths, differ only at the last token
+    ids[3, 0, :3] = ids[3, 1, :3]          # pair 3: chosen = rejected's first 3 tokens, then differs
+    ids[3, 0, 3] = (ids[3, 1, 3] % 31) + 1
+    return batch
+
+
+def run(module, batch, seed, **layout):
+    """One step of ``module`` on ``batch`` with the plan drawn from ``seed`` in the given layout."""
+    module.zero_grad()
+    samplers = module.prefix_sampler, module.position_sampler, module.branch_sampler
+    plan = plan_step(batch, *samplers, torch.Generator().manual_seed(seed), **layout)
+    est = module.execute_and_estimate(batch, plan)
+    est.objective.backward()
+    grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters() if p.grad is not None}
+    return plan, est, grads
+
+
+def assert_same_step(source, batch, seeds=(0, 1, 2), **kwargs):
+    """The same draws executed in the shared-prompt and the padded layout give the same step."""
+    module = PrunedDPO(policy=source, **kwargs)
+    for seed in seeds:
+        plan_s, est_s, grads_s = run(module, batch, seed, shared_prompt=True)
+        plan_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False)
+        assert plan_s.positions_scored == plan_p.positions_scored
+        assert plan_s.tokens_executed < plan_p.tokens_executed
+        assert_same_estimate(est_s, est_p, grads_s, grads_p)
+
+
+def assert_same_estimate(est_s, est_p, grads_s, grads_p):
+    torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
+    torch.testing.assert_close(est_s.margin, est_p.margin, **TOL)
+    torch.testing.assert_close(est_s.policy_logps.detach(), est_p.policy_logps.detach(), **TOL)
+    torch.testing.assert_close(est_s.reference_logps, est_p.reference_logps, **TOL)
+    assert grads_s.keys() == grads_p.keys() and grads_s
+    for name in grads_s:
+        torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_mode_equals_the_padded_layout(tiny_source, mode):
+    assert_same_step(tiny_source, padded_everywhere(), **MODES[mode])
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "all"])
+def test_chunked_scorer_and_gradient_checkpointing_equal_the_padded_layout(tiny_source, mode):
+    assert_same_step(tiny_source, padded_everywhere(), seeds=(0, 1), scorer=ChunkedScorer(chunk_size=5),
+                     gradient_checkpointing=True, **MODES[mode])
+
+
+def test_eager_attention_equals_the_padded_layout():
+    source = FromConfig("llama", {**TINY_LLAMA, "attn_implementation": "eager"}, seed=0)
+    assert source.build().config._attn_implementation == "eager"
+    assert_same_step(source, padded_everywhere(), seeds=(0,), **MODES["all"])
+
+
+def test_validation_step_is_the_same_exact_objective(tiny_source):
+    batch = padded_everywhere()
+    values = []
+    for shared in (True, False):
+        module = PrunedDPO(policy=tiny_source, shared_prompt=shared, **MODES["all"])
+        plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=shared)
+        values.append(module.execute_and_estimate(batch, plan))
+    torch.testing.assert_close(values[0].loss, values[1].loss, **TOL)
+    torch.testing.assert_close(values[0].policy_logps, values[1].policy_logps, **TOL)
+
+
+def test_layout_by_hand():
+    """Pair 0: prompt of 2, chosen (5 kept) and rejected (3 kept) share 2 tokens; pairs 1 and 2 one row each."""
+    layout = packed_layout(
+        pair=torch.tensor([0, 0, 1, 2]), kept=torch.tensor([5, 3, 2, 1]),
+        prompt_len=torch.tensor([2, 2, 3, 2]), common_len=torch.tensor([2, 2, 0, 0]),
+    )
+    # pair 0: prompt 2 + shared 2 + chosen's own 4 - 2 = 2 + rejected's own 2 - 2 = 0 -> 6; pair 1: 3 + 1; pair 2: 2
+    assert layout.pair_len.tolist() == [6, 4, 2] and layout.width == 6
+    # first fit decreasing: pair 2 fills the end of pair 1's sequence
+    assert layout.pair_seq.tolist() == [0, 1, 1] and layout.pair_start.tolist() == [0, 0, 4]
+    assert layout.seq_len.tolist() == [6, 6] and layout.num_sequences == 2 and layout.real_tokens == 12
+    assert layout.row_start.tolist() == [4, 6, 3, 6] and layout.row_len.tolist() == [2, 0, 1, 0]
+    assert layout.shared.tolist() == [2, 2, 0, 0]
+
+
+def test_two_pairs_in_one_sequence_do_not_see_each_other():
+    batch = make_batch([3, 1, 1], [4, 2, 1], [2, 1, 2], seed=5)
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    (group,) = plan.groups
+    inputs = group_inputs(batch, group)
+    # pair 0: 3 + 3 + 1 = 7 tokens, alone; pairs 1 and 2: 1 + 1 + 0 and 1 + 0 + 1 tokens, together
+    assert inputs.input_ids.shape == (2, 7) and plan.real_tokens_executed == 11
+    assert inputs.position_ids[1, :4].tolist() == [0, 1, 0, 1]
+    mask = inputs.attention_mask[1, 0]
+    assert not mask[2:4, :2].any() and mask[3, 2:4].tolist() == [True, True] and mask[1, :2].tolist() == [True, True]
+    assert inputs.gather_row.tolist().count(1) == 3 + 3  # both pairs' scored positions read sequence 1
+
+
+def test_inputs_mask_and_gather_by_hand():
+    batch = make_batch([2, 1], [4, 2], [3, 3], seed=0)
+    batch.response_ids[0, 1, 0] = batch.response_ids[0, 0, 0]  # pair 0 shares one response token
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    (group,) = plan.groups
+    inputs = group_inputs(batch, group)
+    x, y = batch.prompt_ids[0, -2:].tolist(), batch.response_ids[0].tolist()
+    # [prompt(2) | shared y0 | chosen y1 y2 | rejected y1]: the last kept token of each row only a target
+    assert inputs.input_ids[0].tolist() == x + [y[0][0], y[0][1], y[0][2], y[1][1]]
+    assert inputs.position_ids[0].tolist() == [0, 1, 2, 3, 4, 3]
+    mask = inputs.attention_mask[0, 0].int()
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 0, 0, 1],  # the rejected segment sees the trunk and itself, not the chosen segment
+    ]
+    # pair 1: prompt 1 | chosen y0 | rejected y0 y1 | one pad column that attends itself only
+    x1, z = batch.prompt_ids[1, -1:].tolist(), batch.response_ids[1].tolist()
+    assert inputs.input_ids[1, :4].tolist() == x1 + [z[0][0], z[1][0], z[1][1]]
+    assert inputs.position_ids[1, :4].tolist() == [0, 1, 1, 2]
+    assert inputs.attention_mask[1, 0, 4].int().tolist() == [0, 0, 0, 0, 1, 0]
+    # chosen of pair 0 scores t = 0..3 from columns 1 (prompt end), 2 (shared), 3, 4; rejected 1, 2, 5
+    pair0 = inputs.gather_row == 0
+    assert inputs.gather_col[pair0].tolist() == [1, 2, 3, 4, 1, 2, 5]
+    assert inputs.targets[pair0].tolist() == y[0][:4] + y[1][:3]
+
+
+def test_common_prefix_lengths():
+    batch = padded_everywhere()
+    prompt_len, common = prompt_and_common_lengths(batch)
+    assert prompt_len.tolist() == [3, 1, 5, 2, 4]
+    assert common[[0, 2, 3]].tolist() == [2, 5, 3]
+
+
+def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_source):
+    """Forward-hook count: the bodies receive each pair's real prompt once and no left padding."""
+    module = PrunedDPO(policy=tiny_source)
+    batch = padded_everywhere()
+    seen = []
+    for model in (module.policy, module.reference.model):
+        split_causal_lm(model)[0].register_forward_pre_hook(
+            lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True
+        )
+    plan = module.plan(batch)
+    module.execute_and_estimate(batch, plan)
+    policy_ids, reference_ids = seen
+    prompt_len, common = prompt_and_common_lengths(batch)
+    lengths = batch.response_lengths
+    # per pair: prompt + common prefix + each response's remaining input tokens (its last token only a target)
+    real = prompt_len + common + (lengths - 1 - common[:, None]).sum(-1)
+    assert policy_ids.shape == reference_ids.shape and policy_ids.shape[1] == int(real.max())
+    assert policy_ids.shape[0] <= batch.num_pairs
+    assert plan.real_tokens_executed == int(real.sum()) == merge_groups(plan.groups).real_tokens_executed
+    assert module.reference.tokens_executed(plan) == reference_ids.numel() == plan.tokens_executed
+    padded = PrunedDPO(policy=tiny_source, shared_prompt=False).plan(batch)
+    # the padded layout runs 2B rows of P + T - 1 columns; each prompt twice, with its left padding
+    assert padded.tokens_executed == 2 * batch.num_pairs * (batch.prompt_width + batch.response_width - 1)
+    saved = padded.real_tokens_executed - plan.real_tokens_executed
+    assert saved == int((prompt_len + common).sum())
+
+
+def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
+    module = PrunedDPO(policy=tiny_source, branch_sampler=RandomBranch())
+    batch = padded_everywhere()
+    plan = module.plan(batch)
+    grad_group, no_grad_group = plan.groups
+    assert module.score_policy(batch, grad_group).grad_fn is not None
+    assert module.score_policy(batch, no_grad_group).grad_fn is None
+    # one branch per pair in each group: each prompt runs once per group, so twice in the step's policy forwards
+    prompt_len, _ = prompt_and_common_lengths(batch)
+    lengths = batch.response_lengths[torch.arange(batch.num_pairs)[:, None], plan.grad_mask.long().argsort(-1)]
+    for group, rows in ((grad_group, lengths[:, 1]), (no_grad_group, lengths[:, 0])):
+        assert group.real_tokens_executed == int((prompt_len + rows - 1).sum())
+
+
+def test_unsupported_attention_is_refused(tiny_source):
+    model = tiny_source.build()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*shared_prompt=false"):
+        check_attention(model)
+
+    class Flash(FromConfig):
+        def build(self):
+            return model
+
+    with pytest.raises(ValueError, match="shared-prompt execution needs a custom 4-D attention mask"):
+        PrunedDPO(policy=Flash("llama", TINY_LLAMA))
+    PrunedDPO(policy=Flash("llama", TINY_LLAMA), shared_prompt=False)  # the padded layout still runs it
+
+
+# ------------------------------------------------------------------------ the common prefix is not scored
+def test_margin_loss_skips_the_common_prefix_with_the_same_loss_and_gradients(tiny_source):
+    """Vanilla: the module with a shared prompt (common prefix not scored) equals the padded module scoring it."""
+    batch = padded_everywhere()
+    _, common = prompt_and_common_lengths(batch)
+    steps = []
+    for shared in (True, False):
+        module = PrunedDPO(policy=tiny_source, shared_prompt=shared)
+        module.zero_grad()
+        plan = module.plan(batch)
+        est = module.execute_and_estimate(batch, plan)
+        est.objective.backward()
+        grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters()}
+        steps.append((plan, est, grads))
+    (plan_s, est_s, grads_s), (plan_p, est_p, grads_p) = steps
+    assert plan_p.positions_scored - plan_s.positions_scored == 2 * int(common.sum())
+    torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
+    torch.testing.assert_close(est_s.margin, est_p.margin, **TOL)
+    torch.testing.assert_close(est_s.log_ratio[:, 0] - est_s.log_ratio[:, 1],
+                               est_p.log_ratio[:, 0] - est_p.log_ratio[:, 1], **TOL)
+    for name in grads_s:
+        torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_skipping_the_common_prefix_keeps_the_margin_unbiased():
+    """Monte Carlo through the real planner (all three samplers): with equal log-ratios on the common prefix, as
+    a causal LM gives, ``E[R_hat_w - R_hat_l]`` and the branch-weighted direction still have mean ``R_w - R_l``."""
+    batch = padded_everywhere()
+    _, common = prompt_and_common_lengths(batch)
+    g = torch.Generator().manual_seed(0)
+    rho = torch.randn(batch.response_ids.shape, generator=g, dtype=torch.float64) * batch.response_mask
+    shared = torch.arange(batch.response_width)[None, :] < common[:, None]
+    rho[:, 1] = torch.where(shared, rho[:, 0], rho[:, 1])
+    target = rho[:, 0].sum(-1) - rho[:, 1].sum(-1)
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    samplers = SharedFractionPrefix(0.3), StratifiedPositions(0.5), RandomBranch(0.5)
+    margins, directions = [], []
+    for _ in range(600):
+        plan = plan_step(batch, *samplers, g, shared_prompt=True, score_common_prefix=False)
+        for grp in plan.groups:
+            assert bool((grp.scored_t >= grp.common_len[grp.scored_row]).all())
+        scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
+        r_hat = ipw_sums(plan, scored, batch.num_pairs)
+        margins.append(r_hat[:, 0] - r_hat[:, 1])
+        directions.append((plan.grad_mask * sign * r_hat / plan.branch_prob).sum(-1))
+    for draws in (torch.stack(margins), torch.stack(directions)):
+        stderr = draws.std(0) / len(draws) ** 0.5
+        assert bool(((draws.mean(0) - target).abs() <= 5 * stderr + 1e-9).all()), (draws.mean(0), target)
+
+
+def test_a_loss_that_is_not_a_margin_loss_scores_the_common_prefix(tiny_source):
+    class LengthAware:  # not a MarginLoss: may depend on each branch, so every position is scored
+        def value(self, margin, beta):
+            return -torch.nn.functional.logsigmoid(beta * margin)
+
+        def derivative(self, margin, beta):
+            return -beta * torch.sigmoid(-beta * margin)
+
+    batch = padded_everywhere()
+    margin_plan = PrunedDPO(policy=tiny_source).plan(batch)
+    other_plan = PrunedDPO(policy=tiny_source, loss=LengthAware()).plan(batch)
+    assert other_plan.positions_scored == int(batch.response_lengths.sum()) > margin_plan.positions_scored
