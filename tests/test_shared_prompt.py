@@ -291,14 +291,13 @@ def test_skipping_the_common_prefix_keeps_the_margin_unbiased():
 
 
 def test_a_loss_that_is_not_a_margin_loss_scores_the_common_prefix(tiny_source):
-    class LengthAware:  # not a MarginLoss: may depend on each branch, so every position is scored
-        def value(self, margin, beta):
-            return -torch.nn.functional.logsigmoid(beta * margin)
+    from lit_prunedpo.losses import NcaPairLoss, SigmoidLoss, WeightedLoss
 
-        def derivative(self, margin, beta):
-            return -beta * torch.sigmoid(-beta * margin)
-
+    # NCA anchors each branch's reward on its own: the shared tokens do not cancel, so every position is scored;
+    # a weighted sum is margin-only only when every part is
+    mixed = WeightedLoss([SigmoidLoss(), NcaPairLoss()], [1.0, 0.5])
+    assert not NcaPairLoss().margin_only and not mixed.margin_only and SigmoidLoss().margin_only
     batch = padded_everywhere()
     margin_plan = PrunedDPO(policy=tiny_source).plan(batch)
-    other_plan = PrunedDPO(policy=tiny_source, loss=LengthAware()).plan(batch)
+    other_plan = PrunedDPO(policy=tiny_source, loss=mixed).plan(batch)
     assert other_plan.positions_scored == int(batch.response_lengths.sum()) > margin_plan.positions_scored
