@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
+from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.losses import MarginLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
@@ -70,9 +71,11 @@ class PrunedDPO(L.LightningModule):
             would make the policy's and the reference's log-probs disagree even at identical weights).
         on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
             step (on every rank together), counts and logs it.
+        max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
+            the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
 
     Raises:
-        ValueError: on a non-positive ``beta`` or an unknown ``on_nonfinite``.
+        ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite`` or a negative ``max_consecutive_skips``.
     """
 
     def __init__(
@@ -91,12 +94,15 @@ class PrunedDPO(L.LightningModule):
         gradient_checkpointing: bool = False,
         disable_dropout: bool = True,
         on_nonfinite: Literal["raise", "skip"] = "raise",
+        max_consecutive_skips: int = 10,
     ) -> None:
         super().__init__()
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta!r}")
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        if max_consecutive_skips < 0:
+            raise ValueError(f"max_consecutive_skips must be >= 0, got {max_consecutive_skips!r}")
         self.beta = float(beta)
         self.loss = loss if loss is not None else SigmoidLoss()
         self.prefix_sampler = prefix_sampler if prefix_sampler is not None else FullPrefix()
@@ -107,6 +113,7 @@ class PrunedDPO(L.LightningModule):
         self.scheduler_factory = scheduler
         self.sampler_seed = sampler_seed
         self.on_nonfinite = on_nonfinite
+        self.max_consecutive_skips = max_consecutive_skips
 
         # from_pretrained returns a model in eval mode, and Lightning keeps modules' modes: a policy left in
         # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
@@ -123,6 +130,7 @@ class PrunedDPO(L.LightningModule):
         self.sampler_rng = SamplerRNG()
         self.step_stats: StepStats | None = None
         self.skipped_steps = 0
+        self.skipped_in_a_row = 0
         self._sharded = False  # set by configure_model under FSDP2
         self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
         self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
@@ -140,6 +148,7 @@ class PrunedDPO(L.LightningModule):
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
         self._check_vocabulary()
+        check_positions(self.policy, getattr(self.trainer, "datamodule", None) if self._trainer is not None else None)
         self.reference.prepare(self, stage)
 
     def _check_vocabulary(self) -> None:
@@ -234,8 +243,18 @@ class PrunedDPO(L.LightningModule):
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
             if not finite:
                 self.skipped_steps += 1
+                self.skipped_in_a_row += 1
+                if self.skipped_in_a_row > self.max_consecutive_skips:
+                    raise FloatingPointError(
+                        f"{self.skipped_in_a_row} steps in a row had a non-finite DPO loss (the last at step "
+                        f"{self.global_step}, batch {batch_idx}), more than model.max_consecutive_skips="
+                        f"{self.max_consecutive_skips}: the run diverged and is stopped. Lower the learning rate, or "
+                        "resume from a checkpoint written before the divergence"
+                    )
                 rank_zero_warn(f"skipping step {self.global_step} (batch {batch_idx}): non-finite DPO loss")
                 self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            else:
+                self.skipped_in_a_row = 0
             return finite
         if finite:
             return True
@@ -257,6 +276,7 @@ class PrunedDPO(L.LightningModule):
 
     # ------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        refuse_nonfinite_weights(checkpoint, self.global_step)
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
 
