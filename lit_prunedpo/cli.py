@@ -11,11 +11,13 @@ from __future__ import annotations
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 
+from lit_prunedpo.checkpointing import claim_log_version, install_atomic_io, resolve_resume
 from lit_prunedpo.module import PrunedDPO
 
 
@@ -25,7 +27,8 @@ def quickstart_config() -> Path:
 
 
 class PrunedDPOCLI(LightningCLI):
-    """LightningCLI whose checkpoint errors name the checkpoint."""
+    """LightningCLI whose checkpoint errors name the checkpoint, whose checkpoint files are written atomically, whose
+    runs each get a log version of their own, and whose ``ckpt_path=last`` skips unreadable checkpoints."""
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads --ckpt_path itself (for saved hyperparameters) before any strategy sees it; a corrupt
@@ -35,6 +38,17 @@ class PrunedDPOCLI(LightningCLI):
         except Exception as err:
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # Outputs of one run never torn or shared with another's (lit_prunedpo.checkpointing).
+        trainer = super().instantiate_trainer(**kwargs)
+        install_atomic_io(trainer)
+        claim_log_version(trainer)
+        return trainer
+
+    def before_fit(self) -> None:
+        config = self.config_init["fit"]
+        config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
