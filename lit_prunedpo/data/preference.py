@@ -337,9 +337,13 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         strategy = trainer.strategy if trainer is not None and trainer.world_size > 1 else None
         if strategy is not None and trainer.local_rank != 0:
             strategy.barrier("lit_prunedpo.data.tokenize")  # wait for the node's first process
-        built = self._build()
-        if strategy is not None and trainer.local_rank == 0:
-            strategy.barrier("lit_prunedpo.data.tokenize")
+        try:
+            built = self._build()
+        finally:
+            # Reached even when the build fails (bad data): the other processes then build and fail with the same
+            # message themselves, instead of with gloo's "Connection closed by peer" while waiting here.
+            if strategy is not None and trainer.local_rank == 0:
+                strategy.barrier("lit_prunedpo.data.tokenize")
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
         self.stats = built.stats
         rank_zero_info(format_stats(self.stats))
