@@ -10,6 +10,10 @@ skips unreadable checkpoints and says so.
   by listing the folder, so two runs started together both picked ``version_0`` (one ``metrics.csv``
   interleaved, one ``config.yaml``, one checkpoint folder). Here rank 0 creates the folder with
   ``os.mkdir`` (which fails if it exists) and takes the next number when another run was first.
+* :func:`lock_checkpoint_dirs` takes a lock file in each fixed ``ModelCheckpoint`` folder (``dirpath``, e.g.
+  the DDP/FSDP configs'): a second run started on that folder while the first one lives is refused, instead
+  of resuming from the other run's ``last.ckpt`` and writing beside it. A lock left by a dead process on this
+  host is taken over.
 * :func:`resolve_resume` turns ``ckpt_path="last"`` (also Lightning's implicit one when an
   ``OnExceptionCheckpoint`` is configured) into the newest candidate that is a readable checkpoint, and
   names every newer one it skipped; when none is readable it refuses instead of starting afresh.
@@ -20,7 +24,9 @@ skips unreadable checkpoints and says so.
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,7 @@ from lit_prunedpo.distributed import VerifiedCheckpointIO
 
 #: Environment variables that name a process's rank before the trainer knows it (launchers set them).
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "GROUP_RANK")
+LOCK_NAME = ".lit_prunedpo.lock"
 
 
 class AtomicCheckpointIO(VerifiedCheckpointIO):
@@ -173,3 +180,63 @@ def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
         + "; ".join(f"{p}: {why}" for p, why in skipped)
         + ". Delete them to start afresh, or pass --ckpt_path with a readable checkpoint"
     )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _take_lock(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_NAME
+    mine = f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            host, _, pid = lock.read_text().strip().partition(" ")
+            if f"{host} {pid}" == mine:
+                return  # this process again (a second fit in one session)
+            if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+                lock.unlink(missing_ok=True)  # left by a run that died without cleaning up
+                continue
+            raise RuntimeError(
+                f"checkpoint folder {folder} is in use by another run (process {pid} on host {host}, lock file "
+                f"{lock}): this run would resume from and write beside its checkpoints. Wait for it to finish, give "
+                "this run its own ModelCheckpoint dirpath, or delete the lock file if that run is no longer running"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(mine)
+        atexit.register(_release_lock, lock, mine)
+        return
+    raise RuntimeError(f"could not take the lock {lock}: other processes keep replacing it")
+
+
+def _release_lock(lock: Path, mine: str) -> None:
+    try:
+        if lock.read_text().strip() == mine:
+            lock.unlink()
+    except OSError:
+        pass
+
+
+def lock_checkpoint_dirs(trainer: "pl.Trainer") -> None:
+    """Lock every fixed local ``ModelCheckpoint`` folder for this process (released at exit).
+
+    Per-version folders need no lock (:func:`claim_log_version` makes them unique). Runs on the first process
+    only.
+
+    Raises:
+        RuntimeError: a live process (or one on another host) holds a folder, naming it and the lock file.
+    """
+    if not launched_as_rank_zero():
+        return
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath and _is_local(callback.dirpath):
+            _take_lock(Path(callback.dirpath))

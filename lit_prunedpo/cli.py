@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 
-from lit_prunedpo.checkpointing import claim_log_version, install_atomic_io, resolve_resume
+from lit_prunedpo.checkpointing import claim_log_version, install_atomic_io, lock_checkpoint_dirs, resolve_resume
 from lit_prunedpo.module import PrunedDPO
 
 
@@ -48,6 +48,7 @@ class PrunedDPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         config = self.config_init["fit"]
+        lock_checkpoint_dirs(self.trainer)
         config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
 
 

@@ -91,8 +91,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         rejected_column: Column holding the dispreferred response.
         chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
             tokenizer has none; it replaces the tokenizer's own.
-        on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses, no shared
-            prompt) does: "error" stops with one message naming the source, row, field and kind; "skip"
+        on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses or identical
+            token ids after truncation, no shared prompt, an unreadable JSON line) does: "error" stops with one message naming the source, row, field and kind; "skip"
             drops such rows and counts them by kind in ``stats``.
         group_by_length: Order training pairs so that each batch holds similar lengths (less padding).
         num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
