@@ -148,7 +148,8 @@ def _last_candidates(trainer: "pl.Trainer") -> set[str]:
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
             candidates |= callback._find_last_checkpoints(trainer)
-    return {c for c in candidates if Path(c).exists()}
+    # Absolute, so that one file reached by two routes (a relative dirpath, a listing) is one candidate.
+    return {os.path.abspath(c) for c in candidates if Path(c).exists()}
 
 
 def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:

@@ -9,6 +9,7 @@ the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone tra
 from __future__ import annotations
 
 import sys
+import traceback
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,17 +40,24 @@ class PrunedDPOCLI(LightningCLI):
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
 
+    # Outputs of one run are never torn or shared with another's (lit_prunedpo.checkpointing). The log version is
+    # claimed when a subcommand runs, not at instantiation: lit-prunedpo-cache instantiates and logs nothing.
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        # Outputs of one run never torn or shared with another's (lit_prunedpo.checkpointing).
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_io(trainer)
-        claim_log_version(trainer)
         return trainer
 
     def before_fit(self) -> None:
-        config = self.config_init["fit"]
+        claim_log_version(self.trainer)
         lock_checkpoint_dirs(self.trainer)
+        config = self.config_init["fit"]
         config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
+
+    def before_validate(self) -> None:
+        claim_log_version(self.trainer)
+
+    def before_test(self) -> None:
+        claim_log_version(self.trainer)
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
@@ -68,9 +76,30 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     )
 
 
+def _constructor_error(err: BaseException) -> BaseException | None:
+    """The exception a class's constructor raised, when jsonargparse re-raised it wrapped (once per nesting
+    level of plug-ins); else ``None``."""
+    found = None
+    while err.__cause__ is not None:
+        frames = traceback.extract_tb(err.__traceback__)
+        if not frames or "jsonargparse" not in frames[-1].filename:
+            break
+        found = err = err.__cause__
+    return found
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-prunedpo`` and ``python -m lit_prunedpo``."""
-    build_cli(args)
+    try:
+        build_cli(args)
+    except Exception as err:
+        cause = _constructor_error(err)
+        if cause is None:
+            raise
+        # jsonargparse wraps an error raised by a class's constructor (a bad argument, a missing tokenizer) in a
+        # "Does not validate against any of the Union subtypes" message whose last line dumps the whole config;
+        # the constructor's own message is the one to end the output with.
+        raise cause.with_traceback(cause.__traceback__) from None
     # Lightning leaves the process group alive; tearing down live gloo/NCCL threads during interpreter
     # shutdown can abort a process that trained fine ("terminate called without an active exception").
     if torch.distributed.is_available() and torch.distributed.is_initialized():
