@@ -2,8 +2,8 @@
 
 A file copied with ``cp -p``, ``rsync -t`` or ``tar`` keeps its modification time while its rows change;
 ``datasets`` keys its local-file caches by (path, mtime), so such an edit would train on the old rows.
-:func:`content_digest` hashes the bytes themselves (streamed in 1 MiB blocks, BLAKE2b: a few hundred MB/s
-on one core) and logs what it hashed and how long it took, so the cost is visible. A directory (a
+:func:`content_digest` hashes the bytes themselves (streamed in 1 MiB blocks, BLAKE2b) and logs what it
+hashed and how long it took, so the cost is visible. A directory (a
 ``save_to_disk`` dataset) is hashed file by file, names included, in sorted order.
 """
 

@@ -2,8 +2,8 @@
 
 ``datasets`` reports a malformed line as "An error occurred while generating the dataset" with the line
 only in a chained traceback, an empty file with an empty reason, and non-UTF-8 bytes as a bare
-``UnicodeDecodeError``. This module reads the file once first (one ``json.loads`` per line: about a second
-per 100k HH-RLHF rows) and says which line is wrong and why.
+``UnicodeDecodeError``. This module reads the file once first (one ``json.loads`` per line) and says which
+line is wrong and why.
 
 Under ``on_bad_row="error"`` the first unreadable line stops the run, naming the file, line and row.
 Under ``"skip"`` a JSON-lines file is read from a copy (cached under the file's content digest) in which
@@ -117,8 +117,10 @@ def readable_copy(path: Path, on_bad_row: str, digest: str) -> Path:
             JSON array or CSV file), naming the file, line and row.
     """
     name = path.name.lower()
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: the file is empty (no rows)")
     if name.endswith(".parquet"):
-        return path
+        return path  # binary, with its own checksums: Arrow's errors name the file
     with _open(path) as f:
         head = f.read(1 << 16)
     if not head.strip():

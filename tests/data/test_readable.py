@@ -59,10 +59,10 @@ def test_every_unreadable_line_is_counted_once(tmp_path: Path) -> None:
     assert dm.stats["train"]["bad_rows"]["unreadable"] + dm.stats["val"]["bad_rows"]["unreadable"] == 2
 
 
-@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.json", "pairs.csv", "pairs.jsonl.gz"])
+@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.json", "pairs.csv", "pairs.jsonl.gz", "pairs.parquet"])
 def test_empty_file_says_so(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
-    data = b"\n  \n"
+    data = b"" if name.endswith(".parquet") else b"\n  \n"
     path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     with pytest.raises(ValueError, match=rf"{path}: the file is empty \(no rows\)"):
         _setup(path)
