@@ -52,8 +52,7 @@ def content_digest(path: str | os.PathLike, log: bool = True) -> str:
         size = _update_with_file(h, path)
     digest = h.hexdigest()
     if log:
-        rank_zero_info(
-            f"content fingerprint of {path}: blake2b {digest} ({size / 1e6:.2f} MB hashed in {time.perf_counter() - start:.2f}s)"
-        )
+        took = f"{size / 1e6:.2f} MB hashed in {time.perf_counter() - start:.2f}s"
+        rank_zero_info(f"content fingerprint of {path}: blake2b {digest} ({took})")
     return digest
 

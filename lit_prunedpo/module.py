@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
-from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.estimate import Estimate, estimate
+from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.losses import MarginLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource

@@ -4,8 +4,9 @@
 (``values`` float32 ``[total_tokens]``) with per (row, branch) ``offsets``/``lengths`` and the sorted dataset
 keys (``batch.index``); it gathers at any positions and saves to / loads from one safetensors file (4 bytes
 per token plus 40 bytes per pair) whose metadata carries a fingerprint and a BLAKE2b checksum of the tensors'
-bytes: a file whose values were altered after it was written is refused on load, naming it. :func:`compute_reference_logps` fills
-it in one no-grad pass through the same planner, inputs and scorer as the online reference.
+bytes: a file whose values were altered after it was written is refused on load, naming it.
+:func:`compute_reference_logps` fills it in one no-grad pass through the same planner, inputs and scorer as
+the online reference.
 :mod:`lit_prunedpo.reference_cache` decides when to build, reuse or refuse one.
 """
 

@@ -38,8 +38,8 @@ from lit_prunedpo.data.length_grouped import LengthGroupedSampler
 from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler
 from lit_prunedpo.data.sources import is_single_split, load_split
 from lit_prunedpo.data.stats import format_stats, summarize
-from lit_prunedpo.fingerprint import content_digest
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer, tokenizer_fingerprint
+from lit_prunedpo.fingerprint import content_digest
 
 BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
 GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
@@ -92,8 +92,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
             tokenizer has none; it replaces the tokenizer's own.
         on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses or identical
-            token ids after truncation, no shared prompt, an unreadable JSON line) does: "error" stops with one message naming the source, row, field and kind; "skip"
-            drops such rows and counts them by kind in ``stats``.
+            token ids after truncation, no shared prompt, an unreadable JSON line) does: "error" stops with one
+            message naming the source, row, field and kind; "skip" drops such rows and counts them by kind in
+            ``stats``.
         group_by_length: Order training pairs so that each batch holds similar lengths (less padding).
         num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
         num_workers: DataLoader worker processes.

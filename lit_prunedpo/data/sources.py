@@ -59,7 +59,8 @@ def load_split(path: str, split: str, digest: str | None = None, on_bad_row: str
             ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, or a hub dataset name.
         split: the split to read. A single file or a saved ``Dataset`` has no splits and is returned whole.
         digest: the content digest of a local file, when the caller has it already (else it is computed).
-        on_bad_row: what an unreadable line of a JSON-lines file does (:func:`~lit_prunedpo.data.readable.readable_copy`).
+        on_bad_row: what an unreadable line of a JSON-lines file does
+            (:func:`~lit_prunedpo.data.readable.readable_copy`).
 
     Raises:
         FileNotFoundError: ``path`` looks like a local path but does not exist, or the hub load failed.
@@ -77,7 +78,9 @@ def load_split(path: str, split: str, digest: str | None = None, on_bad_row: str
         readable = readable_copy(local, on_bad_row, digest)
         cache_dir = Path(datasets.config.HF_DATASETS_CACHE) / "lit_prunedpo" / f"content-{digest}"
         try:
-            return datasets.load_dataset(builder, data_files=str(readable.resolve()), split="train", cache_dir=str(cache_dir))
+            return datasets.load_dataset(
+                builder, data_files=str(readable.resolve()), split="train", cache_dir=str(cache_dir)
+            )
         except Exception as err:  # datasets wraps Arrow/parse errors in many types; name the file once.
             raise ValueError(f"{path}: could not read it as {builder}: {err}") from err
     if local.is_dir():

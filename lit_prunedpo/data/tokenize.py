@@ -246,10 +246,8 @@ class PairEncoder:
                 # to the same tokens. Such a pair has zero margin and zero gradient forever: a bad row.
                 out["bad_kind"][position] = "identical_tokens"
                 out["bad_field"][position] = self.columns.rejected
-                out["bad_detail"][position] = (
-                    f"both responses are the same {len(pair.chosen_ids)} tokens "
-                    f"{'after truncation to max_length ' + str(self.max_length) if pair.response_truncated else 'after tokenization'}"
-                )
+                cut = f"truncation to max_length {self.max_length}" if pair.response_truncated else "tokenization"
+                out["bad_detail"][position] = f"both responses are the same {len(pair.chosen_ids)} tokens after {cut}"
                 continue
             out["prompt_ids"][position] = pair.prompt_ids
             out["chosen_ids"][position] = pair.chosen_ids
