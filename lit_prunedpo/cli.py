@@ -12,17 +12,20 @@ the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone tra
 from __future__ import annotations
 
 import sys
+import traceback
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
+from lit_prunedpo.checkpointing import claim_log_version, install_atomic_io, lock_checkpoint_dirs, resolve_resume
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
 
@@ -33,7 +36,8 @@ def quickstart_config() -> Path:
 
 
 class PrunedDPOCLI(LightningCLI):
-    """LightningCLI whose checkpoint errors name the checkpoint."""
+    """LightningCLI whose checkpoint errors name the checkpoint, whose checkpoint files are written atomically, whose
+    runs each get a log version of their own, and whose ``ckpt_path=last`` skips unreadable checkpoints."""
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads --ckpt_path itself (for saved hyperparameters) before any strategy sees it; a corrupt
@@ -51,11 +55,14 @@ class PrunedDPOCLI(LightningCLI):
         if size is not None:
             rank_zero_info(f"model.policy: vocab_size not set, using the data's: {size}")
 
-    def instantiate_trainer(self, **kwargs):  # noqa: ANN201 - a Trainer
+    # Outputs of one run are never torn or shared with another's (lit_prunedpo.checkpointing). The log version is
+    # claimed when a subcommand runs, not at instantiation: lit-prunedpo-cache instantiates and logs nothing.
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         given = config.get("trainer", {}).get("callbacks") or []
         given = {id(c) for c in (given if isinstance(given, list) else [given])}
         trainer = super().instantiate_trainer(**kwargs)
+        install_atomic_io(trainer)
         # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
         for i, callback in enumerate(trainer.callbacks):
             if type(callback) is RichProgressBar and id(callback) not in given:
@@ -65,6 +72,18 @@ class PrunedDPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
         # a forced callback: every fit saves its last step, whatever the config's callbacks are
         parser.add_lightning_class_args(FinalCheckpoint, "final")
+
+    def before_fit(self) -> None:
+        claim_log_version(self.trainer)
+        lock_checkpoint_dirs(self.trainer)
+        config = self.config_init["fit"]
+        config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
+
+    def before_validate(self) -> None:
+        claim_log_version(self.trainer)
+
+    def before_test(self) -> None:
+        claim_log_version(self.trainer)
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
@@ -83,6 +102,18 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     )
 
 
+def _constructor_error(err: BaseException) -> BaseException | None:
+    """The exception a class's constructor raised, when jsonargparse re-raised it wrapped (once per nesting
+    level of plug-ins); else ``None``."""
+    found = None
+    while err.__cause__ is not None:
+        frames = traceback.extract_tb(err.__traceback__)
+        if not frames or "jsonargparse" not in frames[-1].filename:
+            break
+        found = err = err.__cause__
+    return found
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lit-prunedpo`` and ``python -m lit_prunedpo``."""
     given = sys.argv[1:] if args is None else args
@@ -90,7 +121,16 @@ def main(args: list[str] | None = None) -> None:
         from lit_prunedpo.export import main as export_main
 
         return export_main(given[1:])
-    build_cli(args)
+    try:
+        build_cli(args)
+    except Exception as err:
+        cause = _constructor_error(err)
+        if cause is None:
+            raise
+        # jsonargparse wraps an error raised by a class's constructor (a bad argument, a missing tokenizer) in a
+        # "Does not validate against any of the Union subtypes" message whose last line dumps the whole config;
+        # the constructor's own message is the one to end the output with.
+        raise cause.with_traceback(cause.__traceback__) from None
     # Lightning leaves the process group alive; tearing down live gloo/NCCL threads during interpreter
     # shutdown can abort a process that trained fine ("terminate called without an active exception").
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
 from lit_prunedpo.estimate import Estimate, estimate
+from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
@@ -73,14 +74,16 @@ class PrunedDPO(L.LightningModule):
             would make the policy's and the reference's log-probs disagree even at identical weights).
         on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
             step (on every rank together), counts and logs it.
+        max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
+            the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
         shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
             (``lit_prunedpo.shared_prompt``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
             attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
             cancel in the margin; ``train/logps/*`` then sum the differing part only).
 
     Raises:
-        ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite``, or a reference given to a loss that
-            uses none.
+        ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite``, a negative ``max_consecutive_skips``,
+            or a reference given to a loss that uses none.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class PrunedDPO(L.LightningModule):
         gradient_checkpointing: bool = False,
         disable_dropout: bool = True,
         on_nonfinite: Literal["raise", "skip"] = "raise",
+        max_consecutive_skips: int = 10,
         shared_prompt: bool = True,
     ) -> None:
         super().__init__()
@@ -106,6 +110,8 @@ class PrunedDPO(L.LightningModule):
             raise ValueError(f"beta must be > 0, got {beta!r}")
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        if max_consecutive_skips < 0:
+            raise ValueError(f"max_consecutive_skips must be >= 0, got {max_consecutive_skips!r}")
         self.beta = float(beta)
         self.loss = loss if loss is not None else SigmoidLoss()
         self.prefix_sampler = prefix_sampler if prefix_sampler is not None else FullPrefix()
@@ -116,6 +122,7 @@ class PrunedDPO(L.LightningModule):
         self.scheduler_factory = scheduler
         self.sampler_seed = sampler_seed
         self.on_nonfinite = on_nonfinite
+        self.max_consecutive_skips = max_consecutive_skips
 
         # from_pretrained returns a model in eval mode, and Lightning keeps modules' modes: a policy left in
         # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
@@ -138,6 +145,7 @@ class PrunedDPO(L.LightningModule):
         self.sampler_rng = SamplerRNG()
         self.step_stats: StepStats | None = None
         self.skipped_steps = 0
+        self.skipped_in_a_row = 0
         self._sharded = False  # set by configure_model under FSDP2
         self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
         self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
@@ -155,6 +163,7 @@ class PrunedDPO(L.LightningModule):
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
         self._check_vocabulary()
+        check_positions(self.policy, getattr(self.trainer, "datamodule", None) if self._trainer is not None else None)
         self.reference.prepare(self, stage)
 
     def _check_vocabulary(self) -> None:
@@ -254,8 +263,18 @@ class PrunedDPO(L.LightningModule):
             finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
             if not finite:
                 self.skipped_steps += 1
+                self.skipped_in_a_row += 1
+                if self.skipped_in_a_row > self.max_consecutive_skips:
+                    raise FloatingPointError(
+                        f"{self.skipped_in_a_row} steps in a row had a non-finite DPO loss (the last at step "
+                        f"{self.global_step}, batch {batch_idx}), more than model.max_consecutive_skips="
+                        f"{self.max_consecutive_skips}: the run diverged and is stopped. Lower the learning rate, or "
+                        "resume from a checkpoint written before the divergence"
+                    )
                 rank_zero_warn(f"skipping step {self.global_step} (batch {batch_idx}): non-finite DPO loss")
                 self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            else:
+                self.skipped_in_a_row = 0
             return finite
         if finite:
             return True
@@ -277,6 +296,7 @@ class PrunedDPO(L.LightningModule):
 
     # ------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        refuse_nonfinite_weights(checkpoint, self.global_step)
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
         from lit_prunedpo.export import policy_metadata

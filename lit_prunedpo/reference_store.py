@@ -3,14 +3,17 @@
 :class:`ReferenceLogpStore` holds the reference log-prob of every response token of every pair flat
 (``values`` float32 ``[total_tokens]``) with per (row, branch) ``offsets``/``lengths`` and the sorted dataset
 keys (``batch.index``); it gathers at any positions and saves to / loads from one safetensors file (4 bytes
-per token plus 40 bytes per pair) whose metadata carries a fingerprint. :func:`compute_reference_logps` fills
-it in one no-grad pass through the same planner, inputs and scorer as the online reference.
+per token plus 40 bytes per pair) whose metadata carries a fingerprint and a BLAKE2b checksum of the tensors'
+bytes: a file whose values were altered after it was written is refused on load, naming it.
+:func:`compute_reference_logps` fills it in one no-grad pass through the same planner, inputs and scorer as
+the online reference.
 :mod:`lit_prunedpo.reference_cache` decides when to build, reuse or refuse one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,7 +30,8 @@ from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
 FORMAT = "lit_prunedpo.reference_cache"
-VERSION = 1
+VERSION = 2  # 2: a checksum of the tensors in the metadata
+TENSORS = ("values", "keys", "offsets", "lengths")
 
 
 # ----------------------------------------------------------------------------------------------- the store
@@ -227,7 +231,8 @@ class ReferenceLogpStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         tensors = {"values": self.values, "keys": self.keys, "offsets": self.offsets, "lengths": self.lengths}
-        metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True)}
+        metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True),
+                    "checksum": tensors_checksum(tensors)}
         save_file(tensors, str(tmp), metadata=metadata)
         os.replace(tmp, path)
 
@@ -236,19 +241,38 @@ class ReferenceLogpStore:
         """Read a file written by :meth:`save`.
 
         Raises:
-            ValueError: the file is not a reference cache of this version, lacks a tensor, or fails the checks.
+            ValueError: the file is not a reference cache of this version, lacks a tensor, does not match its
+                checksum, or fails the checks.
         """
         fingerprint = read_fingerprint(path)
         tensors = {}
         with safe_open(str(path), framework="pt") as f:
-            for name in ("values", "keys", "offsets", "lengths"):
+            stored = (f.metadata() or {}).get("checksum")
+            for name in TENSORS:
                 if name not in f.keys():
                     raise ValueError(f"reference cache {path}: no tensor {name!r}")
                 tensors[name] = f.get_tensor(name)
+        actual = tensors_checksum(tensors)
+        if stored != actual:
+            raise ValueError(
+                f"reference cache {path}: its tensors do not match the checksum written with them (stored "
+                f"{stored}, computed {actual}): the file was altered or corrupted after it was built. Delete it or "
+                "rebuild it (model.reference.init_args.recompute=true)"
+            )
         return cls(fingerprint=fingerprint, source=str(path), **tensors)
 
     def __repr__(self) -> str:
         return f"ReferenceLogpStore({self.num_rows} pairs, {self.num_tokens} tokens, {self.size_bytes} bytes, {self.source})"
+
+
+def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
+    """BLAKE2b of the named tensors' dtypes, shapes and bytes, in :data:`TENSORS` order."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in TENSORS:
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy
+    return h.hexdigest()
 
 
 def read_fingerprint(path: str | os.PathLike) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference_cache import CachedReference, ReferenceLogpStore, compute_reference_logps
+from lit_prunedpo.reference_store import tensors_checksum
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,
@@ -182,14 +183,27 @@ def test_default_path_is_under_the_root_dir(tmp_path, tiny_source):
 
 
 # ------------------------------------------------------------------------------ corrupt caches
-def rewrite(path, **changes):
-    """Rewrite a cache file with some tensors replaced, keeping its metadata (bypasses the store's checks)."""
+def rewrite(path, keep_checksum=False, **changes):
+    """Rewrite a cache file with some tensors replaced, keeping its metadata (bypasses the store's checks). The
+    checksum is recomputed, so that the checks behind it are reached, unless ``keep_checksum``."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     tensors.update(changes)
+    if not keep_checksum:
+        meta = {**meta, "checksum": tensors_checksum(tensors)}
     save_file(tensors, str(path), metadata=meta)
     return tensors
+
+
+def test_values_altered_after_the_build_are_refused_by_checksum(built):
+    path, prepare = built
+    values = ReferenceLogpStore.load(path).values.clone()
+    values[5] = values[5] * 1.5 - 0.25  # another plausible negative log-prob: every other check passes
+    assert bool((values < 0).all())
+    rewrite(path, keep_checksum=True, values=values)
+    with pytest.raises(ValueError, match=rf"reference cache {path}: its tensors do not match the checksum"):
+        prepare()
 
 
 @pytest.fixture

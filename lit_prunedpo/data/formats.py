@@ -29,7 +29,14 @@ BAD_ROW_KINDS: dict[str, str] = {
     "empty": "is empty",
     "identical": "is identical to the other response, so the pair states no preference",
     "prompt_not_prefix": "does not share a prompt with the other response",
+    "identical_tokens": "has the same token ids as the other response after tokenization and truncation, so the "
+    "pair states no preference",
+    "unreadable": "could not be read",
 }
+
+#: Column of the placeholder row that stands for an unreadable line (:mod:`lit_prunedpo.data.readable`).
+UNREADABLE_COLUMN = "__lit_prunedpo_unreadable__"
+ROW = "<row>"  # the field named when the whole row is at fault
 
 Messages = list[dict[str, Any]]
 Text = Union[str, Messages]
@@ -190,6 +197,8 @@ def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair
     Raises:
         BadRow: the row is unusable; its ``field`` and ``kind`` say why.
     """
+    if row.get(UNREADABLE_COLUMN) is not None:
+        raise BadRow(ROW, "unreadable", row[UNREADABLE_COLUMN])
     if fmt == CONVERSATIONAL:
         prompt: Text = _require_messages(row, columns.prompt)
         chosen: Text = _require_messages(row, columns.chosen)

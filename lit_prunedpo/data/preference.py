@@ -26,6 +26,7 @@ from typing import Any, Iterator, Literal
 import datasets
 import numpy as np
 import pyarrow.compute as pc
+from datasets.fingerprint import Hasher
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
@@ -38,6 +39,7 @@ from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler
 from lit_prunedpo.data.sources import is_single_split, load_split
 from lit_prunedpo.data.stats import format_stats, summarize
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer, tokenizer_fingerprint
+from lit_prunedpo.fingerprint import content_digest
 
 BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
 GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
@@ -89,9 +91,10 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         rejected_column: Column holding the dispreferred response.
         chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
             tokenizer has none; it replaces the tokenizer's own.
-        on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses, no shared
-            prompt) does: "error" stops with one message naming the source, row, field and kind; "skip"
-            drops such rows and counts them by kind in ``stats``.
+        on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses or identical
+            token ids after truncation, no shared prompt, an unreadable JSON line) does: "error" stops with one
+            message naming the source, row, field and kind; "skip" drops such rows and counts them by kind in
+            ``stats``.
         group_by_length: Order training pairs so that each batch holds similar lengths (less padding).
         num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
         num_workers: DataLoader worker processes.
@@ -100,6 +103,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             decoder-only models, where ``max_length`` then holds one more real token.
         truncation: "keep_start" (default) cuts responses to fit ``max_length``; "keep_end" (TRL's default
             ``truncation_mode``) first cuts the prompt's beginning so that prompt + the longer response fit.
+        resume_with_changed_data: Resume from a checkpoint even though its data (by content fingerprint)
+            differs from this run's; the data position then counts batches of other pairs. Off: such a resume
+            is refused (:mod:`~lit_prunedpo.data.resumable`).
 
     Raises:
         ValueError: an argument is out of range, or the chat template file is unreadable.
@@ -132,6 +138,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         max_rows: int | None = None,
         add_bos: bool = True,
         truncation: Literal["keep_start", "keep_end"] = "keep_start",
+        resume_with_changed_data: bool = False,
     ) -> None:
         super().__init__()
         if truncation not in ("keep_start", "keep_end"):
@@ -170,6 +177,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self.num_proc = num_proc
         self.num_workers = num_workers
         self.max_rows = max_rows
+        self.resume_with_changed_data = resume_with_changed_data
+        self._content: dict[str, str] = {}  # split -> content digest of its source (or its datasets fingerprint)
         self.tokenizer = load_tokenizer(tokenizer)
         if chat_template is not None:
             self.tokenizer.chat_template = _read_template(chat_template)
@@ -203,8 +212,14 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
 
     def _load(self, split: str) -> datasets.Dataset:
         if self.path is None:
-            return generated_pairs(num_rows=self.max_rows or GENERATED_ROWS, seed=self.seed)
-        return load_split(self.path, split)
+            raw = generated_pairs(num_rows=self.max_rows or GENERATED_ROWS, seed=self.seed)
+            self._content[split] = raw._fingerprint
+            return raw
+        local = Path(self.path).expanduser()
+        digest = content_digest(local) if local.exists() else None
+        raw = load_split(self.path, split, digest=digest, on_bad_row=self.on_bad_row)
+        self._content[split] = digest or raw._fingerprint
+        return raw
 
     def _encode(self, split: str) -> tuple[datasets.Dataset, str, str]:
         """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
@@ -228,7 +243,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             )
         encoder = PairEncoder(self.tokenizer, fmt, self.columns, self.max_length, self.max_prompt_length,
                               add_bos=self.add_bos, truncation=self.truncation)
-        return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}"), fmt, source
+        # The content digest joins the map's cache key: whatever datasets keyed the rows by, new bytes re-tokenize.
+        raw_key = Hasher.hash([raw._fingerprint, self._content[split]])
+        return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}", parent=raw_key), fmt, source
 
     def _check_bad_rows(self, encoded: datasets.Dataset, bad_kind: np.ndarray, source: str) -> None:
         bad = np.flatnonzero(bad_kind != "")
@@ -331,9 +348,13 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         strategy = trainer.strategy if trainer is not None and trainer.world_size > 1 else None
         if strategy is not None and trainer.local_rank != 0:
             strategy.barrier("lit_prunedpo.data.tokenize")  # wait for the node's first process
-        built = self._build()
-        if strategy is not None and trainer.local_rank == 0:
-            strategy.barrier("lit_prunedpo.data.tokenize")
+        try:
+            built = self._build()
+        finally:
+            # Reached even when the build fails (bad data): the other processes then build and fail with the same
+            # message themselves, instead of with gloo's "Connection closed by peer" while waiting here.
+            if strategy is not None and trainer.local_rank == 0:
+                strategy.barrier("lit_prunedpo.data.tokenize")
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
         self.stats = built.stats
         rank_zero_info(format_stats(self.stats))
@@ -354,7 +375,16 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             "tokenizer_hash": tokenizer_fingerprint(self.tokenizer),
             "chat_template": hashlib.sha256(template.encode()).hexdigest()[:16] if isinstance(template, str) else None,
             "train_dataset": self.train_dataset._fingerprint, "val_dataset": self.val_dataset._fingerprint,
+            "content": dict(sorted(self._content.items())),
         }
+
+    def data_identity(self) -> dict[str, Any]:
+        """What a checkpoint's data position refers to (:mod:`~lit_prunedpo.data.resumable`): the sources'
+        content digests and the pairs built from them."""
+        self.setup("fit")
+        assert self.train_dataset is not None
+        return {"source": self._source_name(self.train_split), "content": dict(sorted(self._content.items())),
+                "train_pairs": len(self.train_dataset)}
 
     def reference_batches(self, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
         """Every training then validation pair once, unshuffled, shortest first within each split (less

@@ -10,6 +10,11 @@ data from its first batch. Two small pieces fix that without a stateful-DataLoad
   them in every checkpoint) holding the epoch and the number of training batches handed to the model in it.
   It counts in ``on_before_batch_transfer``, which runs when the loop consumes a batch, not when Lightning's
   fetcher prefetches the next one.
+
+A data module that can say what its data is (``data_identity() -> dict`` with a ``content`` entry, e.g.
+:meth:`~lit_prunedpo.data.PreferenceDataModule.data_identity`) stores that in the checkpoint too, and a
+resume whose data content differs is refused: the saved position would count batches of other pairs.
+Setting the module's ``resume_with_changed_data`` attribute (a constructor argument) accepts it, said in the log.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Iterator
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DistributedSampler
 
 
@@ -74,14 +80,35 @@ class ResumableDataMixin:
 
     def state_dict(self) -> dict[str, Any]:
         epoch, consumed = self._position
-        return {"epoch": epoch, "batches_consumed": consumed}
+        state: dict[str, Any] = {"epoch": epoch, "batches_consumed": consumed}
+        if hasattr(self, "data_identity"):
+            state["data"] = self.data_identity()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_same_data(state.get("data"))
         self._resume_position = (int(state["epoch"]), int(state["batches_consumed"]))
         self._position = self._resume_position
         # Lightning only knows stateful *DataLoaders* and would warn that this mid-epoch resume is unreliable;
         # here the data module restores the position itself, so that one warning is wrong.
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+
+    def _check_same_data(self, saved: dict[str, Any] | None) -> None:
+        if saved is None or not hasattr(self, "data_identity"):
+            return
+        now = self.data_identity()
+        if saved.get("content") == now.get("content"):
+            return
+        what = (f"the checkpoint was written while training on {saved.get('source')} (content {saved.get('content')}, "
+                f"{saved.get('train_pairs')} training pairs) but this run reads {now.get('source')} (content "
+                f"{now.get('content')}, {now.get('train_pairs')} training pairs)")
+        if getattr(self, "resume_with_changed_data", False):
+            rank_zero_warn(f"resuming with changed data, as asked (resume_with_changed_data=true): {what}")
+            return
+        raise ValueError(
+            f"refusing to resume: {what}; its data position would skip batches of other pairs. Resume with the "
+            "same data, start a fresh run, or pass --data.init_args.resume_with_changed_data=true to accept it"
+        )
 
     def resume(self, sampler: ResumableSampler, batch_size: int) -> ResumableSampler:
         """Arm ``sampler`` to continue where the loaded checkpoint stopped (once)."""

@@ -1,7 +1,11 @@
 """Open one split of preference data from a local file, a ``save_to_disk`` directory or the hub.
 
 Every local source goes through ``datasets`` so its rows live in Arrow cache files: that is what lets
-``Dataset.map`` cache the tokenized result by fingerprint.
+``Dataset.map`` cache the tokenized result by fingerprint. ``datasets`` keys a local file's cache by its
+path and modification time; a file edited in place with its time kept (``cp -p``, ``rsync -t``, ``tar``)
+would be read from the stale cache. So a local file is parsed into a cache folder named by its content
+digest (:func:`lit_prunedpo.fingerprint.content_digest`), after the line-by-line readability check of
+:mod:`~lit_prunedpo.data.readable`.
 """
 
 from __future__ import annotations
@@ -9,6 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
+
+from lit_prunedpo.data.readable import readable_copy
+from lit_prunedpo.fingerprint import content_digest
 
 #: Local file endings and the ``datasets`` builder that reads each (``.gz`` is decompressed by datasets).
 FILE_BUILDERS: dict[str, str] = {
@@ -44,17 +51,21 @@ def is_single_split(path: str) -> bool:
     return False
 
 
-def load_split(path: str, split: str) -> datasets.Dataset:
+def load_split(path: str, split: str, digest: str | None = None, on_bad_row: str = "error") -> datasets.Dataset:
     """Load one split of a preference dataset.
 
     Args:
         path: a local ``.json``/``.jsonl``/``.jsonl.gz``/``.parquet``/``.csv`` file, a directory written by
             ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, or a hub dataset name.
         split: the split to read. A single file or a saved ``Dataset`` has no splits and is returned whole.
+        digest: the content digest of a local file, when the caller has it already (else it is computed).
+        on_bad_row: what an unreadable line of a JSON-lines file does
+            (:func:`~lit_prunedpo.data.readable.readable_copy`).
 
     Raises:
         FileNotFoundError: ``path`` looks like a local path but does not exist, or the hub load failed.
-        ValueError: the file ending is unknown, or the split is not in a saved ``DatasetDict``.
+        ValueError: the file ending is unknown, empty or unreadable (naming the line), or the split is not in a
+            saved ``DatasetDict``.
     """
     local = Path(path).expanduser()
     if local.is_file():
@@ -63,8 +74,13 @@ def load_split(path: str, split: str) -> datasets.Dataset:
             raise ValueError(
                 f"{path}: unknown file type; expected one of {sorted(FILE_BUILDERS)} or a save_to_disk directory"
             )
+        digest = digest or content_digest(local)
+        readable = readable_copy(local, on_bad_row, digest)
+        cache_dir = Path(datasets.config.HF_DATASETS_CACHE) / "lit_prunedpo" / f"content-{digest}"
         try:
-            return datasets.load_dataset(builder, data_files=str(local.resolve()), split="train")
+            return datasets.load_dataset(
+                builder, data_files=str(readable.resolve()), split="train", cache_dir=str(cache_dir)
+            )
         except Exception as err:  # datasets wraps Arrow/parse errors in many types; name the file once.
             raise ValueError(f"{path}: could not read it as {builder}: {err}") from err
     if local.is_dir():

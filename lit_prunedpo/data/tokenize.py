@@ -25,6 +25,7 @@ the cached result does not depend on the bad-row policy; the data module filters
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import datasets
@@ -34,7 +35,7 @@ from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 from lit_prunedpo.data.formats import CONVERSATIONAL, BadRow, Columns, TextPair, extract_pair
 
 #: Bump when the map's output changes, so old caches are not reused.
-ENCODING_VERSION = "1"
+ENCODING_VERSION = "2"  # 2: pairs identical after tokenization and truncation are bad rows
 
 OUTPUT_FEATURES = datasets.Features(
     {
@@ -52,10 +53,29 @@ OUTPUT_FEATURES = datasets.Features(
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
-    """Load a tokenizer by hub name or local path; ``"byt5"`` builds the file-free byte-level ByT5 one."""
+    """Load a tokenizer by hub name or local path; ``"byt5"`` builds the file-free byte-level ByT5 one.
+
+    Raises:
+        ValueError: nothing loads from ``name``, saying whether it was read as a local path or a hub name.
+    """
     if name == "byt5":
         return ByT5Tokenizer()
-    return AutoTokenizer.from_pretrained(name)
+    local = Path(name).expanduser()
+    looks_local = name.startswith(("/", "./", "../", "~")) or local.exists()
+    if looks_local and not local.is_dir():
+        what = "is a file, not a directory" if local.exists() else "does not exist"
+        raise ValueError(
+            f"tokenizer {name!r} (argument data.init_args.tokenizer): the local path {what}; give a directory "
+            "written by save_pretrained, a hub name such as 'gpt2', or 'byt5'"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as err:  # transformers raises OSError, ValueError, HFValidationError... name the argument once
+        origin = "the local directory" if looks_local else "a hub name (no local directory has this path)"
+        raise ValueError(
+            f"tokenizer {name!r} (argument data.init_args.tokenizer): could not load it from {origin}: "
+            f"{type(err).__name__}: {err}"
+        ) from err
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -250,6 +270,14 @@ class PairEncoder:
                 add_bos=self.add_bos,
                 truncation=self.truncation,
             )
+            if pair.chosen_ids and pair.chosen_ids == pair.rejected_ids:
+                # Different texts, same ids: cut to the same prefix by max_length, or a tokenizer that maps them
+                # to the same tokens. Such a pair has zero margin and zero gradient forever: a bad row.
+                out["bad_kind"][position] = "identical_tokens"
+                out["bad_field"][position] = self.columns.rejected
+                cut = f"truncation to max_length {self.max_length}" if pair.response_truncated else "tokenization"
+                out["bad_detail"][position] = f"both responses are the same {len(pair.chosen_ids)} tokens after {cut}"
+                continue
             out["prompt_ids"][position] = pair.prompt_ids
             out["chosen_ids"][position] = pair.chosen_ids
             out["rejected_ids"][position] = pair.rejected_ids
@@ -259,9 +287,13 @@ class PairEncoder:
 
 
 def encode_split(
-    raw: datasets.Dataset, encoder: PairEncoder, num_proc: int | None = None, desc: str = "Tokenizing pairs"
+    raw: datasets.Dataset, encoder: PairEncoder, num_proc: int | None = None, desc: str = "Tokenizing pairs",
+    parent: str | None = None,
 ) -> datasets.Dataset:
-    """Run :class:`PairEncoder` over a split, cached under a fingerprint of the inputs and settings."""
+    """Run :class:`PairEncoder` over a split, cached under a fingerprint of the inputs and settings.
+
+    ``parent`` replaces ``raw``'s own fingerprint in the cache key (e.g. joined with the source's content digest).
+    """
     return raw.map(
         encoder,
         batched=True,
@@ -270,6 +302,6 @@ def encode_split(
         remove_columns=raw.column_names,
         features=OUTPUT_FEATURES,
         num_proc=num_proc,
-        new_fingerprint=encoder.fingerprint(raw._fingerprint),
+        new_fingerprint=encoder.fingerprint(parent or raw._fingerprint),
         desc=desc,
     )

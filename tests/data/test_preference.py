@@ -229,13 +229,22 @@ BAD_ROWS = {
         {"chosen": "\n\nHuman: a\n\nAssistant: x", "rejected": "\n\nHuman: b\n\nAssistant: y"},
         "rejected",
     ),
+    # Different texts that max_length (512) cuts to the same tokens.
+    "identical_tokens": ({"prompt": "p", "chosen": "a" * 600 + "x", "rejected": "a" * 600 + "y"}, "rejected"),
+    # A line with a byte that is not UTF-8 (written below, in place of this row).
+    "unreadable": ({"prompt": "p", "chosen": "caf\u00e9", "rejected": "r"}, "<row>"),
 }
 
 
 def _with_bad_row(tmp_path: Path, kind: str) -> Path:
     rows = implicit_rows(20) if kind == "prompt_not_prefix" else explicit_rows(20)
     rows.insert(7, BAD_ROWS[kind][0])
-    return write_rows(tmp_path / f"{kind}.jsonl", rows)
+    path = write_rows(tmp_path / f"{kind}.jsonl", rows)
+    if kind == "unreadable":  # the same row in Latin-1: its e-acute is the lone byte 0xe9
+        lines = path.read_bytes().splitlines(keepends=True)
+        lines[7] = lines[7].decode("utf-8").replace("\\u00e9", "\u00e9").encode("latin-1")
+        path.write_bytes(b"".join(lines))
+    return path
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_ROWS))

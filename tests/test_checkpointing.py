@@ -1,0 +1,162 @@
+"""Run outputs are never torn or shared (lit_prunedpo.checkpointing): atomic checkpoint writes, one log version
+per run (also for two runs started together in one folder), a resume that skips a truncated last checkpoint
+and names it, and a resume with other data refused unless asked for."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from lit_prunedpo.checkpointing import AtomicCheckpointIO, checkpoint_problem, claim_log_version
+from lit_prunedpo.cli import build_cli
+
+from helpers import REPO
+from data.pairs_factory import explicit_rows, write_rows
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+QUICK = ["--config", str(REPO / "configs/quickstart.yaml"), "--trainer.enable_progress_bar=false",
+         "--trainer.enable_model_summary=false", "--trainer.val_check_interval=1000", "--trainer.log_every_n_steps=1",
+         "--data.init_args.max_rows=48", "--data.init_args.batch_size=8"]
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path_factory, monkeypatch):
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_datasets_cache"))
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+    good = path.read_bytes()
+
+    def disk_full(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")  # what a full disk leaves behind
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert checkpoint_problem(path) is None
+
+
+def test_truncated_or_empty_checkpoints_are_recognised(tmp_path):
+    path = tmp_path / "a.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"w": torch.randn(1000)}, path)
+    assert checkpoint_problem(path) is None
+    (tmp_path / "cut.ckpt").write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert "truncated" in checkpoint_problem(tmp_path / "cut.ckpt")
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    assert checkpoint_problem(tmp_path / "empty.ckpt") == "the file is empty"
+
+
+def test_version_taken_by_another_run_since_the_listing_is_not_shared(tmp_path, monkeypatch):
+    first, second = CSVLogger(tmp_path, name="logs"), CSVLogger(tmp_path, name="logs")
+    trainer = lambda logger: type("T", (), {"loggers": [logger]})()  # noqa: E731  (all claim_log_version reads)
+    claim_log_version(trainer(first))
+    monkeypatch.setattr(second, "_get_next_version", lambda: 0)  # listed before the first run made version_0
+    claim_log_version(trainer(second))
+    assert (first.version, second.version) == (0, 1)
+    explicit = CSVLogger(tmp_path, name="logs", version=0)
+    claim_log_version(trainer(explicit))
+    assert explicit.version == 0  # a version the user chose is theirs (e.g. a requeued job's folder)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    other_rank = CSVLogger(tmp_path, name="logs")
+    claim_log_version(trainer(other_rank))
+    assert other_rank._version is None  # only the first process claims
+
+
+def test_two_runs_started_together_in_one_folder_keep_their_outputs_apart(tmp_path):
+    cmd = [sys.executable, "-m", "lit_prunedpo", "fit", *QUICK, "--trainer.max_steps=2", "--trainer.default_root_dir=out",
+           "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=1",
+           "--trainer.callbacks.save_top_k=-1"]
+    runs = [subprocess.Popen([*cmd, f"--seed_everything={seed}"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for seed in (1, 2)]
+    logs = [p.communicate(timeout=240)[0] for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    versions = sorted((tmp_path / "out/lightning_logs").iterdir())
+    assert [v.name for v in versions] == ["version_0", "version_1"]
+    seeds = sorted(next(line for line in (v / "config.yaml").read_text().splitlines() if line.startswith("seed_everything"))
+                   for v in versions)
+    assert seeds == ["seed_everything: 1", "seed_everything: 2"]  # one config.yaml per run
+    for v in versions:
+        with open(v / "metrics.csv") as f:
+            steps = [row["step"] for row in csv.DictReader(f) if row["train/loss"]]
+        assert steps == ["0", "1"]  # each run's own steps, once each: nothing interleaved
+        assert sorted(p.name for p in (v / "checkpoints").iterdir()) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt"]
+
+
+def _fit(tmp_path: Path, *extra: str) -> None:
+    build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}", *extra])
+
+
+CHECKPOINTS = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.dirpath=ckpt",
+               "--trainer.callbacks.save_last=true", "--trainer.callbacks.every_n_train_steps=1"]
+
+
+def test_resume_skips_a_truncated_last_checkpoint_and_names_it(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    _fit(tmp_path, "--trainer.max_steps=2", *CHECKPOINTS)
+    good = tmp_path / "ckpt/last.ckpt"
+    newer = tmp_path / "ckpt/last-v1.ckpt"  # e.g. written under its final name when the disk filled up
+    newer.write_bytes(good.read_bytes()[:1000])
+    os.utime(newer, (good.stat().st_mtime + 5, good.stat().st_mtime + 5))
+    with pytest.warns(UserWarning, match=rf"resume: skipped {newer}: it cannot be read \(not a complete checkpoint "
+                                         rf"archive.*resuming from {good}, the newest readable checkpoint"):
+        _fit(tmp_path, "--trainer.max_steps=3", *CHECKPOINTS, "--ckpt_path=last")
+    assert f"Restored all states from the checkpoint at {good}" in caplog.text
+    good.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"no checkpoint can be read: .*{newer}: not a complete.*{good}: the file is "
+                                         "empty. Delete them to start afresh"):
+        _fit(tmp_path, "--trainer.max_steps=4", *CHECKPOINTS, "--ckpt_path=last")
+
+
+def test_resume_with_other_data_is_refused_unless_asked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = write_rows(tmp_path / "pairs.jsonl", explicit_rows(48))
+    args = [f"--data.init_args.path={data}", *CHECKPOINTS]
+    _fit(tmp_path, "--trainer.max_steps=2", *args)
+    stat = data.stat()
+    data.write_bytes(data.read_bytes().replace(b"Good answer 1.", b"Fine answer 1."))
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # an in-place edit that keeps the time
+    with pytest.raises(ValueError, match=r"refusing to resume: the checkpoint was written while training on "
+                                         rf"{data} \(content .*\) but this run reads {data} \(content .*resume_with_changed_data=true"):
+        _fit(tmp_path, "--trainer.max_steps=3", *args, "--ckpt_path=last")
+    with pytest.warns(UserWarning, match=r"resuming with changed data, as asked"):
+        _fit(tmp_path, "--trainer.max_steps=3", *args, "--ckpt_path=last", "--data.init_args.resume_with_changed_data=true")
+
+
+def test_a_fixed_checkpoint_folder_in_use_by_a_live_run_is_refused(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_prunedpo.checkpointing import LOCK_NAME, lock_checkpoint_dirs
+
+    folder = tmp_path / "ckpt"
+    trainer = type("T", (), {"checkpoint_callbacks": [ModelCheckpoint(dirpath=folder)]})()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        folder.mkdir()
+        (folder / LOCK_NAME).write_text(f"{socket.gethostname()} {other.pid}")
+        with pytest.raises(RuntimeError, match=rf"checkpoint folder {folder} is in use by another run \(process "
+                                               rf"{other.pid} on host .*lock file {folder / LOCK_NAME}\)"):
+            lock_checkpoint_dirs(trainer)
+    finally:
+        other.kill()
+        other.wait()
+    lock_checkpoint_dirs(trainer)  # the holder died without cleaning up: its lock is taken over
+    assert (folder / LOCK_NAME).read_text() == f"{socket.gethostname()} {os.getpid()}"
+    lock_checkpoint_dirs(trainer)  # the same process again (a second fit in one session)
