@@ -55,21 +55,28 @@ class Arm:
         mode: a key of :data:`MODES`.
         batch_size: pairs per training step.
         matched: True for the compute-matched arm (batch enlarged to a vanilla step's cost).
+        prune_fraction: prune only during this share of the time budget, then train exactly (the study's
+            version of ``lit_prunedpo.callbacks.PruneEarly``, on the training clock instead of steps); ``None``
+            prunes throughout.
     """
 
     mode: str
     batch_size: int
     matched: bool = False
+    prune_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose from {','.join(MODES)}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size!r}")
+        if self.prune_fraction is not None and not 0.0 <= self.prune_fraction <= 1.0:
+            raise ValueError(f"prune_fraction must be in [0, 1], got {self.prune_fraction!r}")
 
     @property
     def name(self) -> str:
-        return f"{self.mode}@{self.batch_size}" + (" (matched)" if self.matched else "")
+        early = f" then exact after {self.prune_fraction:g}" if self.prune_fraction is not None else ""
+        return f"{self.mode}@{self.batch_size}{early}" + (" (matched)" if self.matched else "")
 
     def samplers(self) -> Samplers:
         return MODES[self.mode]()

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.callbacks.prune_early import SAMPLER_ATTRS, use_exact_samplers
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.module import PrunedDPO
@@ -77,6 +78,9 @@ class Run:
     step_cpu: list[float] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
     initial_checksum: float = 0.0
+    exact_after_s: float | None = None  # training seconds (on `clock`) after which the samplers are exact
+    clock_name: Clock = "cpu"
+    _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
 
     def clock(self, which: Clock) -> float:
@@ -96,8 +100,11 @@ class Run:
     def train_step(self) -> None:
         """One timed training step; fetching the batch is not timed (it is the same work for every arm)."""
         batch = self._next_batch()
-        wall, cpu = time.perf_counter(), time.process_time()
         module = self.module
+        if self.exact_after_s is not None:
+            self._configured = self._configured or tuple(getattr(module, n) for n in SAMPLER_ATTRS)
+            use_exact_samplers(module, self.clock(self.clock_name) >= self.exact_after_s, self._configured)
+        wall, cpu = time.perf_counter(), time.process_time()
         batch.validate()
         plan = module.plan(batch)
         est = module.execute_and_estimate(batch, plan)
@@ -170,9 +177,13 @@ def _warmup_constant(warmup_steps: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
 
 
-def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule) -> Run:
+def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
+             clock: Clock = "cpu") -> Run:
     """A fresh run: the task's initial weights for ``seed`` (the same for every arm), the arm's samplers and
-    batch size, a training order and sampler stream seeded by ``seed``."""
+    batch size, a training order and sampler stream seeded by ``seed``. An arm with a ``prune_fraction``
+    needs the ``budget_s`` it is a fraction of."""
+    if arm.prune_fraction is not None and budget_s is None:
+        raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
     prefix, position, branch = arm.samplers()
     module = PrunedDPO(
         policy=task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
@@ -186,6 +197,9 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule) -> 
     data.batch_size, data.seed = arm.batch_size, seed
     run = Run(arm, seed, module, optimizer, scheduler, data.train_dataloader())
     run.initial_checksum = weights_checksum(module.policy)
+    run.clock_name = clock
+    if arm.prune_fraction is not None:
+        run.exact_after_s = arm.prune_fraction * budget_s
     return run
 
 
@@ -252,7 +266,7 @@ def run_study(
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
-    runs = [make_run(task, arm, seed, dm) for seed in seeds for arm in arms]
+    runs = [make_run(task, arm, seed, dm, budget_s, clock) for seed in seeds for arm in arms]
     grids = {id(r): _events(budget_s, steps, evals) for r in runs}
     for run in runs:
         run.evaluate(batches, ["time", "steps"])

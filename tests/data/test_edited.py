@@ -28,7 +28,7 @@ def test_one_local_edit(edit_at):
 
 
 def test_label_noise_rate_and_best_accuracy():
-    rate, n = 0.1, 4000
+    rate, n = 0.1, 1500
     rows = edited_pairs(num_rows=n, seed=0, label_noise=rate)
     swapped = [not _ordered(r["prompt"], r["chosen"]) for r in rows]
     assert swapped == rows["swapped"]

@@ -133,3 +133,31 @@ def test_cli_writes_the_report(tmp_path, capsys):
     assert "| vanilla@4 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--modes", "vanilla,nope"])
+
+
+def test_prune_early_arm_switches_to_exact_at_its_share_of_the_budget(task, dm):
+    run = make_run(task, Arm("branch", 4, prune_fraction=0.5), 0, dm, budget_s=10.0, clock="cpu")
+    assert run.exact_after_s == 5.0 and "then exact after 0.5" in run.arm.name
+    run.train_step()
+    assert type(run.module.branch_sampler).__name__ == "RandomBranch"
+    run.cpu_s = 5.0  # the training clock reached half the budget
+    run.train_step()
+    assert type(run.module.branch_sampler).__name__ == "BothBranches"
+    with pytest.raises(ValueError, match="budget_s"):
+        make_run(task, Arm("branch", 4, prune_fraction=0.5), 0, dm)
+
+
+def test_hh_rlhf_task_holds_out_real_pairs(tmp_path):
+    from lit_prunedpo.study.tasks import HHRLHFTask
+
+    small = {**TINY, "vocab_size": 50257}
+    task = HHRLHFTask(max_rows=60, batch_size=2, max_length=48, max_prompt_length=24, model=small)
+    dm = task.datamodule(tmp_path)
+    assert len(dm.val_dataset) == 6 and len(dm.train_dataset) == 54
+    assert not set(dm.val_dataset["index"]) & set(dm.train_dataset["index"])  # held-out pairs never trained on
+    run = make_run(task, Arm("branch", 2), 0, dm)
+    run.train_step()
+    loss, accuracy = exact_eval(run.module, eval_batches(dm))
+    assert 0 < loss < 5 and 0 <= accuracy <= 1
+    with pytest.raises(FileNotFoundError, match="data file"):
+        HHRLHFTask(path=str(tmp_path / "missing.jsonl.gz")).datamodule(tmp_path)
