@@ -9,7 +9,7 @@ Examples::
 
 Every arm (mode x batch) trains from each seed's initial weights on the same data; see
 :mod:`lit_prunedpo.study.runner` for the clocks and the interleaving, :mod:`lit_prunedpo.study.curves` for
-the target and the ratios. ``--quick`` is a version of a few minutes (3 s budgets, 60 steps, 64 held-out pairs).
+the target and the ratios. ``--quick`` is a version of a few minutes (2 s budgets, 40 steps, 64 held-out pairs).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from lit_prunedpo.study.arms import MODES
 from lit_prunedpo.study.tasks import TASKS
 
-QUICK = {"budget": 3.0, "steps": 60, "evals": 4, "max_eval_pairs": 64}
+QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64}
 
 
 def _csv(text: str) -> list[str]:
@@ -103,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--max-rows must be >= 2, got {args.max_rows!r}")
         task = dataclasses.replace(task, max_rows=args.max_rows)
     out = Path(args.out) if args.out else Path("study_results") / task.name
-    dm = task.datamodule(out / "data")
+    with tempfile.TemporaryDirectory(prefix="lit-prunedpo-study-") as work_dir:  # generated files, read once by setup
+        dm = task.datamodule(Path(work_dir))
     modes = ["vanilla"] + [m for m in args.modes if m != "vanilla"]
     arms = [Arm(m, task.batch_size) for m in modes]
     if args.prune_early is not None:
