@@ -5,6 +5,8 @@ A task is a small class: :meth:`StudyTask.datamodule` builds a set-up
 pairs are never trained on) and :meth:`StudyTask.policy` the model source for a seed.
 
 * ``quickstart``: ``configs/quickstart.yaml``'s task and model, unchanged (it saturates: accuracy 1.0).
+* ``quickstart-d256``: the same task with a 4x wider model (d=256, FFN 512, 2 layers): fixed per-step costs
+  weigh less, so pruning saves a larger share of a step.
 * ``edited``: near-duplicate pairs, one wrong letter at a random place, 10% of labels swapped
   (:mod:`lit_prunedpo.data.edited`; best achievable held-out accuracy 0.9), the quickstart's model.
 * ``edited-start``: the same with the wrong letter first: the near-duplicate regime's other end.
@@ -149,6 +151,9 @@ class HHRLHFTask(StudyTask):
 
 TASKS: dict[str, StudyTask] = {
     "quickstart": QuickstartTask(),
+    # model shape as a variable: the quickstart's task with a 4x wider body, where a step's fixed costs weigh less
+    "quickstart-d256": QuickstartTask(name="quickstart-d256", lr=1e-3, model={**QUICKSTART_MODEL, "hidden_size": 256,
+                                                                             "intermediate_size": 512}),
     "edited": EditedTask(),
     "edited-start": EditedTask(name="edited-start", edit_at="start"),
     "hh-rlhf": HHRLHFTask(),
