@@ -1,0 +1,99 @@
+"""The study's arms: a pruning mode (the three samplers, as in the shipped configs) and a batch size.
+
+Modes mirror ``configs/<mode>.yaml`` so that a study's verdict applies to the configs a user runs:
+
+* ``vanilla``: concatenated DPO; ``branch``: ``RandomBranch(0.5)``; ``antithetic``: ``AntitheticBranch()``;
+* ``sequence``: ``SharedFractionPrefix(0.5)``; ``position``: ``BernoulliPositions(0.25, min_expected=2)``;
+* ``all``: ``SharedFractionPrefix(0.5)`` + ``StratifiedPositions(0.5)`` + ``AntitheticBranch()``.
+
+An arm is ``same-batch`` (the task's batch) or ``compute-matched``: the batch enlarged by the FLOP cost model's
+ideal speedup of the mode on the task's own batches (:func:`matched_batch_size`), so that one step costs what
+a vanilla step costs and the arm sees more pairs per second of compute instead of taking more steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.bench import cost
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.samplers import (
+    AllPositions,
+    AntitheticBranch,
+    BernoulliPositions,
+    BothBranches,
+    BranchSampler,
+    FullPrefix,
+    PositionSampler,
+    PrefixSampler,
+    RandomBranch,
+    SharedFractionPrefix,
+    StratifiedPositions,
+)
+
+Samplers = tuple[PrefixSampler, PositionSampler, BranchSampler]
+
+MODES: dict[str, Callable[[], Samplers]] = {
+    "vanilla": lambda: (FullPrefix(), AllPositions(), BothBranches()),
+    "branch": lambda: (FullPrefix(), AllPositions(), RandomBranch(0.5)),
+    "antithetic": lambda: (FullPrefix(), AllPositions(), AntitheticBranch()),
+    "sequence": lambda: (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
+    "position": lambda: (FullPrefix(), BernoulliPositions(0.25, min_expected=2.0), BothBranches()),
+    "all": lambda: (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of the study: a mode at a batch size.
+
+    Attributes:
+        mode: a key of :data:`MODES`.
+        batch_size: pairs per training step.
+        matched: True for the compute-matched arm (batch enlarged to a vanilla step's cost).
+        prune_fraction: prune only during this share of the time budget, then train exactly (the study's
+            version of ``lit_prunedpo.callbacks.PruneEarly``, on the training clock instead of steps); ``None``
+            prunes throughout.
+    """
+
+    mode: str
+    batch_size: int
+    matched: bool = False
+    prune_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose from {','.join(MODES)}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size!r}")
+        if self.prune_fraction is not None and not 0.0 <= self.prune_fraction <= 1.0:
+            raise ValueError(f"prune_fraction must be in [0, 1], got {self.prune_fraction!r}")
+
+    @property
+    def name(self) -> str:
+        early = f" then exact after {self.prune_fraction:g}" if self.prune_fraction is not None else ""
+        return f"{self.mode}@{self.batch_size}{early}" + (" (matched)" if self.matched else "")
+
+    def samplers(self) -> Samplers:
+        return MODES[self.mode]()
+
+
+def ideal_speedup(mode: str, batches: Iterable[PreferenceBatch], dims: cost.ModelDims, seed: int = 0) -> float:
+    """The cost model's ``flops(vanilla) / flops(mode)`` over ``batches`` (online reference, plain scorer)."""
+    g = torch.Generator().manual_seed(seed)
+    vanilla, pruned = [], []
+    for batch in batches:
+        vanilla.append(cost.step_flops(plan_step(batch, *MODES["vanilla"](), g), dims))
+        pruned.append(cost.step_flops(plan_step(batch, *MODES[mode](), g), dims))
+    return cost.ideal_speedup(vanilla, pruned)
+
+
+def matched_batch_size(batch_size: int, speedup: float) -> int:
+    """The batch whose pruned step costs about a vanilla step of ``batch_size`` pairs (rounded, >= batch_size)."""
+    if speedup <= 0:
+        raise ValueError(f"speedup must be > 0, got {speedup!r}")
+    return max(batch_size, round(batch_size * speedup))

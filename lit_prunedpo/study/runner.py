@@ -1,0 +1,286 @@
+"""Train every arm and seed of a study, interleaved, with honest clocks and exact held-out evaluation.
+
+A :class:`Run` is one (arm, seed): a real :class:`~lit_prunedpo.PrunedDPO` (its own ``plan`` and
+``execute_and_estimate``, so the step is the one ``lit-prunedpo fit`` trains with), AdamW, a warm-up then
+constant learning rate, and the data module's length-grouped training order seeded by the run's seed.
+The Lightning Trainer is not used: its loop would interleave logging and validation with the timed work,
+and it cannot hand the processor to another run between two steps. What differs from ``fit``: no learning
+rate decay (a time budget has no known step count to decay over) and no gradient clipping (the quickstart
+uses none).
+
+Clocks. Only the training steps are timed (plan, execute, estimate, backward, optimizer), by the wall clock
+(``time.perf_counter``) and the process's CPU clock (``time.process_time``); evaluation is timed apart and
+never counts. With one torch thread, CPU seconds are the work the step did, and barely move when other
+processes share the cores, while wall seconds do: the budget is enforced on one of the two (``clock``), both
+are recorded. Runs advance in turns, one evaluation interval each, round-robin over arms and seeds, so that
+load drifting on a shared machine hits every arm alike.
+
+Evaluation is the module's exact, unpruned objective (every position of both whole responses) on every
+held-out pair, at fixed points of the training clock (``k * budget / evals``) and of the step count
+(``k * steps / evals``): one run serves the same-time and the same-steps comparisons. A run ends when it has
+passed both the time budget and the step budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.callbacks.prune_early import SAMPLER_ATTRS, use_exact_samplers
+from lit_prunedpo.data import PreferenceDataModule
+from lit_prunedpo.metrics import pair_metrics
+from lit_prunedpo.module import PrunedDPO
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
+from lit_prunedpo.study.arms import Arm
+from lit_prunedpo.study.tasks import StudyTask
+
+Clock = Literal["cpu", "wall"]
+
+
+@dataclass
+class Point:
+    """One exact evaluation: where the run stood and what it scored on the held-out pairs."""
+
+    step: int
+    wall_s: float
+    cpu_s: float
+    loss: float
+    accuracy: float
+    grids: list[str]  # the grid points it stands for: "time" / "steps", repeated if one step passed several
+
+
+@dataclass
+class Run:
+    """One arm trained from one seed's initial weights. Build with :func:`make_run`."""
+
+    arm: Arm
+    seed: int
+    module: PrunedDPO
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: DataLoader
+    step: int = 0
+    epoch: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    eval_wall_s: float = 0.0
+    step_wall: list[float] = field(default_factory=list)
+    step_cpu: list[float] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+    initial_checksum: float = 0.0
+    exact_after_s: float | None = None  # training seconds (on `clock`) after which the samplers are exact
+    clock_name: Clock = "cpu"
+    _configured: tuple | None = None
+    _batches: Iterator[PreferenceBatch] | None = None
+
+    def clock(self, which: Clock) -> float:
+        return self.cpu_s if which == "cpu" else self.wall_s
+
+    def _next_batch(self) -> PreferenceBatch:
+        if self._batches is None:
+            self.loader.sampler.set_epoch(self.epoch)
+            self._batches = iter(self.loader)
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self.epoch += 1
+            self._batches = None
+            return self._next_batch()
+
+    def train_step(self) -> None:
+        """One timed training step; fetching the batch is not timed (it is the same work for every arm)."""
+        batch = self._next_batch()
+        module = self.module
+        if self.exact_after_s is not None:
+            self._configured = self._configured or tuple(getattr(module, n) for n in SAMPLER_ATTRS)
+            use_exact_samplers(module, self.clock(self.clock_name) >= self.exact_after_s, self._configured)
+        wall, cpu = time.perf_counter(), time.process_time()
+        batch.validate()
+        plan = module.plan(batch)
+        est = module.execute_and_estimate(batch, plan)
+        est.objective.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        dw, dc = time.perf_counter() - wall, time.process_time() - cpu
+        if not torch.isfinite(est.objective):
+            raise FloatingPointError(f"study run {self.arm.name} seed {self.seed}: non-finite loss at step {self.step}")
+        self.wall_s += dw
+        self.cpu_s += dc
+        self.step_wall.append(dw)
+        self.step_cpu.append(dc)
+        self.step += 1
+
+    def evaluate(self, batches: Sequence[PreferenceBatch], grids: list[str]) -> Point:
+        """The exact held-out objective now (not timed as training)."""
+        start = time.perf_counter()
+        loss, accuracy = exact_eval(self.module, batches)
+        self.eval_wall_s += time.perf_counter() - start
+        point = Point(self.step, self.wall_s, self.cpu_s, loss, accuracy, grids)
+        self.points.append(point)
+        return point
+
+    def on_grid(self, grid: str) -> list[Point]:
+        """The evaluations standing for the points of ``grid`` (step 0 first), one per grid point."""
+        return [p for p in self.points for g in p.grids if g == grid]
+
+    def summary(self) -> dict[str, Any]:
+        steps = max(1, len(self.step_cpu))
+        return {
+            "arm": self.arm.name, "mode": self.arm.mode, "batch_size": self.arm.batch_size, "matched": self.arm.matched,
+            "seed": self.seed, "steps": self.step, "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
+            "eval_wall_s": self.eval_wall_s,
+            "median_step_wall_s": sorted(self.step_wall)[steps // 2] if self.step_wall else None,
+            "median_step_cpu_s": sorted(self.step_cpu)[steps // 2] if self.step_cpu else None,
+            "initial_weights_checksum": self.initial_checksum,
+            "points": [vars(p) for p in self.points],
+        }
+
+
+def weights_checksum(model: torch.nn.Module) -> float:
+    """A number that changes with any weight (sum of |w| weighted by position): the same-init check."""
+    total = 0.0
+    for i, p in enumerate(model.parameters()):
+        total += float(p.detach().double().abs().sum()) * (i + 1)
+    return total
+
+
+@torch.no_grad()
+def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch]) -> tuple[float, float]:
+    """Mean exact DPO loss and accuracy over every pair of ``batches`` (what ``validation_step`` computes)."""
+    was_training = module.training
+    module.eval()
+    losses, hits, pairs = 0.0, 0.0, 0
+    try:
+        for batch in batches:
+            plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
+            metrics = pair_metrics(module.execute_and_estimate(batch, plan), module.beta)
+            losses += float(metrics["loss"].sum())
+            hits += float(metrics["rewards/accuracies"].sum())
+            pairs += batch.num_pairs
+    finally:
+        module.train(was_training)
+    return losses / pairs, hits / pairs
+
+
+def _warmup_constant(warmup_steps: int) -> Callable[[int], float]:
+    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
+
+
+def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
+             clock: Clock = "cpu") -> Run:
+    """A fresh run: the task's initial weights for ``seed`` (the same for every arm), the arm's samplers and
+    batch size, a training order and sampler stream seeded by ``seed``. An arm with a ``prune_fraction``
+    needs the ``budget_s`` it is a fraction of."""
+    if arm.prune_fraction is not None and budget_s is None:
+        raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
+    prefix, position, branch = arm.samplers()
+    module = PrunedDPO(
+        policy=task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
+        optimizer=partial(torch.optim.AdamW, lr=task.lr, weight_decay=0.0),
+    )
+    module.sampler_rng = SamplerRNG(seed=seed)
+    module.train()
+    optimizer = module.configure_optimizers()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_constant(task.warmup_steps))
+    data = copy.copy(dm)  # the same tokenized splits; only the batch size and the order's seed differ
+    data.batch_size, data.seed = arm.batch_size, seed
+    run = Run(arm, seed, module, optimizer, scheduler, data.train_dataloader())
+    run.initial_checksum = weights_checksum(module.policy)
+    run.clock_name = clock
+    if arm.prune_fraction is not None:
+        run.exact_after_s = arm.prune_fraction * budget_s
+    return run
+
+
+def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list[PreferenceBatch]:
+    """The held-out batches every evaluation runs: all of them, or whole batches up to ``max_pairs`` pairs."""
+    kept, total = [], 0
+    for batch in dm.val_dataloader():
+        if max_pairs is not None and total >= max_pairs:
+            break
+        kept.append(batch)
+        total += batch.num_pairs
+    return kept
+
+
+def _events(budget_s: float, steps: int, evals: int) -> tuple[list[float], list[int]]:
+    return [budget_s * k / evals for k in range(1, evals + 1)], [round(steps * k / evals) for k in range(1, evals + 1)]
+
+
+def advance(run: Run, time_grid: list[float], step_grid: list[int], clock: Clock, batches: Sequence[PreferenceBatch]) -> bool:
+    """Train ``run`` to its next grid point (of either grid), evaluate there; False once both grids are done."""
+    if not time_grid and not step_grid:
+        return False
+    while (not time_grid or run.clock(clock) < time_grid[0]) and (not step_grid or run.step < step_grid[0]):
+        run.train_step()
+    grids = []
+    while time_grid and run.clock(clock) >= time_grid[0]:
+        time_grid.pop(0)
+        grids.append("time")
+    while step_grid and run.step >= step_grid[0]:
+        step_grid.pop(0)
+        grids.append("steps")
+    run.evaluate(batches, grids)
+    return bool(time_grid or step_grid)
+
+
+def run_study(
+    task: StudyTask,
+    arms: Sequence[Arm],
+    seeds: Sequence[int],
+    budget_s: float,
+    steps: int,
+    evals: int,
+    clock: Clock = "cpu",
+    work_dir: Path | str = ".",
+    max_eval_pairs: int | None = None,
+    dm: PreferenceDataModule | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[Run]:
+    """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
+    and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid.
+
+    Raises:
+        ValueError: on an empty arm or seed list, repeated seeds, or a non-positive budget, step or eval count.
+    """
+    if not arms or not seeds:
+        raise ValueError("a study needs at least one arm and one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must differ, got {list(seeds)}")
+    for name, value in (("budget_s", budget_s), ("steps", steps), ("evals", evals)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if clock not in ("cpu", "wall"):
+        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+    log = log or (lambda line: None)
+    dm = dm if dm is not None else task.datamodule(Path(work_dir))
+    batches = eval_batches(dm, max_eval_pairs)
+    runs = [make_run(task, arm, seed, dm, budget_s, clock) for seed in seeds for arm in arms]
+    grids = {id(r): _events(budget_s, steps, evals) for r in runs}
+    for run in runs:
+        run.evaluate(batches, ["time", "steps"])
+    active = list(runs)
+    turn = 0
+    while active:
+        turn += 1
+        still = []
+        for run in active:
+            more = advance(run, *grids[id(run)], clock, batches)
+            p = run.points[-1]
+            log(f"turn {turn} {run.arm.name} seed {run.seed}: step {p.step} cpu {p.cpu_s:.1f}s wall {p.wall_s:.1f}s "
+                f"val/loss {p.loss:.4f} acc {p.accuracy:.3f}")
+            if more:
+                still.append(run)
+        active = still
+    return runs

@@ -1,0 +1,160 @@
+"""The study's tasks: what data a run trains and validates on, and which model learns it.
+
+A task is a small class: :meth:`StudyTask.datamodule` builds a set-up
+:class:`~lit_prunedpo.data.PreferenceDataModule` (the same pipeline as ``lit-prunedpo fit``; its held-out
+pairs are never trained on) and :meth:`StudyTask.policy` the model source for a seed.
+
+* ``quickstart``: ``configs/quickstart.yaml``'s task and model, unchanged (it saturates: accuracy 1.0).
+* ``quickstart-d256``: the same task with a 4x wider model (d=256, FFN 512, 2 layers): fixed per-step costs
+  weigh less, so pruning saves a larger share of a step.
+* ``edited``: near-duplicate pairs, one wrong letter at a random place, 10% of labels swapped
+  (:mod:`lit_prunedpo.data.edited`; best achievable held-out accuracy 0.9), the quickstart's model.
+* ``edited-start``: the same with the wrong letter first: the near-duplicate regime's other end.
+* ``hh-rlhf``: 2,312 real HH-RLHF pairs (``../shared/data/hh-rlhf``), GPT-2's tokenizer, a random Llama with
+  GPT-2's vocabulary (d=256, 4 layers: the LM head is a large share of a step, as in the bench's ``medium``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lit_prunedpo.data import PreferenceDataModule
+from lit_prunedpo.data.edited import EditPlace, best_accuracy, edited_pairs
+from lit_prunedpo.models import FromConfig
+
+QUICKSTART_MODEL: dict[str, Any] = dict(
+    vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+)
+
+
+class StudyTask(ABC):
+    """Data and model of one study task. ``name``, ``lr``, ``warmup_steps`` and ``best_accuracy`` are read
+    by the runner and the report."""
+
+    name: str
+    lr: float
+    warmup_steps: int
+    best_accuracy: float | None
+    batch_size: int
+    max_rows: int | None  # only the first rows of the data (quick runs); None: all
+
+    @abstractmethod
+    def datamodule(self, work_dir: Path) -> PreferenceDataModule:
+        """A set-up data module (``setup("fit")`` done); ``work_dir`` may hold generated files."""
+
+    @abstractmethod
+    def policy(self, seed: int) -> FromConfig:
+        """The model source whose weights depend on ``seed`` only (same seed, same initial weights)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the report says about the task."""
+        return {"name": self.name, "lr": self.lr, "warmup_steps": self.warmup_steps, "best_accuracy": self.best_accuracy,
+                "batch_size": self.batch_size, "max_rows": self.max_rows, "model": getattr(self, "model", None)}
+
+
+@dataclass
+class QuickstartTask(StudyTask):
+    """``configs/quickstart.yaml``: the generated ordered-vs-corrupted task and its tiny Llama."""
+
+    name: str = "quickstart"
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    best_accuracy: float | None = 1.0
+    batch_size: int = 16
+    max_rows: int | None = None
+    model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART_MODEL))
+
+    def datamodule(self, work_dir: Path) -> PreferenceDataModule:
+        dm = PreferenceDataModule(path=None, tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=self.batch_size,
+                                  max_rows=self.max_rows)
+        dm.setup("fit")
+        return dm
+
+    def policy(self, seed: int) -> FromConfig:
+        return FromConfig("llama", copy.deepcopy(self.model), seed=seed)
+
+
+@dataclass
+class EditedTask(StudyTask):
+    """One-edit pairs with label noise (:func:`lit_prunedpo.data.edited.edited_pairs`), written to a JSONL
+    file and read through the real pipeline; 5% held out."""
+
+    name: str = "edited"
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    edit_at: EditPlace = "random"
+    label_noise: float = 0.1
+    num_rows: int = 4096
+    batch_size: int = 16
+    max_rows: int | None = None
+    model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART_MODEL))
+
+    @property
+    def best_accuracy(self) -> float:  # type: ignore[override]
+        return best_accuracy(self.label_noise)
+
+    def datamodule(self, work_dir: Path) -> PreferenceDataModule:
+        path = Path(work_dir) / f"{self.name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = edited_pairs(num_rows=self.num_rows, seed=0, edit_at=self.edit_at, label_noise=self.label_noise)
+        with path.open("w") as f:
+            for row in rows:
+                f.write(json.dumps({k: row[k] for k in ("prompt", "chosen", "rejected")}) + "\n")
+        dm = PreferenceDataModule(path=str(path), tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=self.batch_size,
+                                  max_rows=self.max_rows)
+        dm.setup("fit")
+        return dm
+
+    def policy(self, seed: int) -> FromConfig:
+        return FromConfig("llama", copy.deepcopy(self.model), seed=seed)
+
+
+@dataclass
+class HHRLHFTask(StudyTask):
+    """Real preference pairs: the shared HH-RLHF harmless-base test file (10% held out), GPT-2's tokenizer."""
+
+    name: str = "hh-rlhf"
+    lr: float = 5e-4
+    warmup_steps: int = 10
+    best_accuracy: float | None = None
+    path: str = "../shared/data/hh-rlhf/harmless-base-test.jsonl.gz"
+    tokenizer: str = "../shared/tokenizers/gpt2"
+    max_length: int = 160
+    max_prompt_length: int = 96
+    max_rows: int | None = None
+    batch_size: int = 16
+    model: dict[str, Any] = field(default_factory=lambda: dict(
+        vocab_size=50257, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
+    ))
+
+    def datamodule(self, work_dir: Path) -> PreferenceDataModule:
+        for what, p in (("data file", self.path), ("tokenizer", self.tokenizer)):
+            if not Path(p).exists():
+                raise FileNotFoundError(f"hh-rlhf task: {what} {p!r} not found (run from the repository root, next to ../shared)")
+        dm = PreferenceDataModule(
+            path=self.path, tokenizer=self.tokenizer, max_length=self.max_length, max_prompt_length=self.max_prompt_length,
+            val_fraction=0.1, batch_size=self.batch_size, max_rows=self.max_rows,
+        )
+        dm.setup("fit")
+        return dm
+
+    def policy(self, seed: int) -> FromConfig:
+        return FromConfig("llama", copy.deepcopy(self.model), seed=seed)
+
+
+TASKS: dict[str, StudyTask] = {
+    "quickstart": QuickstartTask(),
+    # model shape as a variable: the quickstart's task with a 4x wider body, where a step's fixed costs weigh less
+    "quickstart-d256": QuickstartTask(name="quickstart-d256", lr=1e-3, model={**QUICKSTART_MODEL, "hidden_size": 256,
+                                                                             "intermediate_size": 512}),
+    "edited": EditedTask(),
+    "edited-start": EditedTask(name="edited-start", edit_at="start"),
+    "hh-rlhf": HHRLHFTask(),
+}
