@@ -96,7 +96,8 @@ def test_two_runs_started_together_in_one_folder_keep_their_outputs_apart(tmp_pa
         with open(v / "metrics.csv") as f:
             steps = [row["step"] for row in csv.DictReader(f) if row["train/loss"]]
         assert steps == ["0", "1"]  # each run's own steps, once each: nothing interleaved
-        assert sorted(p.name for p in (v / "checkpoints").iterdir()) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt"]
+        # the two ModelCheckpoint files, and FinalCheckpoint's last.ckpt of the last step
+        assert sorted(p.name for p in (v / "checkpoints").iterdir()) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "last.ckpt"]
 
 
 def _fit(tmp_path: Path, *extra: str) -> None:

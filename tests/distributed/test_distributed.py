@@ -285,18 +285,20 @@ def test_lora_trains_adapters_only(runs, strategy):
         assert (not torch.equal(tensor, initial[name])) == ("lora_" in name), name  # base frozen, adapters trained
 
 
-def test_lora_ddp_and_fsdp2_train_the_same_adapters(runs):
-    assert _max_diff(_weights(runs, "ddp_lora_full"), _weights(runs, "fsdp_lora_full")) <= TOL
+def test_lora_ddp_and_fsdp2_train_the_same_adapters(ddp_runs, fsdp_runs):
+    assert _max_diff(_weights(ddp_runs, "ddp_lora_full"), _weights(fsdp_runs, "fsdp_lora_full")) <= TOL
 
 
-def test_lora_resumes_exactly_from_a_sharded_checkpoint(runs):
+def test_lora_resumes_exactly_from_a_sharded_checkpoint(fsdp_runs):
+    runs = fsdp_runs
     assert _max_diff(_weights(runs, "fsdp_lora_full"), _weights(runs, "fsdp_lora_resumed")) <= TOL
 
 
 @pytest.mark.parametrize("mode", ["all_full", "lora_full"])
-def test_export_from_an_fsdp2_sharded_checkpoint(runs, mode, tmp_path):
+def test_export_from_an_fsdp2_sharded_checkpoint(fsdp_runs, mode, tmp_path):
     """The FSDP2 run's final checkpoint (a folder of shards) exports to a folder that loads with
     from_pretrained and gives the logits of the trained policy (its full weights, gathered by the worker)."""
+    runs = fsdp_runs
     from transformers import AutoModelForCausalLM
 
     from lit_prunedpo.export import export, load_policy
@@ -314,8 +316,9 @@ def test_export_from_an_fsdp2_sharded_checkpoint(runs, mode, tmp_path):
     assert out.shape == (1, 12)
 
 
-def test_fit_exports_at_the_end_under_fsdp2(runs):
+def test_fit_exports_at_the_end_under_fsdp2(fsdp_runs):
     """``--final.export_dir`` on a 2-process FSDP2 LoRA run: merged weights equal the trained adapters + base."""
+    runs = fsdp_runs
     from transformers import AutoModelForCausalLM
 
     from lit_prunedpo.export import load_policy
