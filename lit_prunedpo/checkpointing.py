@@ -15,11 +15,17 @@ skips unreadable checkpoints and says so.
   of resuming from the other run's ``last.ckpt`` and writing beside it. A lock left by a dead process on this
   host is taken over.
 * :func:`resolve_resume` turns ``ckpt_path="last"`` (also Lightning's implicit one when an
-  ``OnExceptionCheckpoint`` is configured) into the newest candidate that is a readable checkpoint, and
-  names every newer one it skipped; when none is readable it refuses instead of starting afresh.
+  ``OnExceptionCheckpoint`` is configured) into the newest candidate that is a readable checkpoint (a file
+  whose archive is whole, or a folder of shards holding the files a complete save writes last), names every
+  newer one it skipped and every leftover temporary of an interrupted save; when none is readable it refuses
+  instead of starting afresh.
 
-:class:`~lit_prunedpo.cli.PrunedDPOCLI` applies all three; with a plain ``Trainer`` pass
-``plugins=[AtomicCheckpointIO()]`` and call the functions yourself.
+* :class:`SaveRunConfig` (the CLI's config callback) gives a run without a logger its own config file.
+
+:class:`~lit_prunedpo.cli.PrunedDPOCLI` applies all of them. With a plain ``Trainer``, ``PrunedDPO`` puts
+:class:`AtomicCheckpointIO` in place itself when it saves (a ``CheckpointIO`` you chose is kept) and
+:class:`~lit_prunedpo.distributed.FSDP2Strategy` writes its folders of shards atomically; call the functions
+yourself for the rest.
 """
 
 from __future__ import annotations
@@ -33,14 +39,18 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_prunedpo.distributed import VerifiedCheckpointIO
 
 #: Environment variables that name a process's rank before the trainer knows it (launchers set them).
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "GROUP_RANK")
 LOCK_NAME = ".lit_prunedpo.lock"
+#: Files a complete sharded checkpoint folder holds, written last (``torch.distributed.checkpoint``'s index,
+#: then Lightning's non-tensor state).
+DCP_METADATA, LIGHTNING_METADATA = ".metadata", "meta.pt"
 
 
 class AtomicCheckpointIO(VerifiedCheckpointIO):
@@ -111,15 +121,56 @@ def claim_log_version(trainer: "pl.Trainer") -> None:
         logger._version = version
 
 
-def checkpoint_problem(path: str | os.PathLike) -> str | None:
-    """Why ``path`` is not a readable checkpoint file (``None`` when it is): a truncated or corrupt archive.
+class SaveRunConfig(SaveConfigCallback):
+    """Lightning's ``SaveConfigCallback``, except that a run without a logger never overwrites another run's
+    config file.
 
-    Checks the zip archive ``torch.save`` writes (its directory and every member's CRC) without unpickling it.
-    A folder (a distributed checkpoint) is accepted as is.
+    Without a logger the config goes to ``default_root_dir``, which every such run there shares (there is no
+    ``version_N`` to claim); with ``overwrite`` the second run replaced the first one's ``config.yaml``. Here
+    the first process claims the first free name of ``config.yaml``, ``config-1.yaml``, ... (``O_EXCL``: two
+    runs started together cannot both take one) and logs which.
+    """
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if not self.already_saved and self.save_to_log_dir and not trainer.loggers and trainer.is_global_zero:
+            folder = Path(trainer.log_dir)
+            if _is_local(folder):
+                wanted, self.config_filename = self.config_filename, _claim_file(folder, Path(self.config_filename))
+                if self.config_filename != wanted:
+                    rank_zero_info(f"{folder / wanted} belongs to another run (logger: false): this run's config is "
+                                   f"{folder / self.config_filename}")
+        super().setup(trainer, pl_module, stage)
+
+
+def _claim_file(folder: Path, name: Path) -> str:
+    """Create the first of ``name``, ``STEM-1SUFFIX``, ... that does not exist in ``folder``; its name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        candidate = name.name if n == 0 else f"{name.stem}-{n}{name.suffix}"
+        try:
+            os.close(os.open(folder / candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return candidate
+        except FileExistsError:
+            n += 1
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a readable checkpoint (``None`` when it is): a truncated or corrupt archive, or a
+    torn folder of shards.
+
+    A file: checks the zip archive ``torch.save`` writes (its directory and every member's CRC) without
+    unpickling it. A folder (a distributed checkpoint): checks that both files written last by a complete save
+    are there, ``torch.distributed.checkpoint``'s ``.metadata`` and Lightning's ``meta.pt`` (itself an archive).
     """
     path = Path(path)
     if path.is_dir():
-        return None
+        missing = [name for name in (DCP_METADATA, LIGHTNING_METADATA) if not (path / name).is_file()]
+        if missing:
+            return (f"a folder of shards without {' and '.join(missing)}: torn, its save was interrupted "
+                    "(or it is not a distributed checkpoint)")
+        problem = checkpoint_problem(path / LIGHTNING_METADATA)
+        return None if problem is None else f"{LIGHTNING_METADATA}: {problem}"
     try:
         size = path.stat().st_size
         if size == 0:
@@ -152,6 +203,20 @@ def _last_candidates(trainer: "pl.Trainer") -> set[str]:
     return {os.path.abspath(c) for c in candidates if Path(c).exists()}
 
 
+def _leftover_temporaries(trainer: "pl.Trainer") -> list[str]:
+    """Temporary files and folders of interrupted saves (``AtomicCheckpointIO``'s ``.NAME.PID.tmp``,
+    ``FSDP2Strategy``'s ``.NAME.tmp`` and ``.NAME.old``) in the folders resume looks in."""
+    folders = {Path(c).parent for c in _last_candidates(trainer)}
+    for callback in trainer.checkpoint_callbacks:
+        dirpath = getattr(callback, "dirpath", None)
+        if isinstance(callback, ModelCheckpoint) and dirpath and _is_local(dirpath):
+            folders.add(Path(dirpath))
+    return sorted(
+        str(p) for folder in folders if folder.is_dir() for p in folder.iterdir()
+        if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))
+    )
+
+
 def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
     """The checkpoint a ``fit`` with ``ckpt_path`` resumes from: ``"last"`` (or ``None`` with an
     ``OnExceptionCheckpoint``, as Lightning does) becomes the newest readable candidate; anything else is
@@ -165,6 +230,9 @@ def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
     if ckpt_path != "last":
         return ckpt_path
     candidates = sorted(_last_candidates(trainer), key=lambda p: os.path.getmtime(p), reverse=True)
+    for leftover in _leftover_temporaries(trainer):
+        rank_zero_warn(f"resume: ignored {leftover}: the temporary output of a checkpoint save that was interrupted "
+                       "(never resumed from; the next save replaces it)")
     if not candidates:
         return "last"  # Lightning warns that there is nothing to resume and starts afresh (a first launch)
     skipped = []

@@ -25,7 +25,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
-from lit_prunedpo.checkpointing import claim_log_version, install_atomic_io, lock_checkpoint_dirs, resolve_resume
+from lit_prunedpo.checkpointing import (
+    SaveRunConfig, claim_log_version, install_atomic_io, lock_checkpoint_dirs, resolve_resume,
+)
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
 
@@ -95,6 +97,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
         PrunedDPO,
         LightningDataModule,
         subclass_mode_data=True,
+        save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")},
         args=args,

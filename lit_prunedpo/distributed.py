@@ -1,6 +1,6 @@
 """Multi-process training helpers: FSDP2 sharding of the policy and the online reference, a strategy that
-shards over every process, forward-count balancing for sharded steps, and checkpoint loading that names the
-file it could not read.
+shards over every process (and writes its checkpoint folders atomically), forward-count balancing for sharded
+steps, and checkpoint loading that names the file it could not read.
 
 Why the sharding units are what they are: :class:`~lit_prunedpo.scoring.TokenScorer` never calls the root
 ``*ForCausalLM`` forward; it calls the body (``model.base_model``) and the LM head
@@ -12,6 +12,8 @@ unit; they are grouped with ``fully_shard([body, head])`` under a parameter-less
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +181,27 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._setup_distributed()
         self.lightning_module._device_mesh = self._device_mesh
 
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Write a sharded checkpoint folder atomically: every rank writes its shards into a temporary sibling
+        folder, and once all have finished, rank 0 renames it into place. A crash mid-save leaves the previous
+        ``path`` whole (and a temporary folder, which :func:`~lit_prunedpo.checkpointing.resolve_resume`
+        names and ignores), never a torn folder under the name a resume looks for. Single-file saves
+        (``save_distributed_checkpoint=False``) go through the checkpoint IO as usual."""
+        path = Path(self.broadcast(filepath))
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        tmp, old = sharded_save_names(path)
+        if self.global_rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _remove(tmp)  # left by a save that was killed
+        self.barrier("lit_prunedpo_save_start")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        # Rank 0 writes Lightning's meta.pt after the shards; every rank's shards are complete only here.
+        self.barrier("lit_prunedpo_save_written")
+        if self.global_rank == 0:
+            replace_folder(tmp, path, old)
+        self.barrier("lit_prunedpo_save_renamed")
+
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(self.broadcast(checkpoint_path))
         if not path.exists():
@@ -187,6 +210,31 @@ class FSDP2Strategy(ModelParallelStrategy):
             return super().load_checkpoint(path, weights_only=weights_only)
         except Exception as err:
             raise RuntimeError(f"cannot load checkpoint {path} (missing shards or corrupt?): {err}") from err
+
+
+def sharded_save_names(path: Path) -> tuple[Path, Path]:
+    """The temporary folder a sharded save of ``path`` writes into, and the name the folder it replaces is moved
+    to meanwhile. Dot names: ``ModelCheckpoint`` never takes them for checkpoints of its own."""
+    return path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+
+
+def replace_folder(new: Path, path: Path, old: Path) -> None:
+    """Rename ``new`` to ``path``, replacing what is there (a folder or a file). ``os.replace`` cannot replace a
+    non-empty folder, so the current one is first renamed to ``old``, then deleted once ``new`` is in place: at
+    every instant ``path`` is either the previous checkpoint or the new one, or (between the two renames) absent
+    with both whole under their temporary names."""
+    _remove(old)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(new, path)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):

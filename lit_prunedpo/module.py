@@ -296,9 +296,15 @@ class PrunedDPO(L.LightningModule):
 
     # ------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from lit_prunedpo.checkpointing import install_atomic_io
+
         refuse_nonfinite_weights(checkpoint, self.global_step)
+        # A plain Trainer gets the atomic writes too: the strategy writes this checkpoint after this hook.
+        if self._trainer is not None:
+            install_atomic_io(self._trainer)
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
+        checkpoint["skipped_nonfinite_in_a_row"] = self.skipped_in_a_row  # a resume keeps counting toward the limit
         from lit_prunedpo.export import policy_metadata
         from lit_prunedpo.lora import drop_frozen, is_peft_model
 
@@ -311,6 +317,8 @@ class PrunedDPO(L.LightningModule):
 
         if is_peft_model(self.policy) and "state_dict" in checkpoint:
             restore_frozen(checkpoint["state_dict"], self.policy)
+        self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
+        self.skipped_in_a_row = int(checkpoint.get("skipped_nonfinite_in_a_row", 0))
         state = checkpoint.get("sampler_rng")
         if state is None:
             rank_zero_warn("checkpoint has no sampler generator state: sampler draws restart from step 0")
@@ -322,7 +330,6 @@ class PrunedDPO(L.LightningModule):
         self.sampler_rng.step = int(state["step"])
         if int(state.get("rank", 0)) == self.sampler_rng.rank:
             self.sampler_rng.generator.set_state(state["generator"])
-        self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
 
 
 def _key(name: str) -> str:

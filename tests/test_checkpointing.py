@@ -161,3 +161,80 @@ def test_a_fixed_checkpoint_folder_in_use_by_a_live_run_is_refused(tmp_path):
     lock_checkpoint_dirs(trainer)  # the holder died without cleaning up: its lock is taken over
     assert (folder / LOCK_NAME).read_text() == f"{socket.gethostname()} {os.getpid()}"
     lock_checkpoint_dirs(trainer)  # the same process again (a second fit in one session)
+
+
+def test_resume_skips_a_torn_folder_of_shards_and_names_leftover_temporaries(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_prunedpo.checkpointing import resolve_resume
+
+    folder = tmp_path / "ckpt"
+    good = folder / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, good)
+    torn = folder / "last-v1.ckpt"  # a sharded save killed before its .metadata and meta.pt were written
+    torn.mkdir()
+    (torn / "__0_0.distcp").write_bytes(b"half a shard")
+    os.utime(torn, (good.stat().st_mtime + 5, good.stat().st_mtime + 5))
+    leftover = folder / ".last.ckpt.tmp"  # FSDP2Strategy's temporary folder of a save that died
+    leftover.mkdir()
+    callback = ModelCheckpoint(dirpath=folder)
+    trainer = type("T", (), {"callbacks": [callback], "checkpoint_callbacks": [callback],
+                             "default_root_dir": str(tmp_path)})()
+    with pytest.warns(UserWarning) as caught:
+        assert resolve_resume(trainer, "last") == str(good)
+    messages = [str(w.message) for w in caught]
+    assert f"resume: ignored {leftover}: the temporary output of a checkpoint save that was interrupted" in messages[0]
+    assert messages[1].startswith(f"resume: skipped {torn}: it cannot be read (a folder of shards without .metadata "
+                                  "and meta.pt: torn, its save was interrupted")
+    (torn / ".metadata").write_bytes(b"index")
+    (torn / "meta.pt").write_bytes(b"")
+    assert checkpoint_problem(torn) == "meta.pt: the file is empty"
+    AtomicCheckpointIO().save_checkpoint({"step": 1}, torn / "meta.pt")
+    assert checkpoint_problem(torn) is None
+
+
+def test_a_folder_is_replaced_with_no_instant_without_a_whole_checkpoint(tmp_path):
+    from lit_prunedpo.distributed import replace_folder, sharded_save_names
+
+    path = tmp_path / "last.ckpt"
+    tmp, old = sharded_save_names(path)
+    assert (tmp.name, old.name) == (".last.ckpt.tmp", ".last.ckpt.old")
+    path.write_bytes(b"a single-file checkpoint")  # what save_distributed_checkpoint=False wrote before
+    for content in (b"first", b"second"):
+        tmp.mkdir()
+        (tmp / "meta.pt").write_bytes(content)
+        old.mkdir(exist_ok=True)  # a leftover of a save that died between the two renames
+        replace_folder(tmp, path, old)
+        assert (path / "meta.pt").read_bytes() == content and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_a_plain_trainer_writes_checkpoints_atomically(tmp_path, tiny_source):
+    import lightning as L
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    from lit_prunedpo import PrunedDPO
+
+    class Mine(TorchCheckpointIO):
+        pass
+
+    for plugins, expected in (([], AtomicCheckpointIO), ([Mine()], Mine)):
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            plugins=plugins)
+        module = PrunedDPO(policy=tiny_source)
+        trainer.strategy.connect(module)
+        module.trainer = trainer  # as fit does
+        assert type(trainer.strategy.checkpoint_io) is (TorchCheckpointIO if not plugins else Mine)
+        trainer.save_checkpoint(tmp_path / "final.ckpt")
+        assert type(trainer.strategy.checkpoint_io) is expected  # a CheckpointIO the user chose is kept
+        assert checkpoint_problem(tmp_path / "final.ckpt") is None
+
+
+def test_runs_without_a_logger_in_one_folder_keep_their_own_config(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    for seed in (1, 2):
+        _fit(tmp_path, "--trainer.max_steps=1", "--trainer.logger=false", f"--seed_everything={seed}")
+    seeds = [next(line for line in (tmp_path / name).read_text().splitlines() if line.startswith("seed_everything"))
+             for name in ("config.yaml", "config-1.yaml")]
+    assert seeds == ["seed_everything: 1", "seed_everything: 2"]
+    assert f"{tmp_path / 'config.yaml'} belongs to another run (logger: false): this run's config is " \
+           f"{tmp_path / 'config-1.yaml'}" in caplog.text

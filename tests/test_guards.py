@@ -63,6 +63,32 @@ def test_skip_streak_resets_on_a_finite_step(tmp_path, tiny_source):
     assert module.skipped_steps == 2 and module.skipped_in_a_row == 0  # two skips, never two in a row
 
 
+class NaNLoss(PrunedDPO):
+    """Every step's loss is NaN, the weights stay finite (each step is skipped): checkpoints can be written."""
+
+    def execute_and_estimate(self, batch, plan):
+        est = super().execute_and_estimate(batch, plan)
+        return type(est)(**{**vars(est), "objective": est.objective * float("nan")})
+
+
+def test_skip_streak_survives_a_resume(tmp_path, tiny_source):
+    first = NaNLoss(policy=tiny_source, on_nonfinite="skip", max_consecutive_skips=3)
+    with pytest.warns(UserWarning, match="skipping step"):
+        trainer = fit(first, tmp_path, steps=2)
+    trainer.save_checkpoint(tmp_path / "two_skips.ckpt")
+    saved = torch.load(tmp_path / "two_skips.ckpt", weights_only=False)
+    assert (saved["skipped_nonfinite_steps"], saved["skipped_nonfinite_in_a_row"]) == (2, 2)
+    resumed = NaNLoss(policy=tiny_source, on_nonfinite="skip", max_consecutive_skips=3)
+    trainer = L.Trainer(accelerator="cpu", max_steps=12, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    data = SyntheticPreferenceData(vocab_size=32, num_train=64, num_val=8, batch_size=4)
+    # 2 skips before the checkpoint + 2 after it: stopped at step 3, not after 4 more skips (step 5)
+    with pytest.warns(UserWarning, match="skipping step 2"):
+        with pytest.raises(FloatingPointError, match=r"4 steps in a row had a non-finite DPO loss \(the last at step 3,"):
+            trainer.fit(resumed, datamodule=data, ckpt_path=tmp_path / "two_skips.ckpt")
+    assert resumed.skipped_steps == 4
+
+
 def test_nan_weights_are_never_written(tmp_path):
     module = nan_module()
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,

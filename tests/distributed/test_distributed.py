@@ -213,6 +213,21 @@ def test_corrupt_distributed_checkpoint_is_refused_on_every_rank(fsdp_runs):
         assert rank["mesh_kept"]
 
 
+def test_a_sharded_save_that_dies_leaves_the_previous_folder_whole(fsdp_runs):
+    """FSDP2Strategy writes shards into ``.last.ckpt.tmp`` and renames it into place once every rank is done."""
+    ranks = json.loads((fsdp_runs / "fsdp_atomic.json").read_text())
+    for rank in ranks:
+        assert rank["message"] == "[Errno 28] No space left on device"
+        assert rank["unchanged"]  # meta.pt, .metadata and every shard of the previous save, byte for byte
+        assert rank["after_crash"] == [".last.ckpt.tmp"]
+        assert rank["after_next_save"] == []  # the leftover was cleared, the old folder deleted after the swap
+    first = ranks[0]
+    assert first["resolved"] == first["last"] and first["problem"] is None
+    leftover = first["last"].replace("last.ckpt", ".last.ckpt.tmp")
+    assert any(w.startswith(f"resume: ignored {leftover}: the temporary output of a checkpoint save that was "
+                            "interrupted") for w in first["warnings"]), first["warnings"]
+
+
 def test_tied_embeddings_shard_in_one_unit(fsdp_runs):
     assert json.loads((fsdp_runs / "fsdp_tied.json").read_text())["max_grad_diff"] <= TOL
 

@@ -99,6 +99,50 @@ def check_corrupt_distributed_checkpoint(out: Path, cli) -> None:
         (out / "fsdp_corrupt.json").write_text(json.dumps(gathered))
 
 
+def check_atomic_sharded_save(out: Path, cli) -> None:
+    """A sharded save that dies mid-write (every rank: a full disk) leaves the previous ``last.ckpt`` folder
+    whole and a temporary folder that resume names and ignores; the next save replaces both."""
+    import warnings
+    from unittest import mock
+
+    import lightning.pytorch.strategies.model_parallel as model_parallel
+
+    from lit_prunedpo.checkpointing import checkpoint_problem, resolve_resume
+
+    rank, trainer = int(os.environ["RANK"]), cli.trainer
+    last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    trainer.save_checkpoint(last)  # replaces the existing folder of shards
+    before = {p.name: p.read_bytes() for p in last.iterdir()}
+
+    def disk_full(state, path, **kwargs):
+        (Path(path) / f"__{rank}_0.distcp").write_bytes(b"half a shard")
+        raise OSError(28, "No space left on device")
+
+    with mock.patch.object(model_parallel, "_distributed_checkpoint_save", disk_full):
+        try:
+            trainer.save_checkpoint(last)
+            message = "no error"
+        except OSError as err:
+            message = str(err)
+    dist.barrier()
+    result = {"message": message, "unchanged": {p.name: p.read_bytes() for p in last.iterdir()} == before,
+              "after_crash": sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".last"))}
+    if rank == 0:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result["resolved"] = resolve_resume(trainer, "last")
+        result["warnings"] = [str(w.message) for w in caught]
+        result["problem"] = checkpoint_problem(last)
+        result["last"] = str(last)
+    dist.barrier()
+    trainer.save_checkpoint(last)
+    result["after_next_save"] = sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".last"))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        (out / "fsdp_atomic.json").write_text(json.dumps(gathered))
+
+
 def main() -> None:
     out, strategy = Path(sys.argv[1]), sys.argv[2]
     nodes = int(sys.argv[sys.argv.index("--nodes") + 1]) if "--nodes" in sys.argv else 1
@@ -157,6 +201,7 @@ def main() -> None:
     if strategy == "fsdp":
         check_tied_embeddings(out, rank)
         check_corrupt_distributed_checkpoint(out, half)
+        check_atomic_sharded_save(out, half)
     gathered = [None] * world
     dist.all_gather_object(gathered, plans)
     if rank == 0:
