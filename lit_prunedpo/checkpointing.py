@@ -162,9 +162,13 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
     A file: checks the zip archive ``torch.save`` writes (its directory and every member's CRC) without
     unpickling it. A folder (a distributed checkpoint): checks that both files written last by a complete save
     are there, ``torch.distributed.checkpoint``'s ``.metadata`` and Lightning's ``meta.pt`` (itself an archive).
+    A non-empty folder with neither of them and no ``.distcp`` shard is another format, accepted as is.
     """
     path = Path(path)
     if path.is_dir():
+        names = [p.name for p in path.iterdir()]
+        if names and not any(n in (DCP_METADATA, LIGHTNING_METADATA) or n.endswith(".distcp") for n in names):
+            return None
         missing = [name for name in (DCP_METADATA, LIGHTNING_METADATA) if not (path / name).is_file()]
         if missing:
             return (f"a folder of shards without {' and '.join(missing)}: torn, its save was interrupted "

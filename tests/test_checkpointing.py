@@ -238,3 +238,11 @@ def test_runs_without_a_logger_in_one_folder_keep_their_own_config(tmp_path, cap
     assert seeds == ["seed_everything: 1", "seed_everything: 2"]
     assert f"{tmp_path / 'config.yaml'} belongs to another run (logger: false): this run's config is " \
            f"{tmp_path / 'config-1.yaml'}" in caplog.text
+
+
+def test_an_empty_folder_of_shards_is_torn_and_another_format_is_accepted(tmp_path):
+    (tmp_path / "empty.ckpt").mkdir()
+    assert "torn" in checkpoint_problem(tmp_path / "empty.ckpt")
+    (tmp_path / "other.ckpt").mkdir()
+    (tmp_path / "other.ckpt" / "model_states.pt").write_bytes(b"another tool's layout")
+    assert checkpoint_problem(tmp_path / "other.ckpt") is None
