@@ -49,3 +49,6 @@ def test_lora_memory_script_counts(monkeypatch):
     assert full["params"] == 2 * full["trainable"]  # the policy and its frozen online-reference copy
     assert lora["trainable"] < full["trainable"] / 4 and lora["params"] == full["trainable"] + lora["trainable"]
     assert lora["optimizer_state_mib"] * 4 < full["optimizer_state_mib"]
+    # full: fp32 policy + reference copy + gradients (3 x 4 bytes a policy weight) + the optimizer state
+    assert full["model_state_mib"] == pytest.approx(12 * full["trainable"] / 2**20 + full["optimizer_state_mib"])
+    assert full["model_state_mib"] > 3 * lora["model_state_mib"]

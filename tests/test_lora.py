@@ -19,7 +19,7 @@ from lit_prunedpo.reference_cache import CachedReference
 from lit_prunedpo.samplers import AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix, StratifiedPositions
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
-from helpers import REPO
+from helpers import REPO, TINY_LLAMA
 
 EXACT = (FullPrefix(), AllPositions(), BothBranches())
 PRUNED = (SharedFractionPrefix(0.5), StratifiedPositions(rate=0.5), AntitheticBranch())
@@ -132,3 +132,38 @@ def test_every_sampler_chunked_scorer_and_gradient_checkpointing_train_adapters(
     for name, tensor in cli.model.policy.state_dict().items():
         changed = not torch.equal(tensor, initial[name])
         assert changed == ("lora_B" in name or "lora_A" in name), name
+
+
+def _saved_for_backward(layer, x):
+    """The distinct tensors (by storage) that ``layer(x)`` saves for backward, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved.setdefault(t.untyped_storage().data_ptr(), t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x).sum().backward()
+    return list(saved.values())
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_an_adapted_layer_saves_only_its_input_and_the_rank_r_projection(tiny_source, dropout):
+    """Per adapted linear layer, LoRA's branch saves for backward the input the frozen layer needs anyway (the
+    same storage, not a copy) and ``A x`` (r wide): nothing input-sized more. With ``lora_dropout`` > 0 set to 0
+    by ``disable_dropout``, dropout must neither copy the input nor save a mask (a dropout that did would save
+    an input-sized copy and a mask per layer: the test fails with ``disable_dropout=False``)."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    r = 4
+    module = PrunedDPO(policy=LoRA(tiny_source, r=r, alpha=8, dropout=dropout, target_modules="all-linear")).train()
+    layers = [m for m in module.policy.modules() if isinstance(m, LoraLinear)]
+    assert len(layers) == 7 * TINY_LLAMA["num_hidden_layers"]  # q k v o gate up down
+    for layer in layers:
+        x = torch.randn(2, 5, layer.in_features, requires_grad=True)
+        saved = _saved_for_backward(layer, x)
+        assert any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for t in saved)
+        others = [t for t in saved if t.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()]
+        assert [(t.numel(), t.shape[-1]) for t in others] == [(2 * 5 * r, r)], [t.shape for t in others]
