@@ -16,7 +16,6 @@ different samplers compare.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Literal
 
 import lightning as L
@@ -37,6 +36,7 @@ from lit_prunedpo.plan import RowGroup, StepPlan, plan_step
 from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.reference_free import reference_for
 from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.warning_scope import IgnoredWarning
 from lit_prunedpo.samplers import (
     AllPositions,
     BothBranches,
@@ -143,6 +143,7 @@ class PrunedDPO(L.LightningModule):
                 check_attention(self.reference.model)
 
         self.sampler_rng = SamplerRNG()
+        self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
         self.step_stats: StepStats | None = None
         self.skipped_steps = 0
         self.skipped_in_a_row = 0
@@ -154,10 +155,17 @@ class PrunedDPO(L.LightningModule):
     def on_fit_start(self) -> None:
         # Lightning warns about every module in eval mode at the start of fit; the frozen reference always is,
         # by design. That warning is replaced by the one that matters: a policy module left in eval mode.
-        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+        # Lightning warns just before on_train_start, which closes the scope.
+        self._eval_mode_warning.open()
         frozen = [name for name, m in self.policy.named_modules() if not m.training]
         if frozen:
             rank_zero_warn(f"{len(frozen)} policy module(s) are in eval mode at the start of training, e.g. {frozen[:3]}")
+
+    def on_train_start(self) -> None:
+        self._eval_mode_warning.close()
+
+    def teardown(self, stage: str) -> None:
+        self._eval_mode_warning.close()
 
     def setup(self, stage: str) -> None:
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -317,11 +325,7 @@ class PrunedDPO(L.LightningModule):
             return
         if self.sampler_seed is not None and int(state["seed"]) != self.sampler_seed:
             rank_zero_info(f"resuming with the checkpoint's sampler seed {state['seed']} (config says {self.sampler_seed})")
-        # Each rank re-derives its own stream from (seed, its rank, step); rank 0 wrote the checkpoint.
-        self.sampler_rng.seed = int(state["seed"])
-        self.sampler_rng.step = int(state["step"])
-        if int(state.get("rank", 0)) == self.sampler_rng.rank:
-            self.sampler_rng.generator.set_state(state["generator"])
+        self.sampler_rng.load_state_dict(state)
         self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
 
 
