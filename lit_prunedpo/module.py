@@ -32,7 +32,7 @@ from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR
-from lit_prunedpo.plan import RowGroup, StepPlan, plan_step
+from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
 from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.reference_free import reference_for
 from lit_prunedpo.rng import SamplerRNG
@@ -47,9 +47,6 @@ from lit_prunedpo.samplers import (
 )
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 from lit_prunedpo.shared_prompt import check_attention
-
-_EXACT = (FullPrefix(), AllPositions(), BothBranches())
-
 
 class PrunedDPO(L.LightningModule):
     """DPO with random pruning of positions, prefixes and branches, re-weighted to stay unbiased.
@@ -256,7 +253,7 @@ class PrunedDPO(L.LightningModule):
     def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
         """The unpruned objective: every position of every whole response, whatever the samplers are."""
         batch.validate()
-        plan = plan_step(batch, *_EXACT, generator=torch.Generator(), shared_prompt=self.shared_prompt)
+        plan = exact_plan(batch, shared_prompt=self.shared_prompt)
         est = self.execute_and_estimate(batch, plan)
         for name, value in pair_metrics(est, self.beta).items():
             metric = metrics[_key(name)]
