@@ -141,7 +141,7 @@ def test_placeholder_groups_change_nothing_but_still_carry_a_graph():
 def test_corrupt_or_missing_checkpoint_is_refused_with_its_path(tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"not a checkpoint" * 10)
-    args = ["fit", "--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    args = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
             "--trainer.max_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             "--data.init_args.max_rows=48", "--data.init_args.val_fraction=0.25",
             "--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO"]
@@ -217,7 +217,7 @@ def test_tied_embeddings_shard_in_one_unit(fsdp_runs):
 
 def test_val_loss_reduced_over_ranks_equals_one_process(ddp_runs, tmp_path):
     runs = ddp_runs
-    cli = build_cli(["--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
                      "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25", "--trainer.enable_progress_bar=false",
                      "--trainer.enable_model_summary=false"], run=False)
     cli.model.policy.load_state_dict(_weights(runs, "ddp_vanilla"))
