@@ -1,12 +1,13 @@
 """Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
-checkpoint with its run summary, greedy samples at each validation, a step progress bar, and the prune-early
-schedule."""
+checkpoint with its run summary, the SIGTERM (preemption) checkpoint, greedy samples at each validation, a step
+progress bar, and the prune-early schedule."""
 
 from .final_checkpoint import FinalCheckpoint
 from .peak_memory import PeakMemoryMonitor
 from .progress_bar import StepProgressBar
+from .preemption import PreemptionCheckpoint
 from .prune_early import PruneEarly
 from .step_time import StepTimeMonitor
 from .validation_samples import ValidationSamples
 
-__all__ = ["FinalCheckpoint", "PeakMemoryMonitor", "PruneEarly", "StepProgressBar", "StepTimeMonitor", "ValidationSamples"]
+__all__ = ["FinalCheckpoint", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor", "ValidationSamples"]

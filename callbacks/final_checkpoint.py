@@ -7,7 +7,7 @@ validation every 40 steps leaves the step-40 weights, and a run shorter than one
 order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_checkpoint`` (so
 the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
 ``--ckpt_path last`` resumes from the newest ``last*.ckpt`` of the ``ModelCheckpoint`` folder, which is this
-one's folder by default. With :class:`~lit_prunedpo.preemption.PreemptionCheckpoint` in the callbacks, a
+one's folder by default. With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
 SIGTERM is saved by that callback (to the same file); this one then only reports it.
 
 The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the

@@ -20,14 +20,14 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
+from lit_prunedpo.plan import exact_samplers
 
 SAMPLER_ATTRS = ("prefix_sampler", "position_sampler", "branch_sampler")
 
 
 def use_exact_samplers(module: Any, exact: bool, configured: tuple[Any, Any, Any]) -> None:
     """Set ``module``'s three samplers to the exact ones (``exact``) or back to ``configured``."""
-    samplers = (FullPrefix(), AllPositions(), BothBranches()) if exact else configured
+    samplers = exact_samplers() if exact else configured
     for name, sampler in zip(SAMPLER_ATTRS, samplers, strict=True):
         setattr(module, name, sampler)
 

@@ -51,7 +51,7 @@ MODES = {
     "sequence 0.5": (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
     "position bernoulli 0.25": (FullPrefix(), BernoulliPositions(0.25, 2.0), BothBranches()),
     "position stratified 0.25": (FullPrefix(), StratifiedPositions(0.25), BothBranches()),
-    "all (configs/all.yaml)": (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
+    "all (configs/modes/all.yaml)": (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
 }
 
 

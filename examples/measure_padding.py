@@ -34,19 +34,17 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
-from lit_prunedpo.plan import plan_step  # noqa: E402
-from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix  # noqa: E402
+from lit_prunedpo.plan import exact_plan  # noqa: E402
 from lit_prunedpo.shared_prompt import prompt_and_common_lengths  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-EXACT = (FullPrefix(), AllPositions(), BothBranches())
 
 
 def count(batch) -> dict[str, int]:
     """Tokens of one unpruned pass over ``batch`` in each layout."""
     out = {}
     for layout in ("padded", "shared"):
-        plan = plan_step(batch, *EXACT, generator=torch.Generator(), shared_prompt=layout == "shared")
+        plan = exact_plan(batch, shared_prompt=layout == "shared")
         out[f"{layout}_executed"] = plan.tokens_executed
         out[f"{layout}_real"] = plan.real_tokens_executed
     prompt_len, common = prompt_and_common_lengths(batch)

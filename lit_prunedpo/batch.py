@@ -31,7 +31,8 @@ class PreferenceBatch:
         prompt_mask: ``[B, P]`` bool, True on real prompt tokens.
         response_ids: ``[B, 2, T]`` long, right-padded responses; branch 0 chosen, branch 1 rejected.
         response_mask: ``[B, 2, T]`` bool, True on real response tokens (a prefix of each row).
-        index: ``[B]`` long, each pair's row number in its dataset split (keys a cached reference).
+        index: ``[B]`` long, each pair's key, unique over the data module's splits: its row number in the
+            training source (a separate validation split's rows are numbered after it); keys a cached reference.
     """
 
     prompt_ids: Tensor

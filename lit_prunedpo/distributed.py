@@ -23,7 +23,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.plan import RowGroup, StepPlan
+from lit_prunedpo.plan import StepPlan, placeholder_group
 from lit_prunedpo.scoring import split_causal_lm
 
 __all__ = [
@@ -252,16 +252,6 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
 
 
 # ------------------------------------------------------------------------ same forwards on all ranks
-def _placeholder_group(batch: PreferenceBatch, requires_grad: bool) -> RowGroup:
-    """One row (pair 0, chosen) of width ``P`` scoring nothing: runs the model, contributes exactly 0."""
-    empty = torch.zeros(0, dtype=torch.long)
-    return RowGroup(
-        pair=torch.zeros(1, dtype=torch.long), branch=torch.zeros(1, dtype=torch.long),
-        kept=torch.ones(1, dtype=torch.long), width=batch.prompt_width, scored_row=empty, scored_t=empty,
-        weight=torch.zeros(0, dtype=torch.float64), requires_grad=requires_grad,
-    )
-
-
 def group_signature(plan: StepPlan) -> tuple[bool, bool]:
     """``(has a gradient group, has a no-grad group)``."""
     return any(g.requires_grad for g in plan.groups), any(not g.requires_grad for g in plan.groups)
@@ -288,10 +278,8 @@ def balance_plan_groups(plan: StepPlan, batch: PreferenceBatch, strategy: Any) -
     need_grad, need_nograd = bool(flags[0]), bool(flags[1])
     if (need_grad, need_nograd) == local:
         return plan
-    grad = [g for g in plan.groups if g.requires_grad] or ([_placeholder_group(batch, True)] if need_grad else [])
-    nograd = [g for g in plan.groups if not g.requires_grad] or ([_placeholder_group(batch, False)] if need_nograd else [])
-    return StepPlan(
-        groups=tuple(grad + nograd), grad_mask=plan.grad_mask, branch_prob=plan.branch_prob,
-        unpruned_tokens=plan.unpruned_tokens, unpruned_positions=plan.unpruned_positions,
-    )
+    P = batch.prompt_width
+    grad = [g for g in plan.groups if g.requires_grad] or ([placeholder_group(P, True)] if need_grad else [])
+    nograd = [g for g in plan.groups if not g.requires_grad] or ([placeholder_group(P, False)] if need_nograd else [])
+    return plan.with_groups(grad + nograd)
 

@@ -16,7 +16,6 @@ different samplers compare.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Literal
 
 import lightning as L
@@ -33,10 +32,11 @@ from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR
-from lit_prunedpo.plan import RowGroup, StepPlan, plan_step
+from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
 from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.reference_free import reference_for
 from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.warning_scope import IgnoredWarning
 from lit_prunedpo.samplers import (
     AllPositions,
     BothBranches,
@@ -47,9 +47,6 @@ from lit_prunedpo.samplers import (
 )
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 from lit_prunedpo.shared_prompt import check_attention
-
-_EXACT = (FullPrefix(), AllPositions(), BothBranches())
-
 
 class PrunedDPO(L.LightningModule):
     """DPO with random pruning of positions, prefixes and branches, re-weighted to stay unbiased.
@@ -143,6 +140,7 @@ class PrunedDPO(L.LightningModule):
                 check_attention(self.reference.model)
 
         self.sampler_rng = SamplerRNG()
+        self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
         self.step_stats: StepStats | None = None
         self.skipped_steps = 0
         self.skipped_in_a_row = 0
@@ -154,10 +152,17 @@ class PrunedDPO(L.LightningModule):
     def on_fit_start(self) -> None:
         # Lightning warns about every module in eval mode at the start of fit; the frozen reference always is,
         # by design. That warning is replaced by the one that matters: a policy module left in eval mode.
-        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+        # Lightning warns just before on_train_start, which closes the scope.
+        self._eval_mode_warning.open()
         frozen = [name for name, m in self.policy.named_modules() if not m.training]
         if frozen:
             rank_zero_warn(f"{len(frozen)} policy module(s) are in eval mode at the start of training, e.g. {frozen[:3]}")
+
+    def on_train_start(self) -> None:
+        self._eval_mode_warning.close()
+
+    def teardown(self, stage: str) -> None:
+        self._eval_mode_warning.close()
 
     def setup(self, stage: str) -> None:
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -248,7 +253,7 @@ class PrunedDPO(L.LightningModule):
     def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
         """The unpruned objective: every position of every whole response, whatever the samplers are."""
         batch.validate()
-        plan = plan_step(batch, *_EXACT, generator=torch.Generator(), shared_prompt=self.shared_prompt)
+        plan = exact_plan(batch, shared_prompt=self.shared_prompt)
         est = self.execute_and_estimate(batch, plan)
         for name, value in pair_metrics(est, self.beta).items():
             metric = metrics[_key(name)]
@@ -325,11 +330,7 @@ class PrunedDPO(L.LightningModule):
             return
         if self.sampler_seed is not None and int(state["seed"]) != self.sampler_seed:
             rank_zero_info(f"resuming with the checkpoint's sampler seed {state['seed']} (config says {self.sampler_seed})")
-        # Each rank re-derives its own stream from (seed, its rank, step); rank 0 wrote the checkpoint.
-        self.sampler_rng.seed = int(state["seed"])
-        self.sampler_rng.step = int(state["step"])
-        if int(state.get("rank", 0)) == self.sampler_rng.rank:
-            self.sampler_rng.generator.set_state(state["generator"])
+        self.sampler_rng.load_state_dict(state)
 
 
 def _key(name: str) -> str:

@@ -9,18 +9,26 @@ them into at most two groups, each one forward pass:
 Each group carries its executed width (``P + max kept length - 1``: the padded tensor really shrinks),
 the positions to score and their inverse-probability weights ``1 / (s_t * p_t(L))``: marginal prefix
 survival times *conditional* position probability.
+
+This module owns every ``RowGroup``/``StepPlan`` operation: building them (:func:`plan_step`, the unpruned
+:func:`exact_plan`), merging groups into one forward (:func:`merge_groups`), the empty placeholder group that
+keeps ranks in step (:func:`placeholder_group`), re-grouping a plan (:meth:`StepPlan.with_groups`) and device
+moves (:meth:`RowGroup.to`). A new row-group field is added here only: ``to`` and ``merge_groups`` handle every
+per-row tensor field, and :func:`_group` fills it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
+from lit_prunedpo.samplers import (
+    AllPositions, BothBranches, BranchSampler, FullPrefix, PositionSampler, PrefixSampler,
+)
 from lit_prunedpo.shared_prompt import prompt_and_common_lengths
 
 if TYPE_CHECKING:
@@ -96,12 +104,10 @@ class RowGroup:
         return group_layout(self)
 
     def to(self, device: torch.device | str) -> "RowGroup":
-        move = lambda x: None if x is None else x.to(device)  # noqa: E731
-        return RowGroup(
-            move(self.pair), move(self.branch), move(self.kept), self.width,
-            move(self.scored_row), move(self.scored_t), move(self.weight), self.requires_grad,
-            move(self.prompt_len), move(self.common_len), self.shared_prompt,
-        )
+        """The same group with every tensor field on ``device``."""
+        return replace(self, **{
+            f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
+        })
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,62 @@ class StepPlan:
     @property
     def branches_backpropagated(self) -> int:
         return int(self.grad_mask.sum())
+
+    def with_groups(self, groups: Sequence[RowGroup]) -> "StepPlan":
+        """The same draws run as ``groups`` (e.g. with placeholder groups added)."""
+        return replace(self, groups=tuple(groups))
+
+
+#: Fields of :class:`RowGroup` that are not one entry per row (or per scored position), for :func:`merge_groups`.
+_GROUP_SCALARS = ("width", "requires_grad", "shared_prompt")
+
+
+def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
+    """One no-grad group holding the rows of all ``groups`` (widest width), for a single forward pass.
+
+    Row-indexed and position-indexed tensors are concatenated (``scored_row`` shifted to the merged rows); an
+    optional tensor stays ``None`` unless every group has it; the merged group is shared-prompt only if all are.
+    """
+    if len(groups) == 1:
+        return groups[0]
+    offsets = torch.tensor([0] + [g.num_rows for g in groups[:-1]]).cumsum(0).tolist()
+    merged: dict[str, object] = {
+        "width": max(g.width for g in groups),
+        "requires_grad": False,
+        "shared_prompt": all(g.shared_prompt for g in groups),
+    }
+    for f in fields(RowGroup):
+        if f.name in _GROUP_SCALARS:
+            continue
+        parts = [getattr(g, f.name) for g in groups]
+        if f.name == "scored_row":
+            parts = [rows + o for rows, o in zip(parts, offsets, strict=True)]
+        merged[f.name] = None if any(x is None for x in parts) else torch.cat(parts)
+    return RowGroup(**merged)  # type: ignore[arg-type]
+
+
+def placeholder_group(prompt_width: int, requires_grad: bool) -> RowGroup:
+    """One row (pair 0, chosen) of width ``prompt_width`` scoring nothing: runs the model, contributes exactly 0.
+
+    Lets a rank run a forward its plan does not need, so that every rank runs the same forwards
+    (:func:`lit_prunedpo.distributed.balance_plan_groups`).
+    """
+    empty = torch.zeros(0, dtype=torch.long)
+    return RowGroup(
+        pair=torch.zeros(1, dtype=torch.long), branch=torch.zeros(1, dtype=torch.long),
+        kept=torch.ones(1, dtype=torch.long), width=prompt_width, scored_row=empty, scored_t=empty,
+        weight=torch.zeros(0, dtype=torch.float64), requires_grad=requires_grad,
+    )
+
+
+def exact_samplers() -> tuple[PrefixSampler, PositionSampler, BranchSampler]:
+    """The samplers of the unpruned step: whole responses, every position, both branches with a gradient."""
+    return FullPrefix(), AllPositions(), BothBranches()
+
+
+def exact_plan(batch: PreferenceBatch, shared_prompt: bool = False) -> StepPlan:
+    """The unpruned plan of ``batch`` (one gradient group, rows ``2i + b``, every weight 1); draws nothing."""
+    return plan_step(batch, *exact_samplers(), generator=torch.Generator(), shared_prompt=shared_prompt)
 
 
 def _group(

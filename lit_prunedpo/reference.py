@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from typing import Sequence
-
 import lightning as L
 import torch
 from torch import Tensor, nn
@@ -20,7 +18,7 @@ from torch import Tensor, nn
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.lora import adapters_off, is_peft_model
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.plan import RowGroup, StepPlan
+from lit_prunedpo.plan import StepPlan, merge_groups
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
 
@@ -43,27 +41,6 @@ class ReferenceSource(nn.Module, ABC):
     def tokens_executed(self, plan: StepPlan) -> int:
         """Padded tokens a reference model runs for ``plan`` (0 for sources that run no model)."""
         return 0
-
-
-def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
-    """One group holding the rows of all ``groups`` (widest width), for a single forward pass."""
-    if len(groups) == 1:
-        return groups[0]
-    offsets = torch.tensor([0] + [g.num_rows for g in groups[:-1]]).cumsum(0).tolist()
-    cat = lambda name: torch.cat([getattr(g, name) for g in groups])  # noqa: E731
-    return RowGroup(
-        pair=cat("pair"),
-        branch=cat("branch"),
-        kept=cat("kept"),
-        width=max(g.width for g in groups),
-        scored_row=torch.cat([g.scored_row + o for g, o in zip(groups, offsets, strict=True)]),
-        scored_t=cat("scored_t"),
-        weight=cat("weight"),
-        requires_grad=False,
-        prompt_len=cat("prompt_len") if all(g.prompt_len is not None for g in groups) else None,
-        common_len=cat("common_len") if all(g.common_len is not None for g in groups) else None,
-        shared_prompt=all(g.shared_prompt for g in groups),
-    )
 
 
 class OnlineReference(ReferenceSource):

@@ -25,8 +25,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
-from lit_prunedpo.plan import plan_step
-from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
+from lit_prunedpo.plan import exact_plan
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
 FORMAT = "lit_prunedpo.reference_cache"
@@ -295,9 +294,6 @@ def read_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------- computing
-_EXACT = (FullPrefix(), AllPositions(), BothBranches())
-
-
 def model_device(model: nn.Module) -> torch.device:
     param = next(iter(model.parameters()), None)
     return param.device if param is not None else torch.device("cpu")
@@ -337,7 +333,7 @@ def compute_reference_logps(
         for batch in batches:
             batch.validate()
             batch = batch.to(device)
-            plan = plan_step(batch, *_EXACT, generator=torch.Generator())
+            plan = exact_plan(batch)
             (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
             with context():
                 logps = scorer(model, group_inputs(batch, group.to(device))).float().cpu()

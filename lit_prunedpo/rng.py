@@ -43,6 +43,12 @@ class SamplerRNG:
         return {"seed": self.seed, "rank": self.rank, "step": self.step, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the saved seed and step; this rank keeps its own rank and re-derives its stream from them.
+
+        Rank 0 writes the checkpoint, so its generator state is restored only on the rank that saved it (the
+        next :meth:`next` re-seeds from (seed, rank, step) anyway).
+        """
         self.seed = int(state["seed"])
         self.step = int(state["step"])
-        self.generator.set_state(state["generator"])
+        if int(state.get("rank", 0)) == self.rank:
+            self.generator.set_state(state["generator"])

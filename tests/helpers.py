@@ -9,6 +9,15 @@ import torch
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 
 REPO = Path(__file__).resolve().parents[1]
+#: Pruning modes: overlays in configs/modes/ composed after configs/quickstart.yaml.
+MODES = ("vanilla", "branch", "sequence", "position", "all")
+
+
+def config_args(name: str) -> list[str]:
+    """The ``--config`` arguments that run a shipped config: a mode overlay composes after the quickstart."""
+    if name in MODES:
+        return ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / f"configs/modes/{name}.yaml")]
+    return ["--config", str(REPO / f"configs/{name}.yaml")]
 TINY_LLAMA = dict(
     vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,

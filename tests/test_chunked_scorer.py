@@ -11,7 +11,7 @@ import gc
 
 import pytest
 import torch
-from helpers import REPO, TINY_LLAMA, make_batch
+from helpers import MODES, REPO, TINY_LLAMA, config_args, make_batch
 from lit_prunedpo.callbacks import _memory
 from torch import nn
 
@@ -142,13 +142,13 @@ def test_chunked_head_lowers_peak_memory():
     assert chunked < plain / 4, f"chunked peak {chunked / 2**20:.0f} MiB vs plain {plain / 2**20:.0f} MiB"
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "branch", "sequence", "position", "all"])
+@pytest.mark.parametrize("mode", MODES)
 def test_selectable_by_config_for_every_mode(mode, tmp_path):
     from lit_prunedpo.cli import build_cli
 
     scorer = '{"class_path": "lit_prunedpo.chunked_scorer.ChunkedScorer", "init_args": {"chunk_size": 256}}'
     cli = build_cli(
-        ["--config", str(REPO / f"configs/{mode}.yaml"), f"--trainer.default_root_dir={tmp_path}", f"--model.scorer={scorer}"],
+        [*config_args(mode), f"--trainer.default_root_dir={tmp_path}", f"--model.scorer={scorer}"],
         run=False,
     )
     assert isinstance(cli.model.scorer, ChunkedScorer) and cli.model.scorer.chunk_size == 256
@@ -158,7 +158,7 @@ def test_fit_with_chunked_scorer(tmp_path):
     from lit_prunedpo.cli import build_cli
 
     build_cli([
-        "fit", "--config", str(REPO / "configs/all.yaml"), f"--trainer.default_root_dir={tmp_path}",
+        "fit", *config_args("all"), f"--trainer.default_root_dir={tmp_path}",
         "--model.scorer=lit_prunedpo.chunked_scorer.ChunkedScorer", "--model.scorer.init_args.chunk_size=7",
         "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",

@@ -15,14 +15,14 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 
-from helpers import REPO
+from helpers import MODES, REPO, config_args
 
 SHARED = REPO.parent / "shared"
 HH_RLHF = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
 GPT2_TOKENIZER = SHARED / "tokenizers/gpt2"
 
 YAMLS = sorted(p for d in ("configs", "examples") for p in (REPO / d).rglob("*.yaml"))
-MODES = ["quickstart", "vanilla", "branch", "sequence", "position", "all"]
+RUNNABLE = ["quickstart", *MODES]
 FAST = [
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
@@ -39,7 +39,7 @@ def examples_importable(monkeypatch):
 
 def test_every_yaml_is_found():
     names = {p.relative_to(REPO).as_posix() for p in YAMLS}
-    assert {f"configs/{m}.yaml" for m in MODES} <= names
+    assert {f"configs/modes/{m}.yaml" for m in MODES} | {"configs/quickstart.yaml"} <= names
     assert "examples/custom_sampler.yaml" in names
 
 
@@ -57,7 +57,7 @@ def offline_overrides(path, tmp_path):
 def test_every_yaml_instantiates_through_the_cli(path, tmp_path, examples_importable):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and "--config" in first, f"{path} must open with the command that runs it"
-    # Overlays (configs/losses/) are composed after the configs their command names: load them the same way.
+    # Overlays (configs/modes/, configs/losses/) are composed after the configs their command names: load them the same way.
     configs = re.findall(r"--config (\S+)", first)
     assert configs[-1] == path.relative_to(REPO).as_posix(), f"{path}'s first line must be the command that runs it"
     composed = [arg for config in configs for arg in ("--config", str(REPO / config))]
@@ -74,9 +74,9 @@ def metrics_of(root):
     return merged
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", RUNNABLE)
 def test_fit_a_few_steps(mode, tmp_path):
-    build_cli(["fit", "--config", str(REPO / f"configs/{mode}.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    build_cli(["fit", *config_args(mode), f"--trainer.default_root_dir={tmp_path}",
                "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1", *FAST])
     metrics = metrics_of(tmp_path)
     for key in ("train/loss", "train/rewards/accuracies", "train/pruning/tokens_executed_frac",
@@ -105,7 +105,7 @@ def test_python_dash_m_prints_config(tmp_path):
 
 
 def test_resume_draws_and_weights_match_uninterrupted_run(tmp_path):
-    common = ["--config", str(REPO / "configs/all.yaml"), "--trainer.val_check_interval=3",
+    common = [*config_args("all"), "--trainer.val_check_interval=3",
               "--trainer.limit_val_batches=1", *FAST]
     full = build_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'full'}", "--trainer.max_steps=6"])
     first = build_cli(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'half'}", "--trainer.max_steps=3"])
@@ -142,7 +142,7 @@ def test_quickstart_trains_on_a_users_jsonl(tmp_path):
 
 @pytest.mark.parametrize("subcommand", ["validate", "test"])
 def test_validate_and_test_subcommands(subcommand, tmp_path):
-    cli = build_cli([subcommand, "--config", str(REPO / "configs/all.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    cli = build_cli([subcommand, *config_args("all"), f"--trainer.default_root_dir={tmp_path}",
                      "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2", *FAST])
     prefix = "val" if subcommand == "validate" else "test"
     assert {f"{prefix}/loss", f"{prefix}/rewards/accuracies"} <= set(cli.trainer.callback_metrics)

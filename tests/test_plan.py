@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.plan import RowGroup, exact_plan, exact_samplers, merge_groups, placeholder_group, plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
+    BernoulliPositions,
     BothBranches,
     FixedCountPositions,
     FullPrefix,
@@ -62,3 +65,43 @@ def test_a_sampler_breaking_its_contract_is_caught():
     batch = make_batch([1, 1], [4, 2], [3, 3])
     with pytest.raises(RuntimeError, match="past the kept prefix"):
         plan_step(batch, FullPrefix(), ScoresPastTheEnd(), BothBranches(), torch.Generator())
+
+
+def test_exact_plan_is_the_unpruned_plan():
+    batch = make_batch([3, 2], [4, 5], [5, 3])
+    (group,) = exact_plan(batch).groups
+    assert group.requires_grad and group.pair.tolist() == [0, 0, 1, 1] and group.branch.tolist() == [0, 1, 0, 1]
+    assert group.num_scored == int(batch.response_lengths.sum()) and bool((group.weight == 1).all())
+    assert [type(s).__name__ for s in exact_samplers()] == ["FullPrefix", "AllPositions", "BothBranches"]
+    assert exact_plan(batch, shared_prompt=True).groups[0].shared_prompt
+
+
+def test_merge_groups_concatenates_every_row_field_and_offsets_scored_rows():
+    batch = make_batch([3, 2, 4], [4, 5, 2], [5, 3, 6])
+    plan = plan_step(batch, SharedFractionPrefix(0.5), BernoulliPositions(0.5), RandomBranch(0.5),
+                     torch.Generator().manual_seed(3))
+    grad, nograd = plan.groups
+    merged = merge_groups(plan.groups)
+    assert not merged.requires_grad and merged.width == max(grad.width, nograd.width)
+    for f in fields(RowGroup):
+        value = getattr(merged, f.name)
+        if isinstance(value, torch.Tensor) and f.name != "scored_row":
+            assert torch.equal(value, torch.cat([getattr(grad, f.name), getattr(nograd, f.name)])), f.name
+    assert merged.scored_row.tolist() == grad.scored_row.tolist() + (nograd.scored_row + grad.num_rows).tolist()
+    assert merge_groups([grad]) is grad
+    with_placeholder = merge_groups([grad, placeholder_group(batch.prompt_width, False)])
+    assert with_placeholder.prompt_len is None and with_placeholder.num_scored == grad.num_scored
+
+
+def test_placeholder_and_regrouped_plan_and_device_move():
+    batch = make_batch([3, 2], [4, 5], [5, 3])
+    plan = exact_plan(batch)
+    empty = placeholder_group(batch.prompt_width, False)
+    assert (empty.num_rows, empty.num_scored, empty.width, empty.requires_grad) == (1, 0, batch.prompt_width, False)
+    regrouped = plan.with_groups([*plan.groups, empty])
+    assert regrouped.groups[-1] is empty and torch.equal(regrouped.grad_mask, plan.grad_mask)
+    assert regrouped.unpruned_tokens == plan.unpruned_tokens
+    moved = plan.groups[0].to("meta")
+    assert all(getattr(moved, f.name).device.type == "meta" for f in fields(RowGroup)
+               if isinstance(getattr(moved, f.name), torch.Tensor))
+    assert moved.width == plan.groups[0].width and moved.shared_prompt == plan.groups[0].shared_prompt

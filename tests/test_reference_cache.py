@@ -337,7 +337,7 @@ def test_cache_command_refuses_a_config_without_a_cached_reference(tmp_path):
     from lit_prunedpo.cache_cli import main
 
     with pytest.raises(SystemExit, match="not lit_prunedpo.reference_cache.CachedReference"):
-        main(["--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}"])
+        main(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"])
 
 
 def test_rank_sharded_build_merges_into_the_single_process_cache(tmp_path, tiny_source):

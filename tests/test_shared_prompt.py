@@ -17,7 +17,7 @@ from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.reference import merge_groups
+from lit_prunedpo.plan import merge_groups
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,

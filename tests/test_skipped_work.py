@@ -13,7 +13,7 @@ from lit_prunedpo.samplers import (
     RandomBranch,
     SharedFractionPrefix,
 )
-from lit_prunedpo.reference import merge_groups
+from lit_prunedpo.plan import merge_groups
 from lit_prunedpo.scoring import split_causal_lm
 
 from helpers import make_batch

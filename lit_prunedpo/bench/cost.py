@@ -35,7 +35,7 @@ from typing import Iterable, Literal
 from torch import nn
 
 from lit_prunedpo.plan import StepPlan
-from lit_prunedpo.reference import merge_groups
+from lit_prunedpo.plan import merge_groups
 from lit_prunedpo.scoring import split_causal_lm
 
 Reference = Literal["online", "cached"]

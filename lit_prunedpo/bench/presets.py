@@ -1,7 +1,8 @@
 """Benchmark presets (model, batches, step counts) and the pruning modes compared.
 
 * ``small``: a tiny Llama and a few steps, seconds in all: a CI-sized check that the harness runs.
-* ``quickstart``: the quickstart config's model and batch shape, for the branch-vs-vanilla ratio at that size.
+* ``quickstart``: a Llama at the quickstart config's size and batch shape (4 KV heads where the config has 2),
+  for the branch-vs-vanilla ratio at that size.
 * ``medium``: representative of the step's cost split: Llama d=256, 4 layers, V=8192, 4 pairs of responses of
   128-384 tokens; the LM head is ~24% of a forward's FLOPs (the CLI prints the cost model's number).
 * ``head-heavy``: vocabulary 32768, d=64: the LM head dominates, to show what position pruning and the
@@ -120,7 +121,8 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="quickstart",
-            description="configs/quickstart.yaml's model (Llama d=64, 2 layers, V=384), 16 pairs of 9-33 tokens",
+            description="Llama at configs/quickstart.yaml's size (d=64, 2 layers, V=384; 4 KV heads, the config "
+                        "has 2), 16 pairs of 9-33 tokens",
             model=_llama(384, 64, 2, 4, 128, 128),
             batch_size=16,
             response_length=(9, 33),

@@ -19,11 +19,12 @@ Setting the module's ``resume_with_changed_data`` attribute (a constructor argum
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Iterator
 
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DistributedSampler
+
+from lit_prunedpo.warning_scope import IgnoredWarning
 
 
 class ResumableSampler(DistributedSampler):
@@ -70,10 +71,13 @@ class ResumableDataMixin:
 
     _position: tuple[int, int] = (0, 0)  # (epoch, training batches consumed in it)
     _resume_position: tuple[int, int] | None = None
+    _resume_warning: IgnoredWarning | None = None
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training:
+            if self._resume_warning is not None:
+                self._resume_warning.close()
             epoch, consumed = self._position
             self._position = (trainer.current_epoch, consumed + 1 if epoch == trainer.current_epoch else 1)
         return batch
@@ -90,8 +94,15 @@ class ResumableDataMixin:
         self._resume_position = (int(state["epoch"]), int(state["batches_consumed"]))
         self._position = self._resume_position
         # Lightning only knows stateful *DataLoaders* and would warn that this mid-epoch resume is unreliable;
-        # here the data module restores the position itself, so that one warning is wrong.
-        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+        # here the data module restores the position itself, so that one warning is wrong. Lightning warns when
+        # the first epoch starts: ignored until the first training batch (or teardown), then the filters are back.
+        self._resume_warning = IgnoredWarning("You're resuming from a checkpoint that ended before the epoch ended")
+        self._resume_warning.open()
+
+    def teardown(self, stage: str) -> None:
+        if self._resume_warning is not None:
+            self._resume_warning.close()
+        super().teardown(stage)  # type: ignore[misc]
 
     def _check_same_data(self, saved: dict[str, Any] | None) -> None:
         if saved is None or not hasattr(self, "data_identity"):

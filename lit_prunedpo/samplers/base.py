@@ -50,11 +50,6 @@ class PrefixSampler(ABC):
         s = self.survival(lengths, width)
         return s - torch.cat([s[:, 1:], torch.zeros_like(s[:, :1])], dim=1)
 
-    @property
-    def prunes(self) -> bool:
-        """False for samplers that always keep the whole response."""
-        return True
-
 
 class PositionSampler(ABC):
     """Draws which of the kept positions ``t <= L`` get scored (LM head and log-softmax run only there)."""
@@ -70,10 +65,6 @@ class PositionSampler(ABC):
     def support(self, kept: int) -> Iterator[tuple[Tensor, float]]:
         """Yield every mask ``[kept]`` this sampler can draw for one sequence, with its probability."""
         raise NotImplementedError(f"{type(self).__name__} does not enumerate its support")
-
-    @property
-    def prunes(self) -> bool:
-        return True
 
 
 class BranchSampler(ABC):
@@ -93,7 +84,3 @@ class BranchSampler(ABC):
     def support(self, num_pairs: int) -> Iterator[tuple[Tensor, float]]:
         """Yield every mask ``[num_pairs, 2]`` this sampler can draw, with its probability."""
         raise NotImplementedError(f"{type(self).__name__} does not enumerate its support")
-
-    @property
-    def prunes(self) -> bool:
-        return True

@@ -33,10 +33,6 @@ class BothBranches(BranchSampler):
     def support(self, num_pairs: int) -> Iterator[tuple[Tensor, float]]:
         yield torch.ones(num_pairs, 2, dtype=torch.bool), 1.0
 
-    @property
-    def prunes(self) -> bool:
-        return False
-
 
 class RandomBranch(BranchSampler):
     """Back-propagate exactly one branch per pair: chosen with ``chosen_probability``, else rejected.

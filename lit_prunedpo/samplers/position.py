@@ -33,10 +33,6 @@ class AllPositions(PositionSampler):
     def support(self, kept: int) -> Iterator[tuple[Tensor, float]]:
         yield torch.ones(kept, dtype=torch.bool), 1.0
 
-    @property
-    def prunes(self) -> bool:
-        return False
-
 
 class BernoulliPositions(PositionSampler):
     """Score each kept position independently with probability ``p(L) = min(1, max(rate, min_expected / L))``.

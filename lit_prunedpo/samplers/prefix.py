@@ -29,10 +29,6 @@ class FullPrefix(PrefixSampler):
     def survival(self, lengths: Tensor, width: int) -> Tensor:
         return (_positions(width)[None, :] <= lengths[:, None]).to(torch.float64)
 
-    @property
-    def prunes(self) -> bool:
-        return False
-
 
 class SharedFractionPrefix(PrefixSampler):
     """Keep ``ceil(u * T_i)`` tokens of every response, with one ``u ~ Uniform[min_fraction, 1]`` per batch.

@@ -1,6 +1,6 @@
 """The study's arms: a pruning mode (the three samplers, as in the shipped configs) and a batch size.
 
-Modes mirror ``configs/<mode>.yaml`` so that a study's verdict applies to the configs a user runs:
+Modes mirror ``configs/modes/<mode>.yaml`` so that a study's verdict applies to the configs a user runs:
 
 * ``vanilla``: concatenated DPO; ``branch``: ``RandomBranch(0.5)``; ``antithetic``: ``AntitheticBranch()``;
 * ``sequence``: ``SharedFractionPrefix(0.5)``; ``position``: ``BernoulliPositions(0.25, min_expected=2)``;

@@ -38,9 +38,8 @@ from lit_prunedpo.callbacks.prune_early import SAMPLER_ATTRS, use_exact_samplers
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.module import PrunedDPO
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.plan import exact_plan
 from lit_prunedpo.rng import SamplerRNG
-from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.tasks import StudyTask
 
@@ -163,7 +162,7 @@ def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch]) -> tuple[f
     losses, hits, pairs = 0.0, 0.0, 0
     try:
         for batch in batches:
-            plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
+            plan = exact_plan(batch)
             metrics = pair_metrics(module.execute_and_estimate(batch, plan), module.beta)
             losses += float(metrics["loss"].sum())
             hits += float(metrics["rewards/accuracies"].sum())

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lit_prunedpo.callbacks import FinalCheckpoint
 from lit_prunedpo.cli import build_cli
 
-from helpers import REPO
+from helpers import REPO, config_args
 
 FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
         "--data.init_args.max_rows=64", "--data.init_args.val_fraction=0.25", "--data.init_args.batch_size=8"]
@@ -42,7 +42,7 @@ def test_the_last_step_is_saved_after_the_last_validation_and_resumed_by_ckpt_pa
     fixed = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
              f"--trainer.callbacks.dirpath={tmp_path / 'ckpts'}", "--trainer.val_check_interval=4",
              "--trainer.limit_val_batches=1"]
-    common = ["fit", "--config", str(REPO / "configs/all.yaml"), f"--trainer.default_root_dir={tmp_path}", *FAST, *fixed]
+    common = ["fit", *config_args("all"), f"--trainer.default_root_dir={tmp_path}", *FAST, *fixed]
     with caplog.at_level(logging.INFO):
         build_cli([*common, "--trainer.max_steps=5"])
     assert _step_of(tmp_path / "ckpts/last.ckpt") == 5  # not the step-4 weights of the validation checkpoint

@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from lit_prunedpo.cli import build_cli
-from lit_prunedpo.distributed import _placeholder_group, group_signature
+from lit_prunedpo.distributed import group_signature
 from lit_prunedpo.estimate import estimate
 from lit_prunedpo.losses import SigmoidLoss
-from lit_prunedpo.plan import StepPlan, plan_step
+from lit_prunedpo.plan import placeholder_group, plan_step
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.samplers import (
     AllPositions, AntitheticBranch, BothBranches, FullPrefix, RandomBranch, SharedFractionPrefix,
@@ -127,23 +127,21 @@ def test_shipped_branch_samplers_give_every_rank_the_same_forwards(branch):
 def test_placeholder_groups_change_nothing_but_still_carry_a_graph():
     batch = make_batch([3, 2], [4, 5], [5, 3])
     plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
-    padded = StepPlan(groups=plan.groups + (_placeholder_group(batch, False),), grad_mask=plan.grad_mask,
-                      branch_prob=plan.branch_prob, unpruned_tokens=plan.unpruned_tokens,
-                      unpruned_positions=plan.unpruned_positions)
+    padded = plan.with_groups(plan.groups + (placeholder_group(batch.prompt_width, False),))
     logps = [-torch.rand(g.num_scored, dtype=torch.float64) for g in plan.groups]
     ref = [-torch.rand(g.num_scored, dtype=torch.float64) for g in plan.groups]
     a = estimate(plan, logps, ref, SigmoidLoss(), 0.1)
     b = estimate(padded, logps + [torch.zeros(0, dtype=torch.float64)], ref + [torch.zeros(0, dtype=torch.float64)],
                  SigmoidLoss(), 0.1)
     assert torch.equal(a.objective, b.objective) and torch.equal(a.policy_logps, b.policy_logps)
-    grad_only = _placeholder_group(batch, True)
+    grad_only = placeholder_group(batch.prompt_width, True)
     assert grad_only.num_rows == 1 and grad_only.num_scored == 0 and grad_only.width == batch.prompt_width
 
 
 def test_corrupt_or_missing_checkpoint_is_refused_with_its_path(tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"not a checkpoint" * 10)
-    args = ["fit", "--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    args = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
             "--trainer.max_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             "--data.init_args.max_rows=48", "--data.init_args.val_fraction=0.25",
             "--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO"]
@@ -234,7 +232,7 @@ def test_tied_embeddings_shard_in_one_unit(fsdp_runs):
 
 def test_val_loss_reduced_over_ranks_equals_one_process(ddp_runs, tmp_path):
     runs = ddp_runs
-    cli = build_cli(["--config", str(REPO / "configs/vanilla.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
                      "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25", "--trainer.enable_progress_bar=false",
                      "--trainer.enable_model_summary=false"], run=False)
     cli.model.policy.load_state_dict(_weights(runs, "ddp_vanilla"))

@@ -154,7 +154,7 @@ def main() -> None:
         "--trainer.accelerator=cpu", f"--trainer.devices={world // nodes}", f"--trainer.num_nodes={nodes}", strat,
         "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--trainer.log_every_n_steps=1", "--trainer.check_val_every_n_epoch=null",
-        # the mode configs already carry PeakMemoryMonitor and StepTimeMonitor
+        # the quickstart (under every mode overlay) already carries PeakMemoryMonitor and StepTimeMonitor
         "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25",
     ]
     plans: dict[str, list] = {}
@@ -162,7 +162,11 @@ def main() -> None:
 
     def run(name: str, mode: str, steps: int, *extra: str, ckpt: str | None = None, record_plans: bool = False):
         root = out / strategy / name
-        cli = build_cli(["--config", str(REPO / f"configs/{mode}.yaml"), *common, f"--trainer.max_steps={steps}",
+        # a pruning mode is an overlay composed after the quickstart; other configs stand alone
+        overlay = REPO / f"configs/modes/{mode}.yaml"
+        configs = (["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(overlay)] if overlay.exists()
+                   else ["--config", str(REPO / f"configs/{mode}.yaml")])
+        cli = build_cli([*configs, *common, f"--trainer.max_steps={steps}",
                          f"--trainer.val_check_interval={steps}", f"--trainer.default_root_dir={root}", *extra],
                         run=False)
         if record_plans:
