@@ -11,7 +11,14 @@ gradients ``g_i`` through the real step (plan, execute, estimate, backward). Rep
 * **cosine**: mean cosine similarity of ``g_i`` with ``g``;
 * the fraction of tokens executed and positions scored.
 
-    python examples/estimator_variance.py [--draws 200] [--pairs 16]
+``--task edited`` (or ``edited-start``) measures the same on the study's one-edit pairs and model
+(:mod:`lit_prunedpo.study.tasks`), where the two responses of a pair are near-duplicates: there the coupled
+position samplers (one draw per pair shared by both branches) should cut the noise of their uncoupled twins.
+``--skip-common-prefix`` does what a training step with the shared prompt does for a margin loss: positions of
+the two responses' common prefix are not scored (their log-ratios cancel exactly in the margin).
+
+    python examples/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
+        [--skip-common-prefix]
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +44,8 @@ from lit_prunedpo.samplers import (  # noqa: E402
     AntitheticBranch,
     BernoulliPositions,
     BothBranches,
+    CoupledBernoulliPositions,
+    CoupledStratifiedPositions,
     FullPrefix,
     RandomBranch,
     SharedFractionPrefix,
@@ -52,12 +62,15 @@ MODES = {
     "position bernoulli 0.25": (FullPrefix(), BernoulliPositions(0.25, 2.0), BothBranches()),
     "position stratified 0.25": (FullPrefix(), StratifiedPositions(0.25), BothBranches()),
     "all (configs/modes/all.yaml)": (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
+    "position bernoulli 0.25, coupled": (FullPrefix(), CoupledBernoulliPositions(0.25, 2.0), BothBranches()),
+    "position stratified 0.25, coupled": (FullPrefix(), CoupledStratifiedPositions(0.25), BothBranches()),
+    "all, coupled positions": (SharedFractionPrefix(0.5), CoupledStratifiedPositions(0.5), AntitheticBranch()),
 }
 
 
-def gradient(module: PrunedDPO, batch, samplers, generator) -> tuple[torch.Tensor, object]:
+def gradient(module: PrunedDPO, batch, samplers, generator, skip_common: bool = False) -> tuple[torch.Tensor, object]:
     module.policy.zero_grad()
-    plan = plan_step(batch, *samplers, generator=generator)
+    plan = plan_step(batch, *samplers, generator=generator, score_common_prefix=not skip_common)
     module.execute_and_estimate(batch, plan).objective.backward()
     return torch.cat([p.grad.flatten() for p in module.policy.parameters()]), plan
 
@@ -67,28 +80,41 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--perturbation", type=float, default=0.05, help="std of the noise added to the policy")
+    parser.add_argument("--task", choices=("quickstart", "edited", "edited-start"), default="quickstart")
+    parser.add_argument("--skip-common-prefix", action="store_true",
+                        help="do not score the responses' common prefix, as a shared-prompt training step does")
     args = parser.parse_args()
     torch.manual_seed(0)
 
-    data = PreferenceDataModule(tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=args.pairs)
-    data.setup("fit")
+    if args.task == "quickstart":
+        data = PreferenceDataModule(tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=args.pairs)
+        data.setup("fit")
+        policy = FromConfig(**QUICKSTART_POLICY)
+    else:
+        from lit_prunedpo.study.tasks import TASKS
+
+        with tempfile.TemporaryDirectory() as work_dir:
+            data = TASKS[args.task].datamodule(Path(work_dir))
+        data.batch_size = args.pairs
+        policy = TASKS[args.task].policy(seed=0)
     batch = next(iter(data.train_dataloader()))
-    module = PrunedDPO(policy=FromConfig(**QUICKSTART_POLICY))
+    module = PrunedDPO(policy=policy)
     with torch.no_grad():
         for p in module.policy.parameters():
             p.add_(args.perturbation * torch.randn_like(p))
 
     exact, _ = gradient(module, batch, (FullPrefix(), AllPositions(), BothBranches()), torch.Generator())
     norm = float(exact.norm())
-    print(f"{args.pairs} pairs of the quickstart data, quickstart model perturbed by N(0, {args.perturbation}^2); "
-          f"{args.draws} draws per mode; |g| = {norm:.4g}\n")
+    print(f"{args.pairs} pairs of the {args.task} data, its model perturbed by N(0, {args.perturbation}^2); "
+          f"{args.draws} draws per mode; common prefix {'not ' if args.skip_common_prefix else ''}scored; "
+          f"|g| = {norm:.4g}\n")
     print("| mode | bias (± s.e.) | noise | cosine | tokens executed | positions scored |")
     print("| --- | --- | --- | --- | --- | --- |")
     g = torch.Generator().manual_seed(1)
     for name, samplers in MODES.items():
         draws, tokens, positions = [], 0.0, 0.0
         for _ in range(args.draws):
-            grad, plan = gradient(module, batch, samplers, g)
+            grad, plan = gradient(module, batch, samplers, g, args.skip_common_prefix)
             draws.append(grad)
             tokens += plan.tokens_executed / plan.unpruned_tokens
             positions += plan.positions_scored / plan.unpruned_positions

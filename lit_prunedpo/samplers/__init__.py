@@ -5,6 +5,8 @@ from lit_prunedpo.samplers.branch import AntitheticBranch, BothBranches, RandomB
 from lit_prunedpo.samplers.position import (
     AllPositions,
     BernoulliPositions,
+    CoupledBernoulliPositions,
+    CoupledStratifiedPositions,
     FixedCountPositions,
     StratifiedPositions,
 )
@@ -16,6 +18,8 @@ __all__ = [
     "BernoulliPositions",
     "BothBranches",
     "BranchSampler",
+    "CoupledBernoulliPositions",
+    "CoupledStratifiedPositions",
     "FixedCountPositions",
     "FullPrefix",
     "PositionSampler",

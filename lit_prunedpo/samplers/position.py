@@ -155,3 +155,52 @@ class StratifiedPositions(PositionSampler):
             mask = torch.zeros(kept, dtype=torch.bool)
             mask[list(picks)] = True
             yield mask, prob
+
+
+def _pair_uniforms(rows: int, width: int, generator: torch.Generator) -> Tensor:
+    """``[rows, width]`` uniforms, one per (pair, column), shared by rows ``2i`` and ``2i + 1``."""
+    if rows % 2:
+        raise ValueError(f"a coupled position sampler draws for whole pairs (rows 2i, 2i + 1); got {rows} rows")
+    u = torch.rand(rows // 2, width, generator=generator, dtype=torch.float64)
+    return u.repeat_interleave(2, dim=0)
+
+
+class CoupledBernoulliPositions(BernoulliPositions):
+    """:class:`BernoulliPositions` with common random numbers across a pair's two branches.
+
+    One uniform ``u_{i,t}`` is drawn per pair ``i`` and response position ``t``; the chosen row scores ``t`` iff
+    ``u_{i,t} < p(L_w)`` and the rejected row iff ``u_{i,t} < p(L_l)``. Each row's inclusion probability is
+    unchanged, so every IPW sum stays exactly unbiased; but the two branches now score the *same* positions
+    (all of them when ``p(L_w) = p(L_l)``), so where their log-ratios at a position are nearly equal (a pair that
+    differs by a local edit) those terms nearly cancel in the margin's estimate instead of adding up as noise.
+
+    Rows ``2i`` and ``2i + 1`` of the kept lengths must be one pair's chosen and rejected response (as in
+    :func:`lit_prunedpo.plan.plan_step`). Arguments as for :class:`BernoulliPositions`.
+    """
+
+    def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
+        return self.masks(_pair_uniforms(kept.shape[0], width, generator), kept)
+
+    def masks(self, u: Tensor, kept: Tensor) -> Tensor:
+        """The scored positions for uniforms ``u`` ``[N, width]`` (deterministic: exact tests enumerate ``u``)."""
+        return (u < self._p(kept)[:, None]) & _valid(kept, u.shape[1])
+
+
+class CoupledStratifiedPositions(StratifiedPositions):
+    """:class:`StratifiedPositions` with common random numbers across a pair's two branches.
+
+    The pick within stratum ``j`` is ``floor(u_{i,j} * |stratum|)`` with one uniform per pair ``i`` and stratum
+    index ``j``: two responses of equal length score the same positions, of different lengths nearby ones.
+    Inclusion probabilities, hence unbiasedness, are those of :class:`StratifiedPositions`. Rows ``2i`` and
+    ``2i + 1`` must be one pair's two responses (as in :func:`lit_prunedpo.plan.plan_step`).
+    """
+
+    def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
+        return self.masks(_pair_uniforms(kept.shape[0], width, generator), kept)
+
+    def masks(self, u: Tensor, kept: Tensor) -> Tensor:
+        """The scored positions for uniforms ``u`` ``[N, width]`` (deterministic: exact tests enumerate ``u``)."""
+        width = u.shape[1]
+        j, start, size = self._strata(kept, width)
+        pick = torch.floor(u.gather(1, j.clamp(max=width - 1)) * size).long()
+        return (torch.arange(width)[None, :] - start == pick) & _valid(kept, width)

@@ -4,7 +4,10 @@ Modes mirror ``configs/modes/<mode>.yaml`` so that a study's verdict applies to 
 
 * ``vanilla``: concatenated DPO; ``branch``: ``RandomBranch(0.5)``; ``antithetic``: ``AntitheticBranch()``;
 * ``sequence``: ``SharedFractionPrefix(0.5)``; ``position``: ``BernoulliPositions(0.25, min_expected=2)``;
-* ``all``: ``SharedFractionPrefix(0.5)`` + ``StratifiedPositions(0.5)`` + ``AntitheticBranch()``.
+* ``all``: ``SharedFractionPrefix(0.5)`` + ``StratifiedPositions(0.5)`` + ``AntitheticBranch()``;
+* ``position-coupled``, ``stratified-coupled``, ``all-coupled``: ``position`` (and a stratified 0.25 variant)
+  and ``all`` with the position draw shared by a pair's two branches (``CoupledBernoulliPositions``,
+  ``CoupledStratifiedPositions``: common random numbers, same inclusion probabilities).
 
 An arm is ``same-batch`` (the task's batch) or ``compute-matched``: the batch enlarged by the FLOP cost model's
 ideal speedup of the mode on the task's own batches (:func:`matched_batch_size`), so that one step costs what
@@ -27,6 +30,8 @@ from lit_prunedpo.samplers import (
     BernoulliPositions,
     BothBranches,
     BranchSampler,
+    CoupledBernoulliPositions,
+    CoupledStratifiedPositions,
     FullPrefix,
     PositionSampler,
     PrefixSampler,
@@ -44,6 +49,9 @@ MODES: dict[str, Callable[[], Samplers]] = {
     "sequence": lambda: (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
     "position": lambda: (FullPrefix(), BernoulliPositions(0.25, min_expected=2.0), BothBranches()),
     "all": lambda: (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
+    "position-coupled": lambda: (FullPrefix(), CoupledBernoulliPositions(0.25, min_expected=2.0), BothBranches()),
+    "stratified-coupled": lambda: (FullPrefix(), CoupledStratifiedPositions(0.25), BothBranches()),
+    "all-coupled": lambda: (SharedFractionPrefix(0.5), CoupledStratifiedPositions(0.5), AntitheticBranch()),
 }
 
 

@@ -161,3 +161,19 @@ def test_hh_rlhf_task_holds_out_real_pairs(tmp_path):
     assert 0 < loss < 5 and 0 <= accuracy <= 1
     with pytest.raises(FileNotFoundError, match="data file"):
         HHRLHFTask(path=str(tmp_path / "missing.jsonl.gz")).datamodule(tmp_path)
+
+
+@pytest.mark.parametrize("coupled, uncoupled", [("position-coupled", "position"), ("all-coupled", "all")])
+def test_coupled_arms_differ_from_their_twins_only_in_the_shared_position_draw(task, dm, coupled, uncoupled):
+    batch = next(iter(dm.train_dataloader()))
+    (pre_c, pos_c, br_c), (pre_u, pos_u, br_u) = Arm(coupled, 4).samplers(), Arm(uncoupled, 4).samplers()
+    assert (type(pre_c), type(br_c)) == (type(pre_u), type(br_u)) and type(pos_c) is not type(pos_u)
+    assert isinstance(pos_c, type(pos_u)) and vars(pos_c) == vars(pos_u)
+    kept = batch.response_lengths.reshape(-1)
+    torch.testing.assert_close(pos_c.inclusion(kept, 40), pos_u.inclusion(kept, 40))
+    masks = pos_c.draw(kept, 40, torch.Generator().manual_seed(0))
+    same_length = kept[0::2] == kept[1::2]
+    assert bool(same_length.any())
+    assert torch.equal(masks[0::2][same_length], masks[1::2][same_length])
+    run = make_run(task, Arm(coupled, 4), 0, dm)
+    assert isinstance(run.module.position_sampler, type(pos_c))
