@@ -85,7 +85,7 @@ def test_two_runs_started_together_in_one_folder_keep_their_outputs_apart(tmp_pa
            "--trainer.callbacks.save_top_k=-1"]
     runs = [subprocess.Popen([*cmd, f"--seed_everything={seed}"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) for seed in (1, 2)]
-    logs = [p.communicate(timeout=240)[0] for p in runs]
+    logs = [p.communicate(timeout=600)[0] for p in runs]
     assert [p.returncode for p in runs] == [0, 0], "\n".join(log[-2000:] for log in logs)
     versions = sorted((tmp_path / "out/lightning_logs").iterdir())
     assert [v.name for v in versions] == ["version_0", "version_1"]
