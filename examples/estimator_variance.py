@@ -18,7 +18,7 @@ position samplers (one draw per pair shared by both branches) should cut the noi
 the two responses' common prefix are not scored (their log-ratios cancel exactly in the margin).
 
     python examples/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
-        [--skip-common-prefix]
+        [--skip-common-prefix] [--shared-prompt] [--modes sequence,branch]
 """
 
 from __future__ import annotations
@@ -68,9 +68,11 @@ MODES = {
 }
 
 
-def gradient(module: PrunedDPO, batch, samplers, generator, skip_common: bool = False) -> tuple[torch.Tensor, object]:
+def gradient(module: PrunedDPO, batch, samplers, generator, skip_common: bool = False,
+             shared_prompt: bool = False) -> tuple[torch.Tensor, object]:
     module.policy.zero_grad()
-    plan = plan_step(batch, *samplers, generator=generator, score_common_prefix=not skip_common)
+    plan = plan_step(batch, *samplers, generator=generator, score_common_prefix=not skip_common,
+                     shared_prompt=shared_prompt)
     module.execute_and_estimate(batch, plan).objective.backward()
     return torch.cat([p.grad.flatten() for p in module.policy.parameters()]), plan
 
@@ -83,6 +85,11 @@ def main() -> None:
     parser.add_argument("--task", choices=("quickstart", "edited", "edited-start"), default="quickstart")
     parser.add_argument("--skip-common-prefix", action="store_true",
                         help="do not score the responses' common prefix, as a shared-prompt training step does")
+    parser.add_argument("--shared-prompt", action="store_true",
+                        help="run the shared-prompt layout (the default of training), so 'tokens executed' counts "
+                             "packed blocks; the gradients are the same in both layouts")
+    parser.add_argument("--modes", default="", help="run only the modes whose name contains one of these "
+                                                     "comma-separated words (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
 
@@ -111,10 +118,13 @@ def main() -> None:
     print("| mode | bias (± s.e.) | noise | cosine | tokens executed | positions scored |")
     print("| --- | --- | --- | --- | --- | --- |")
     g = torch.Generator().manual_seed(1)
+    wanted = [w for w in args.modes.split(",") if w]
     for name, samplers in MODES.items():
+        if wanted and not any(w in name for w in wanted):
+            continue
         draws, tokens, positions = [], 0.0, 0.0
         for _ in range(args.draws):
-            grad, plan = gradient(module, batch, samplers, g, args.skip_common_prefix)
+            grad, plan = gradient(module, batch, samplers, g, args.skip_common_prefix, args.shared_prompt)
             draws.append(grad)
             tokens += plan.tokens_executed / plan.unpruned_tokens
             positions += plan.positions_scored / plan.unpruned_positions
