@@ -238,48 +238,9 @@ def run_benchmark(
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup!r}")
     dev = torch.device(device)
-    log = log or (lambda line: None)
 
-    batches = [b.to(dev) for b in make_batches(preset, warmup + steps, seed)]
-    policy = FromConfig("llama", preset.model, seed=seed, dtype=dtype)
-    # the frozen reference: the policy's initial weights (same source and seed), one copy for every online reference
-    frozen = _Built(policy.build())
-    module = PrunedDPO(
-        policy=policy, reference=OnlineReference(model=frozen), beta=0.1,
-        optimizer=partial(torch.optim.AdamW, lr=preset.lr),
-    ).to(dev)
-    module.train()
-    optimizer = module.configure_optimizers()
-    dims = cost.ModelDims.from_model(module.policy)
-
-    scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
-    sources: dict[tuple[str, str], ReferenceSource] = {}
-    if "online" in references:
-        for name, scorer in scorer_of.items():
-            sources["online", name] = online = OnlineReference(model=frozen)
-            online.configure(module.policy, scorer)
-    if "cached" in references:
-        cached = _cached_reference(frozen.model, batches)
-        sources["cached", "plain"] = sources["cached", "chunked"] = cached
-
-    trl = None
-    if peer is not None:
-        if peer != "trl":
-            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
-        from lit_prunedpo.bench.peer_trl import TRLPeer
-
-        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
-                      lr=preset.lr, pad_id=PAD)
-    configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
-    samplers = {m: MODES[m]() for m in modes}
-    rounds = Rounds(
-        module=module, optimizer=optimizer, batches=batches, warmup=warmup,
-        parts={c: StepParts(*samplers[c.mode], scorer_of[c.scorer], sources[c.reference, c.scorer], c.prompt == "shared")
-               for c in configs},
-        rngs={c: SamplerRNG(seed=seed) for c in configs},
-        meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=_baseline_prompt(prompts),
-        peer=trl,
-    )
+    rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, dev, seed, dtype, peer)
+    configs, batches, dims, trl = list(rounds.parts), rounds.batches, rounds.dims, rounds.peer
 
     # Everything built so far (transformers' modules, the model) is long-lived: freezing it keeps the per-step
     # gc.collect() of the memory meter at milliseconds instead of a full-heap scan.
@@ -351,13 +312,71 @@ class Rounds:
     """A :class:`~lit_prunedpo.bench.peer_trl.TRLPeer` timed in every round too, or ``None``."""
 
 
-def run_rounds(rounds: Rounds, log: Callable[[str], None]) -> tuple[dict[Config, _Record], _Record]:
+def build_rounds(
+    preset: Preset,
+    modes: Sequence[str],
+    references: Sequence[str],
+    scorers: Sequence[str],
+    prompts: Sequence[str],
+    num_batches: int,
+    warmup: int,
+    dev: torch.device,
+    seed: int = 0,
+    dtype: str | None = None,
+    peer: str | None = None,
+) -> Rounds:
+    """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
+    are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured)."""
+    batches = [b.to(dev) for b in make_batches(preset, num_batches, seed)]
+    policy = FromConfig("llama", preset.model, seed=seed, dtype=dtype)
+    # the frozen reference: the policy's initial weights (same source and seed), one copy for every online reference
+    frozen = _Built(policy.build())
+    module = PrunedDPO(
+        policy=policy, reference=OnlineReference(model=frozen), beta=0.1,
+        optimizer=partial(torch.optim.AdamW, lr=preset.lr),
+    ).to(dev)
+    module.train()
+    optimizer = module.configure_optimizers()
+    dims = cost.ModelDims.from_model(module.policy)
+
+    scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
+    sources: dict[tuple[str, str], ReferenceSource] = {}
+    if "online" in references:
+        for name, scorer in scorer_of.items():
+            sources["online", name] = online = OnlineReference(model=frozen)
+            online.configure(module.policy, scorer)
+    if "cached" in references:
+        cached = _cached_reference(frozen.model, batches)
+        sources["cached", "plain"] = sources["cached", "chunked"] = cached
+
+    trl = None
+    if peer is not None:
+        if peer != "trl":
+            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
+        from lit_prunedpo.bench.peer_trl import TRLPeer
+
+        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
+                      lr=preset.lr, pad_id=PAD)
+    configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
+    samplers = {m: MODES[m]() for m in modes}
+    return Rounds(
+        module=module, optimizer=optimizer, batches=batches, warmup=warmup,
+        parts={c: StepParts(*samplers[c.mode], scorer_of[c.scorer], sources[c.reference, c.scorer], c.prompt == "shared")
+               for c in configs},
+        rngs={c: SamplerRNG(seed=seed) for c in configs},
+        meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=_baseline_prompt(prompts),
+        peer=trl,
+    )
+
+
+def run_rounds(rounds: Rounds, log: Callable[[str], None] | None = None) -> tuple[dict[Config, _Record], _Record]:
     """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded.
 
     Returns:
         Each configuration's record, and the peer's (empty without a peer).
     """
     dev, meter = rounds.device, rounds.meter
+    log = log or (lambda line: None)
     records = {c: _Record() for c in rounds.parts}
     peer, peer_record = rounds.peer, _Record()
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
