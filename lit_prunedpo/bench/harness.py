@@ -42,6 +42,7 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.peer_trl import TRLPeer
 from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Preset
 from lit_prunedpo.callbacks._memory import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
@@ -308,8 +309,8 @@ class Rounds:
     """Where the steps run."""
     baseline_prompt: str = "shared"
     """The prompt layout of the ``vanilla`` plan the ideal speedups compare with."""
-    peer: Any = None
-    """A :class:`~lit_prunedpo.bench.peer_trl.TRLPeer` timed in every round too, or ``None``."""
+    peer: TRLPeer | None = None
+    """TRL's step, timed in every round too, or ``None``."""
 
 
 def build_rounds(
@@ -353,8 +354,6 @@ def build_rounds(
     if peer is not None:
         if peer != "trl":
             raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
-        from lit_prunedpo.bench.peer_trl import TRLPeer
-
         trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
                       lr=preset.lr, pad_id=PAD)
     configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
