@@ -1,4 +1,5 @@
-"""Low-level readers of the process's memory, used by :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`.
+"""Peak memory of a stretch of work: the readers of the process's memory and :class:`PeakMemoryMeter`, the one
+measuring unit of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor` and of the benchmark (``lit_prunedpo.bench``).
 
 CPU (Linux only): the kernel keeps a high-water mark of the resident set size, ``VmHWM`` in
 ``/proc/self/status``. Writing ``"5"`` to ``/proc/self/clear_refs`` (Linux >= 4.0) resets that mark
@@ -11,7 +12,11 @@ CUDA: the caching allocator's own counters (``torch.cuda.reset_peak_memory_stats
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import ctypes
+import ctypes.util
+import gc
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional, Union
 
 import torch
 
@@ -76,3 +81,101 @@ def reset_cuda_peak(device: Union[torch.device, int, None]) -> None:
 def read_cuda_peak_bytes(device: Union[torch.device, int, None]) -> tuple[int, int]:
     """``(max_memory_allocated, max_memory_reserved)`` of ``device`` since the last reset, in bytes."""
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def malloc_trim() -> Callable[[], None]:
+    """glibc's ``malloc_trim(0)`` (hands freed heap pages back to the OS), or a no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes = [ctypes.c_size_t]
+    return lambda: trim(0)
+
+
+Mode = Literal["cuda", "cpu", "cpu_lifetime", "off"]
+
+MEASURES: dict[str, str] = {  # what each mode measures, in words (the benchmark's report prints it)
+    "cuda": "cuda max_memory_allocated",
+    "cpu": "peak RSS (VmHWM reset by clear_refs)",
+    "cpu_lifetime": "lifetime peak RSS (clear_refs not writable: not per step)",
+    "off": "unavailable",
+}
+
+
+@dataclass(frozen=True)
+class PeakReading:
+    """What :meth:`PeakMemoryMeter.stop` read, in bytes."""
+
+    peak: int
+    """CUDA ``max_memory_allocated``, or the peak RSS (``VmHWM``)."""
+    start: int
+    """CUDA ``memory_allocated``, or the RSS, when the meter started (0 where unreadable)."""
+    reserved: Optional[int] = None
+    """CUDA ``max_memory_reserved``; ``None`` on the CPU."""
+
+    @property
+    def above_start(self) -> int:
+        return max(0, self.peak - self.start)
+
+
+class PeakMemoryMeter:
+    """Peak memory between :meth:`start` and :meth:`stop` on one device.
+
+    Modes: ``"cuda"`` (the caching allocator's counters, reset at start), ``"cpu"`` (``VmHWM`` reset through
+    ``clear_refs`` at start), ``"cpu_lifetime"`` (``VmHWM`` that cannot be reset: the process's peak so far, not
+    the stretch's) and ``"off"`` (nothing readable: :meth:`stop` returns ``None``).
+
+    Args:
+        device: where the measured work runs.
+        mode: ``None`` picks what this machine allows (:func:`cpu_peak_rss_status` off CUDA); a caller whose
+            ranks must agree (the callback) passes the mode they agreed on.
+        settle: before each reset, collect garbage and give freed memory back (``gc.collect()``, then CUDA
+            ``synchronize`` or glibc's ``malloc_trim(0)``), so that memory an earlier stretch freed is not counted
+            again: for comparing steps of different configurations in one process (the benchmark). It costs a
+            garbage-collector pass per start, so a training run's callback leaves it off.
+    """
+
+    def __init__(self, device: torch.device, mode: Optional[Mode] = None, settle: bool = False) -> None:
+        if mode is None:
+            if device.type == "cuda":
+                mode = "cuda"
+            else:
+                mode = {"resettable": "cpu", "lifetime": "cpu_lifetime", "unavailable": "off"}[cpu_peak_rss_status()]
+        if mode not in MEASURES:
+            raise ValueError(f"mode must be one of {list(MEASURES)}, got {mode!r}")
+        self.device = device
+        self.mode: Mode = mode
+        self.settle = bool(settle)
+        self._trim = malloc_trim() if self.settle else (lambda: None)
+        self._start = 0
+
+    @property
+    def measure(self) -> str:
+        """What this meter measures, in words."""
+        return MEASURES[self.mode]
+
+    def start(self) -> None:
+        if self.settle:
+            gc.collect()
+        if self.mode == "cuda":
+            if self.settle:
+                torch.cuda.synchronize(self.device)
+            reset_cuda_peak(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            return
+        self._trim()
+        if self.mode == "cpu":
+            reset_peak_rss()
+        self._start = read_rss_bytes() or 0
+
+    def stop(self) -> Optional[PeakReading]:
+        """The peak since :meth:`start`, or ``None`` where nothing can be read."""
+        if self.mode == "cuda":
+            allocated, reserved = read_cuda_peak_bytes(self.device)
+            return PeakReading(allocated, self._start, reserved)
+        if self.mode == "off":
+            return None
+        peak = read_peak_rss_bytes()
+        return None if peak is None else PeakReading(peak, self._start)

@@ -2,7 +2,9 @@
 
 Lightning ships no callback for this: :class:`~lightning.pytorch.callbacks.DeviceStatsMonitor` logs
 instantaneous device stats (and on the CPU only system-wide ``psutil`` percentages), never a per-step
-peak, so this one is written from scratch; the low-level readers live in :mod:`._memory`.
+peak, so this one is written from scratch. It measures with :class:`._memory.PeakMemoryMeter`, the unit the
+benchmark measures its steps with too; this file adds the step boundaries, the agreement and reduction over
+ranks, and the logging.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from . import _memory
-
-_Mode = Literal["cuda", "cpu", "cpu_lifetime", "off"]
 
 
 class PeakMemoryMonitor(Callback):
@@ -102,11 +102,12 @@ class PeakMemoryMonitor(Callback):
         self.history_size = history_size
         self.on_unresettable = on_unresettable
 
-        self.mode: _Mode = "off"
+        self.mode: _memory.Mode = "off"
         self.steps = 0
         self.run_max_mb: dict[str, float] = {}
         self.history: deque[dict[str, float]] = deque(maxlen=history_size)
         self._device: Optional[torch.device] = None
+        self._meter: Optional[_memory.PeakMemoryMeter] = None
         self._step_start: Optional[int] = None  # global_step when the current step began
         self._interval: dict[str, float] = {}  # max since the last log
 
@@ -133,6 +134,10 @@ class PeakMemoryMonitor(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
+        self._choose_mode(trainer)
+        self._meter = _memory.PeakMemoryMeter(self._device, mode=self.mode)
+
+    def _choose_mode(self, trainer: pl.Trainer) -> None:
         if self._device.type == "cuda":
             self.mode = "cuda"
             return
@@ -171,10 +176,7 @@ class PeakMemoryMonitor(Callback):
         if self.mode == "off" or self._step_start is not None:
             return  # off, or a later micro-batch of the same optimizer step
         self._step_start = trainer.global_step
-        if self.mode == "cuda":
-            _memory.reset_cuda_peak(self._device)
-        elif self.mode == "cpu":
-            _memory.reset_peak_rss()
+        self._meter.start()
 
     @override
     def on_train_batch_end(
@@ -199,11 +201,10 @@ class PeakMemoryMonitor(Callback):
         return bool(getattr(trainer._logger_connector, "should_update_logs", True))
 
     def _read(self) -> dict[str, float]:
+        reading = self._meter.stop()
         if self.mode == "cuda":
-            allocated, reserved = _memory.read_cuda_peak_bytes(self._device)
-            return {self.keys[0]: allocated / _memory.MB, self.keys[1]: reserved / _memory.MB}
-        peak = _memory.read_peak_rss_bytes()
-        return {self.keys[0]: (peak or 0) / _memory.MB}
+            return {self.keys[0]: reading.peak / _memory.MB, self.keys[1]: reading.reserved / _memory.MB}
+        return {self.keys[0]: (reading.peak if reading is not None else 0) / _memory.MB}
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         keys = list(self._interval)

@@ -1,6 +1,7 @@
 """``PrunedDPO``: the LightningModule that wires samplers, scorer, reference and loss into a DPO step.
 
-A training step reads in the order data flows:
+A training step (:meth:`PrunedDPO.step`, the one step of the code base: ``training_step``, the benchmark and the
+study all run it) reads in the order data flows:
 
     plan      samplers draw branches, prefixes and positions (``plan.plan_step``), before any compute
     execute   one forward per row group: the gradient rows, then the no-grad rows (``scoring``),
@@ -47,6 +48,7 @@ from lit_prunedpo.samplers import (
 )
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 from lit_prunedpo.shared_prompt import check_attention
+from lit_prunedpo.step import StepOutput, StepParts
 
 class PrunedDPO(L.LightningModule):
     """DPO with random pruning of positions, prefixes and branches, re-weighted to stay unbiased.
@@ -203,13 +205,43 @@ class PrunedDPO(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------------------------ the step
-    def plan(self, batch: PreferenceBatch) -> StepPlan:
-        """Stage 1: all samplers draw from this step's generator."""
+    @property
+    def parts(self) -> StepParts:
+        """This module's samplers, scorer, reference and prompt layout, as a step takes them. Read at every step,
+        so that a callback replacing a sampler (``PruneEarly``) takes effect at the next one."""
+        return StepParts(
+            self.prefix_sampler, self.position_sampler, self.branch_sampler, self.scorer, self.reference,
+            self.shared_prompt,
+        )
+
+    def step(
+        self, batch: PreferenceBatch, parts: StepParts | None = None, generator: torch.Generator | None = None
+    ) -> StepOutput:
+        """One training step up to its backward: plan, execute, estimate.
+
+        Args:
+            batch: the step's pairs.
+            parts: what the step runs with; ``None`` is this module's own (:attr:`parts`). The module itself is
+                not changed: the benchmark passes each configuration's own parts to one shared module.
+            generator: the samplers' generator for this step; ``None`` draws the next one of this module's
+                stream (``sampler_rng``, checkpointed).
+        """
+        parts = self.parts if parts is None else parts
+        batch.validate()
+        plan = self.plan(batch, parts, generator)
+        return StepOutput(plan, self.execute_and_estimate(batch, plan, parts), parts.reference)
+
+    def plan(
+        self, batch: PreferenceBatch, parts: StepParts | None = None, generator: torch.Generator | None = None
+    ) -> StepPlan:
+        """Stage 1: all samplers draw from this step's generator (see :meth:`step` for the arguments)."""
+        parts = self.parts if parts is None else parts
         plan = plan_step(
-            batch, self.prefix_sampler, self.position_sampler, self.branch_sampler, self.sampler_rng.next(),
-            shared_prompt=self.shared_prompt,
+            batch, parts.prefix_sampler, parts.position_sampler, parts.branch_sampler,
+            generator if generator is not None else self.sampler_rng.next(),
+            shared_prompt=parts.shared_prompt,
             # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
-            score_common_prefix=not (self.shared_prompt and self.loss.margin_only),
+            score_common_prefix=not (parts.shared_prompt and self.loss.margin_only),
         )
         if self._sharded:
             # FSDP pairs collectives across ranks by forward order: every rank must run the same forwards.
@@ -218,23 +250,23 @@ class PrunedDPO(L.LightningModule):
             plan = balance_plan_groups(plan, batch, self.trainer.strategy)
         return plan
 
-    def score_policy(self, batch: PreferenceBatch, group: RowGroup) -> Tensor:
-        """Stage 2 for one group: a graph only for the gradient rows."""
+    def score_policy(self, batch: PreferenceBatch, group: RowGroup, scorer: TokenScorer | None = None) -> Tensor:
+        """Stage 2 for one group: a graph only for the gradient rows; ``scorer`` ``None`` is the module's."""
         inputs = group_inputs(batch, group.to(batch.prompt_ids.device))
         with torch.set_grad_enabled(group.requires_grad and torch.is_grad_enabled()):
-            return self.scorer(self.policy, inputs)
+            return (self.scorer if scorer is None else scorer)(self.policy, inputs)
 
-    def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan) -> Estimate:
+    def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> Estimate:
         """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""
-        policy_logps = [self.score_policy(batch, group) for group in plan.groups]
-        reference_logps = self.reference.token_logps(batch, plan)
+        parts = self.parts if parts is None else parts
+        policy_logps = [self.score_policy(batch, group, parts.scorer) for group in plan.groups]
+        reference_logps = parts.reference.token_logps(batch, plan)
         return estimate(plan, policy_logps, reference_logps, self.loss, self.beta, batch.response_lengths)
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        batch.validate()
-        plan = self.plan(batch)
-        est = self.execute_and_estimate(batch, plan)
-        self.step_stats = StepStats.of(plan, self.reference.tokens_executed(plan))
+        out = self.step(batch)
+        est = out.estimate
+        self.step_stats = out.stats
         if not self._finite_or_skip(est, batch, batch_idx):
             return None
         B = batch.num_pairs

@@ -1,34 +1,33 @@
 """Time the pruning modes side by side: same weights, same batches, alternating steps, real PrunedDPO steps.
 
 One :class:`~lit_prunedpo.module.PrunedDPO` module and one AdamW optimizer serve every configuration
-``(mode, reference, scorer)``: before each step the harness swaps the module's samplers, scorer, reference
-source and sampler generator, then runs the module's own stages (``module.plan``,
-``module.execute_and_estimate``, ``objective.backward()``, ``optimizer.step()``, ``zero_grad``). Sharing one
-module keeps the process's resident memory that of a single training run (so peak RSS compares across modes)
-and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
-change any shape or cost.
-
-Each configuration is ``(mode, reference, scorer, prompt)``; ``prompt`` switches ``PrunedDPO.shared_prompt``.
+``(mode, reference, scorer, prompt)``. Each configuration has its own :class:`~lit_prunedpo.step.StepParts`
+(samplers, scorer, reference source, ``shared_prompt``) and its own sampler stream; a step is the module's own
+training step, ``module.step(batch, parts, generator)`` (what ``training_step`` runs), then
+``objective.backward()``, ``optimizer.step()``, ``zero_grad``. The module is never changed between
+configurations. Sharing one module keeps the process's resident memory that of a single training run (so peak
+RSS compares across modes) and every configuration runs on the same weights: they move by one tiny AdamW step
+per step, which does not change any shape or cost.
 
 Rounds: round ``r`` runs one step of every configuration, in order, on batch ``r`` (``A B C ... A B C ...``);
 the first ``warmup`` rounds are not recorded. Alternating spreads machine noise (other processes, frequency
 changes) evenly over the configurations; medians and p90 summarise it.
 
-Memory per step: on CUDA ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on the CPU the
-kernel's peak RSS (``VmHWM``) after resetting it through ``/proc/self/clear_refs``
-(:mod:`lit_prunedpo.callbacks._memory`), with ``gc.collect()`` and glibc's ``malloc_trim(0)`` first so that
-memory a previous configuration freed is given back to the OS and not counted again. Both the absolute peak
-and the peak above the step's starting point are reported.
+Memory per step: the meter of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`
+(:class:`lit_prunedpo.callbacks._memory.PeakMemoryMeter`): on CUDA ``torch.cuda.max_memory_allocated`` after
+``reset_peak_memory_stats``; on the CPU the kernel's peak RSS (``VmHWM``) after resetting it through
+``/proc/self/clear_refs``. The benchmark's meter settles first (``gc.collect()``, and glibc's ``malloc_trim(0)``)
+so that memory a previous configuration freed is given back to the OS and not counted again. Both the absolute
+peak and the peak above the step's starting point are reported.
 
-The online reference of a ``chunked`` configuration scores with the chunked scorer too (same frozen model):
-otherwise its ``K x V`` logits would set the peak. The cached reference is computed once, with the plain
-scorer, from the frozen reference model, for exactly the benchmark's batches.
+The frozen reference model is built from the policy's own source (same seed: the policy's initial weights) and
+shared by every online reference: the one of a ``chunked`` configuration scores with the chunked scorer too,
+otherwise its ``K x V`` logits would set the peak. The cached reference is computed once, with the plain scorer,
+from that frozen model, for exactly the benchmark's batches.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import math
 import platform
@@ -43,17 +42,18 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.peer_trl import TRLPeer
 from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Preset
-from lit_prunedpo.callbacks import _memory
+from lit_prunedpo.callbacks._memory import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data.synthetic import BOS, EOS, PAD, SyntheticPreferenceData
-from lit_prunedpo.metrics import StepStats
-from lit_prunedpo.models import FromConfig
+from lit_prunedpo.models import FromConfig, ModelSource
 from lit_prunedpo.module import PrunedDPO
-from lit_prunedpo.plan import StepPlan, plan_step
+from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import OnlineReference, ReferenceSource
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.scoring import TokenScorer
+from lit_prunedpo.step import StepOutput, StepParts
 
 MiB = float(2**20)
 
@@ -80,6 +80,13 @@ class _Record:
     positions: list[int] = field(default_factory=list)
     flops: list[cost.StepFlops] = field(default_factory=list)
     vanilla_flops: list[cost.StepFlops] = field(default_factory=list)
+
+    def add(self, elapsed: float, reading: PeakReading | None) -> None:
+        """One measured step's time and peak memory (MiB; absolute and above the step's start)."""
+        self.times.append(elapsed)
+        if reading is not None:
+            self.peaks.append(reading.peak / MiB)
+            self.step_peaks.append(reading.above_start / MiB)
 
 
 def _check_choice(name: str, values: Sequence[str], allowed: Sequence[str]) -> list[str]:
@@ -133,75 +140,32 @@ def _length_shaped_batches(preset: Preset, count: int, seed: int) -> list[Prefer
     return [collate_pairs(pairs[k * B : (k + 1) * B], pad_id=PAD) for k in chosen]
 
 
-# ------------------------------------------------------------------------------------------------- memory
-def _malloc_trim() -> Callable[[], None]:
-    """glibc's ``malloc_trim(0)`` (hands freed heap pages back to the OS), or a no-op elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes = [ctypes.c_size_t]
-    return lambda: trim(0)
-
-
-class MemoryProbe:
-    """Per-step peak memory: CUDA allocator peaks, or the CPU peak RSS reset through ``clear_refs``.
-
-    Args:
-        device: the device the step runs on.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.trim = _malloc_trim()
-        if device.type == "cuda":
-            self.kind = "cuda max_memory_allocated"
-        else:
-            status = _memory.cpu_peak_rss_status()
-            self.kind = {
-                "resettable": "peak RSS (VmHWM reset by clear_refs)",
-                "lifetime": "lifetime peak RSS (clear_refs not writable: not per step)",
-                "unavailable": "unavailable",
-            }[status]
-        self._before = 0
-
-    def start(self) -> None:
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._before = torch.cuda.memory_allocated(self.device)
-            return
-        self.trim()
-        _memory.reset_peak_rss()
-        self._before = _memory.read_rss_bytes() or 0
-
-    def stop(self) -> tuple[float | None, float | None]:
-        """``(peak MiB, peak above the start MiB)``, or ``(None, None)`` where nothing can be read."""
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            peak = _memory.read_peak_rss_bytes()
-            if peak is None:
-                return None, None
-        return peak / MiB, max(0, peak - self._before) / MiB
-
-
 # --------------------------------------------------------------------------------------------------- step
-def train_step(module: PrunedDPO, optimizer: torch.optim.Optimizer, batch: PreferenceBatch) -> tuple[StepPlan, StepStats]:
-    """One real training step through the module's own stages: plan, execute, estimate, backward, optimizer."""
-    batch.validate()
-    plan = module.plan(batch)
-    est = module.execute_and_estimate(batch, plan)
-    stats = StepStats.of(plan, module.reference.tokens_executed(plan))
-    est.objective.backward()
+def train_step(
+    module: PrunedDPO, optimizer: torch.optim.Optimizer, batch: PreferenceBatch, parts: StepParts,
+    generator: torch.Generator,
+) -> StepOutput:
+    """One real training step of one configuration: the module's own step with the configuration's parts, then
+    backward and the optimizer."""
+    out = module.step(batch, parts, generator)
+    out.estimate.objective.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return plan, stats
+    return out
+
+
+class _Built(ModelSource):
+    """A model already built: hands one frozen model to several reference sources through their constructor."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def build(self) -> torch.nn.Module:
+        return self.model
 
 
 def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch]) -> ReferenceSource:
+    """The reference log-probs of ``model`` on exactly ``batches``, computed once."""
     try:
         from lit_prunedpo.reference_cache import CachedReference, compute_reference_logps
     except ImportError as err:
@@ -275,52 +239,16 @@ def run_benchmark(
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup!r}")
     dev = torch.device(device)
-    log = log or (lambda line: None)
 
-    batches = [b.to(dev) for b in make_batches(preset, warmup + steps, seed)]
-    module = PrunedDPO(
-        policy=FromConfig("llama", preset.model, seed=seed, dtype=dtype),
-        beta=0.1,
-        optimizer=partial(torch.optim.AdamW, lr=preset.lr),
-    ).to(dev)
-    module.train()
-    optimizer = module.configure_optimizers()
-    dims = cost.ModelDims.from_model(module.policy)
-
-    online = module.reference  # the frozen copy of the initial policy, plain scorer
-    scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
-    sources: dict[tuple[str, str], ReferenceSource] = {}
-    if "online" in references:
-        sources["online", "plain"] = online
-        chunked_online = OnlineReference()
-        chunked_online.model = online.model  # shared frozen weights, chunked head
-        chunked_online.scorer = scorer_of["chunked"]
-        sources["online", "chunked"] = chunked_online
-    if "cached" in references:
-        cached = _cached_reference(online.model, batches)
-        sources["cached", "plain"] = sources["cached", "chunked"] = cached
-
-    trl, peer_record = None, _Record()
-    if peer is not None:
-        if peer != "trl":
-            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
-        from lit_prunedpo.bench.peer_trl import TRLPeer
-
-        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
-                      lr=preset.lr, pad_id=PAD)
-    configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
-    samplers = {m: MODES[m]() for m in modes}
-    rngs = {c: SamplerRNG(seed=seed) for c in configs}
-    records = {c: _Record() for c in configs}
-    probe = MemoryProbe(dev)
+    rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, dev, seed, dtype, peer)
+    configs, batches, dims, trl = list(rounds.parts), rounds.batches, rounds.dims, rounds.peer
 
     # Everything built so far (transformers' modules, the model) is long-lived: freezing it keeps the per-step
-    # gc.collect() of the memory probe at milliseconds instead of a full-heap scan.
+    # gc.collect() of the memory meter at milliseconds instead of a full-heap scan.
     gc.collect()
     gc.freeze()
     try:
-        _run_rounds(module, optimizer, batches, warmup, configs, samplers, scorer_of, sources, rngs, records, probe, dims, dev,
-                    log, baseline_prompt=_baseline_prompt(prompts), peer=trl, peer_record=peer_record)
+        records, peer_record = run_rounds(rounds, log)
     finally:
         gc.unfreeze()
 
@@ -348,7 +276,7 @@ def run_benchmark(
         "command": " ".join(sys.argv),
         "steps": steps,
         "warmup": warmup,
-        "memory_measure": probe.kind,
+        "memory_measure": rounds.meter.measure,
         "preset_config": {**asdict(preset), "response_length": list(preset.response_length)},
         "model_dims": asdict(dims),
         "head_share": vanilla_forward.head_share,
@@ -357,77 +285,141 @@ def run_benchmark(
     }
 
 
-def _run_rounds(
-    module: PrunedDPO,
-    optimizer: torch.optim.Optimizer,
-    batches: Sequence[PreferenceBatch],
+@dataclass
+class Rounds:
+    """What the alternating rounds run (:func:`run_rounds`)."""
+
+    module: PrunedDPO
+    """The one module every configuration trains (never changed by the rounds)."""
+    optimizer: torch.optim.Optimizer
+    """The module's optimizer, stepped after every configuration's step."""
+    batches: Sequence[PreferenceBatch]
+    """Round ``r`` runs batch ``r``, already on ``device``."""
+    warmup: int
+    """Rounds not recorded."""
+    parts: dict[Config, StepParts]
+    """Each configuration's samplers, scorer, reference and prompt layout, in the order a round runs them."""
+    rngs: dict[Config, SamplerRNG]
+    """Each configuration's sampler stream."""
+    meter: PeakMemoryMeter
+    """Peak memory of each step."""
+    dims: cost.ModelDims
+    """The policy's sizes, for the FLOP counts."""
+    device: torch.device
+    """Where the steps run."""
+    baseline_prompt: str = "shared"
+    """The prompt layout of the ``vanilla`` plan the ideal speedups compare with."""
+    peer: TRLPeer | None = None
+    """TRL's step, timed in every round too, or ``None``."""
+
+
+def build_rounds(
+    preset: Preset,
+    modes: Sequence[str],
+    references: Sequence[str],
+    scorers: Sequence[str],
+    prompts: Sequence[str],
+    num_batches: int,
     warmup: int,
-    configs: Sequence[Config],
-    samplers: dict[str, Any],
-    scorer_of: dict[str, Any],
-    sources: dict[tuple[str, str], ReferenceSource],
-    rngs: dict[Config, SamplerRNG],
-    records: dict[Config, _Record],
-    probe: MemoryProbe,
-    dims: cost.ModelDims,
     dev: torch.device,
-    log: Callable[[str], None],
-    baseline_prompt: str = "shared",
-    peer: Any = None,
-    peer_record: _Record | None = None,
-) -> None:
-    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded."""
+    seed: int = 0,
+    dtype: str | None = None,
+    peer: str | None = None,
+) -> Rounds:
+    """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
+    are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured)."""
+    batches = [b.to(dev) for b in make_batches(preset, num_batches, seed)]
+    policy = FromConfig("llama", preset.model, seed=seed, dtype=dtype)
+    # the frozen reference: the policy's initial weights (same source and seed), one copy for every online reference
+    frozen = _Built(policy.build())
+    module = PrunedDPO(
+        policy=policy, reference=OnlineReference(model=frozen), beta=0.1,
+        optimizer=partial(torch.optim.AdamW, lr=preset.lr),
+    ).to(dev)
+    module.train()
+    optimizer = module.configure_optimizers()
+    dims = cost.ModelDims.from_model(module.policy)
+
+    scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
+    sources: dict[tuple[str, str], ReferenceSource] = {}
+    if "online" in references:
+        for name, scorer in scorer_of.items():
+            sources["online", name] = online = OnlineReference(model=frozen)
+            online.configure(module.policy, scorer)
+    if "cached" in references:
+        cached = _cached_reference(frozen.model, batches)
+        sources["cached", "plain"] = sources["cached", "chunked"] = cached
+
+    trl = None
+    if peer is not None:
+        if peer != "trl":
+            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
+        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
+                      lr=preset.lr, pad_id=PAD)
+    configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
+    samplers = {m: MODES[m]() for m in modes}
+    return Rounds(
+        module=module, optimizer=optimizer, batches=batches, warmup=warmup,
+        parts={c: StepParts(*samplers[c.mode], scorer_of[c.scorer], sources[c.reference, c.scorer], c.prompt == "shared")
+               for c in configs},
+        rngs={c: SamplerRNG(seed=seed) for c in configs},
+        meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=_baseline_prompt(prompts),
+        peer=trl,
+    )
+
+
+def run_rounds(rounds: Rounds, log: Callable[[str], None] | None = None) -> tuple[dict[Config, _Record], _Record]:
+    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded.
+
+    Returns:
+        Each configuration's record, and the peer's (empty without a peer).
+    """
+    dev, meter = rounds.device, rounds.meter
+    log = log or (lambda line: None)
+    records = {c: _Record() for c in rounds.parts}
+    peer, peer_record = rounds.peer, _Record()
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    for r, batch in enumerate(batches):
-        measured = r >= warmup
+    for r, batch in enumerate(rounds.batches):
+        measured = r >= rounds.warmup
         # the baseline's plan (vanilla draws nothing) for the ideal speedups; with a shared prompt the module's
         # margin loss skips the common prefix, as PrunedDPO.plan does
-        shared = baseline_prompt == "shared"
+        shared = rounds.baseline_prompt == "shared"
         vanilla_plan = plan_step(batch, *MODES["vanilla"](), generator=torch.Generator(), shared_prompt=shared,
                                  score_common_prefix=not shared)
-        for c in configs:
-            module.shared_prompt = c.prompt == "shared"
-            module.prefix_sampler, module.position_sampler, module.branch_sampler = samplers[c.mode]
-            module.scorer = scorer_of[c.scorer]
-            module.reference = sources[c.reference, c.scorer]
-            module.sampler_rng = rngs[c]
-            probe.start()
+        for c, parts in rounds.parts.items():
+            generator = rounds.rngs[c].next()
+            meter.start()
             sync()
             start = time.perf_counter()
-            plan, stats = train_step(module, optimizer, batch)
+            out = train_step(rounds.module, rounds.optimizer, batch, parts, generator)
+            stats = out.stats
             sync()
             elapsed = time.perf_counter() - start
-            peak, step_peak = probe.stop()
+            reading = meter.stop()
             if not measured:
                 continue
             rec = records[c]
-            rec.times.append(elapsed)
-            if peak is not None:
-                rec.peaks.append(peak)
-                rec.step_peaks.append(step_peak)
+            rec.add(elapsed, reading)
             rec.tokens.append(stats.tokens_executed)
             rec.reference_tokens.append(stats.reference_tokens_executed)
             rec.positions.append(stats.positions_scored)
             recompute = c.scorer == "chunked"
-            rec.flops.append(cost.step_flops(plan, dims, c.reference, recompute_head=recompute))
-            rec.vanilla_flops.append(cost.step_flops(vanilla_plan, dims, c.reference, recompute_head=recompute))
+            rec.flops.append(cost.step_flops(out.plan, rounds.dims, c.reference, recompute_head=recompute))
+            rec.vanilla_flops.append(cost.step_flops(vanilla_plan, rounds.dims, c.reference, recompute_head=recompute))
         if peer is not None:
             inputs = peer.inputs(r)
-            probe.start()
+            meter.start()
             sync()
             start = time.perf_counter()
             peer.step(inputs)
             sync()
             elapsed = time.perf_counter() - start
-            peak, step_peak = probe.stop()
-            if measured and peer_record is not None:
-                rec = peer_record
-                rec.times.append(elapsed)
-                if peak is not None:
-                    rec.peaks.append(peak)
-                    rec.step_peaks.append(step_peak)
-                rec.tokens.append(int(inputs["input_ids"].numel()))  # one forward: chosen + rejected rows
-        log(f"round {r + 1}/{len(batches)} ({'measured' if measured else 'warm-up'}) done")
+            reading = meter.stop()
+            if measured:
+                peer_record.add(elapsed, reading)
+                peer_record.tokens.append(int(inputs["input_ids"].numel()))  # one forward: chosen + rejected rows
+        log(f"round {r + 1}/{len(rounds.batches)} ({'measured' if measured else 'warm-up'}) done")
+    return records, peer_record
 
 
 def _baseline_prompt(prompts: Sequence[str]) -> str:

@@ -1,8 +1,8 @@
 """Train every arm and seed of a study, interleaved, with honest clocks and exact held-out evaluation.
 
-A :class:`Run` is one (arm, seed): a real :class:`~lit_prunedpo.PrunedDPO` (its own ``plan`` and
-``execute_and_estimate``, so the step is the one ``lit-prunedpo fit`` trains with), AdamW, a warm-up then
-constant learning rate, and the data module's length-grouped training order seeded by the run's seed.
+A :class:`Run` is one (arm, seed): a real :class:`~lit_prunedpo.PrunedDPO` (its own ``step``, the one
+``training_step`` runs in ``lit-prunedpo fit``), AdamW, a warm-up then constant learning rate, and the data
+module's length-grouped training order seeded by the run's seed.
 The Lightning Trainer is not used: its loop would interleave logging and validation with the timed work,
 and it cannot hand the processor to another run between two steps. What differs from ``fit``: no learning
 rate decay (a time budget has no known step count to decay over) and no gradient clipping (the quickstart
@@ -104,9 +104,7 @@ class Run:
             self._configured = self._configured or tuple(getattr(module, n) for n in SAMPLER_ATTRS)
             use_exact_samplers(module, self.clock(self.clock_name) >= self.exact_after_s, self._configured)
         wall, cpu = time.perf_counter(), time.process_time()
-        batch.validate()
-        plan = module.plan(batch)
-        est = module.execute_and_estimate(batch, plan)
+        est = module.step(batch).estimate
         est.objective.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 import torch
@@ -14,11 +15,22 @@ from helpers import REPO, TINY_LLAMA, make_batch
 
 from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.cli import main
-from lit_prunedpo.bench.harness import run_benchmark
+from lit_prunedpo.bench.harness import build_rounds, run_benchmark, run_rounds, train_step
 from lit_prunedpo.bench.presets import MODES, get_preset
+from lit_prunedpo.callbacks._memory import PeakMemoryMeter
+from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.models import FromConfig
+from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix, RandomBranch
+from lit_prunedpo.samplers import (
+    AllPositions,
+    BernoulliPositions,
+    BothBranches,
+    FullPrefix,
+    RandomBranch,
+    SharedFractionPrefix,
+)
+from lit_prunedpo.step import StepParts
 
 FIELDS = (
     "mode", "reference", "scorer", "step_time_s", "step_time_p90_s", "peak_memory_mb", "tokens_executed",
@@ -224,3 +236,64 @@ def test_trl_peer_missing_is_a_clear_error(monkeypatch):
     with pytest.raises(RuntimeError, match=r"pip install -e '\.\[peer\]'"):
         run_benchmark(get_preset("small"), modes=["vanilla"], references=["online"], scorers=["plain"], steps=1,
                       warmup=0, peer="trl")
+
+
+def _count_steps(monkeypatch) -> list:
+    """Record ``(module, parts)`` of every ``PrunedDPO.step`` call (the real step still runs)."""
+    calls, step = [], PrunedDPO.step
+
+    def counted(self, batch, parts=None, generator=None):
+        calls.append((self, parts))
+        return step(self, batch, parts, generator)
+
+    monkeypatch.setattr(PrunedDPO, "step", counted)
+    return calls
+
+
+def test_bench_step_is_the_training_step(monkeypatch):
+    """A configuration's bench step (pruned samplers, chunked scorer and reference, padded prompt) gives the loss,
+    the plan counts and the gradient of ``training_step`` on a module built with those parts, from the same sampler
+    seed; both run ``PrunedDPO.step``. SGD with lr 1 turns the gradient into the weight update, compared."""
+    calls = _count_steps(monkeypatch)
+    small = get_preset("small")
+    rounds = build_rounds(small, ["all"], ["online"], ["chunked"], ["padded"], num_batches=1, warmup=0,
+                          dev=torch.device("cpu"))
+    ((config, parts),) = rounds.parts.items()
+    batch, bench = rounds.batches[0], rounds.module
+    built = PrunedDPO(policy=FromConfig("llama", small.model, seed=0), beta=0.1, prefix_sampler=SharedFractionPrefix(0.5),
+                      position_sampler=BernoulliPositions(0.25), branch_sampler=RandomBranch(0.5),
+                      scorer=ChunkedScorer(small.chunk_size), shared_prompt=False)
+    built.train()
+    for module in (built, bench):  # the policy moves away from the reference: margins and the reference matter
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in module.policy.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+    with pytest.warns(UserWarning, match="self.log"):  # no trainer attached: Lightning skips the logging
+        loss = built.training_step(batch, 0)
+    loss.backward()
+    torch.optim.SGD(built.policy.parameters(), lr=1.0).step()
+    out = train_step(bench, torch.optim.SGD(bench.policy.parameters(), lr=1.0), batch, parts,
+                     rounds.rngs[config].next())
+
+    assert calls == [(built, None), (bench, parts)]
+    torch.testing.assert_close(out.estimate.objective, loss.detach())
+    assert out.stats == built.step_stats and out.stats.positions_scored < out.stats.unpruned_positions
+    for b, p in zip(built.policy.parameters(), bench.policy.parameters(), strict=True):
+        torch.testing.assert_close(p, b, atol=1e-6, rtol=1e-5)
+    assert bench.prefix_sampler is not parts.prefix_sampler and bench.shared_prompt  # the module was not changed
+
+
+def test_rounds_run_every_configuration_through_the_module_step(monkeypatch):
+    calls = _count_steps(monkeypatch)
+    rounds = build_rounds(get_preset("small"), ["vanilla", "all"], ["online"], ["plain"], ["shared", "padded"],
+                          num_batches=2, warmup=1, dev=torch.device("cpu"))
+    rounds.meter = PeakMemoryMeter(torch.device("cpu"))  # no garbage-collector pass per step: a faster test
+    own = rounds.module.parts
+    records, peer = run_rounds(rounds)
+    assert calls == [(rounds.module, parts) for parts in rounds.parts.values()] * 2
+    assert all(getattr(rounds.module.parts, f.name) is getattr(own, f.name) for f in fields(StepParts))
+    assert all(len(r.times) == len(r.tokens) == 1 for r in records.values()) and not peer.times
+    # each configuration drew from its own stream, once per round
+    assert all(rng.step == 2 for rng in rounds.rngs.values()) and rounds.module.sampler_rng.step == 0

@@ -209,3 +209,27 @@ def test_cuda_allocator_peak():
     allocated = float(trainer.callback_metrics["memory/peak_allocated_mb"])
     assert allocated >= 64
     assert float(trainer.callback_metrics["memory/peak_reserved_mb"]) >= allocated
+
+
+@needs_clear_refs
+@pytest.mark.parametrize("settle", [False, True])
+def test_meter_sees_a_known_allocation(settle):
+    """The meter both the callback and the benchmark measure with: a 64 MiB buffer written and freed between
+    start and stop shows in the peak above the start, not in the start."""
+    meter = _memory.PeakMemoryMeter(torch.device("cpu"), settle=settle)
+    assert meter.mode == "cpu" and meter.measure == "peak RSS (VmHWM reset by clear_refs)"
+    meter.start()
+    buf = torch.ones(64 * MiB // 4)  # torch.ones writes every page
+    del buf
+    reading = meter.stop()
+    assert reading.reserved is None and reading.peak >= reading.start > 10 * MiB
+    assert 0.9 * 64 * MiB <= reading.above_start < 4 * 64 * MiB
+
+
+def test_meter_modes(monkeypatch):
+    assert _memory.PeakMemoryMeter(torch.device("cpu"), mode="off").stop() is None
+    with pytest.raises(ValueError, match="mode must be one of"):
+        _memory.PeakMemoryMeter(torch.device("cpu"), mode="gpu")
+    monkeypatch.setattr(_memory, "read_peak_rss_bytes", lambda: None)  # no /proc: what the probe finds, named
+    meter = _memory.PeakMemoryMeter(torch.device("cpu"))
+    assert meter.mode == "off" and meter.measure == "unavailable"

@@ -172,8 +172,8 @@ def main() -> None:
         if record_plans:
             original = cli.model.plan
 
-            def plan(batch):
-                p = original(batch)
+            def plan(batch, *args):
+                p = original(batch, *args)
                 plans.setdefault(name, []).append(p.grad_mask.tolist())
                 return p
 

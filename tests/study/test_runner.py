@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lit_prunedpo.bench.cost import ModelDims
+from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.study.arms import Arm, ideal_speedup, matched_batch_size
 from lit_prunedpo.study.cli import main
 from lit_prunedpo.study.report import summarise
@@ -177,3 +178,14 @@ def test_coupled_arms_differ_from_their_twins_only_in_the_shared_position_draw(t
     assert torch.equal(masks[0::2][same_length], masks[1::2][same_length])
     run = make_run(task, Arm(coupled, 4), 0, dm)
     assert isinstance(run.module.position_sampler, type(pos_c))
+
+
+def test_a_study_step_is_the_modules_step(task, dm, monkeypatch):
+    """A run trains through ``PrunedDPO.step`` (the step ``training_step`` runs), with the module's own parts and
+    sampler stream: one call per training step."""
+    calls, step = [], PrunedDPO.step
+    monkeypatch.setattr(PrunedDPO, "step", lambda self, batch, *args: calls.append((self, args)) or step(self, batch, *args))
+    run = make_run(task, Arm("all", 4), 0, dm)
+    run.train_step()
+    run.train_step()
+    assert calls == [(run.module, ())] * 2 and run.module.sampler_rng.step == 2

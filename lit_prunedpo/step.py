@@ -1,0 +1,55 @@
+"""The typed input and output of one training step (:meth:`lit_prunedpo.module.PrunedDPO.step`).
+
+:class:`StepParts` is what a step is made of besides the policy and the loss: the three samplers, the scorer,
+the reference source and the prompt layout. ``PrunedDPO`` builds its own from its constructor arguments
+(:attr:`~lit_prunedpo.module.PrunedDPO.parts`); the benchmark passes one per configuration, so that every
+configuration runs the same step on the same policy without changing the module. :class:`StepOutput` is what
+the step produced before the backward: the plan, the estimate, and the work counts on demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lit_prunedpo.estimate import Estimate
+from lit_prunedpo.metrics import StepStats
+from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.reference import ReferenceSource
+from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
+from lit_prunedpo.scoring import TokenScorer
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """The plug-ins one training step runs with."""
+
+    prefix_sampler: PrefixSampler
+    """Which response prefixes run."""
+    position_sampler: PositionSampler
+    """Which kept positions are scored."""
+    branch_sampler: BranchSampler
+    """Which branches get a gradient."""
+    scorer: TokenScorer
+    """Per-token log-probs of the policy."""
+    reference: ReferenceSource
+    """Reference log-probs at the plan's scored positions."""
+    shared_prompt: bool = True
+    """One packed block per pair (``lit_prunedpo.shared_prompt``) instead of padded rows."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One step up to its backward: back-propagate ``estimate.objective``."""
+
+    plan: StepPlan
+    """What the samplers drew."""
+    estimate: Estimate
+    """The IPW estimates and the objective."""
+    reference: ReferenceSource
+    """The source that scored the reference (it says how many tokens it ran)."""
+
+    @property
+    def stats(self) -> StepStats:
+        """The step's work counts. Counted on demand: an online reference's count merges the plan's groups,
+        work a step that logs nothing (the study's) should not pay for."""
+        return StepStats.of(self.plan, self.reference.tokens_executed(self.plan))
