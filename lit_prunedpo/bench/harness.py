@@ -51,7 +51,7 @@ from lit_prunedpo.metrics import StepStats
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import StepPlan, plan_step
-from lit_prunedpo.reference import OnlineReference, ReferenceSource
+from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.scoring import TokenScorer
 
@@ -292,12 +292,10 @@ def run_benchmark(
     sources: dict[tuple[str, str], ReferenceSource] = {}
     if "online" in references:
         sources["online", "plain"] = online
-        chunked_online = OnlineReference()
-        chunked_online.model = online.model  # shared frozen weights, chunked head
-        chunked_online.scorer = scorer_of["chunked"]
-        sources["online", "chunked"] = chunked_online
+        sources["online", "chunked"] = online.with_scorer(scorer_of["chunked"])  # shared frozen weights, chunked head
     if "cached" in references:
-        cached = _cached_reference(online.model, batches)
+        (frozen,) = online.models()
+        cached = _cached_reference(frozen, batches)
         sources["cached", "plain"] = sources["cached", "chunked"] = cached
 
     trl, peer_record = None, _Record()

@@ -11,8 +11,7 @@ from helpers import REPO
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.losses import SftLoss, SigmoidLoss, SimPOLoss, WeightedLoss
 from lit_prunedpo.module import PrunedDPO
-from lit_prunedpo.reference import OnlineReference
-from lit_prunedpo.reference_free import NoReference
+from lit_prunedpo.reference import NoReference, OnlineReference
 from lit_prunedpo.samplers import RandomBranch
 from lit_prunedpo.scoring import TokenScorer
 
