@@ -50,7 +50,7 @@ def _pairs():
 def test_reference_is_the_base_model_with_no_copy(lora, tiny_source):
     module = PrunedDPO(policy=lora)
     assert is_peft_model(module.policy)
-    assert module.reference.model is None and not list(module.reference.parameters())
+    assert module.reference.models() == [] and not list(module.reference.parameters())
     assert not any(k.startswith("reference.") for k in module.state_dict())  # no duplicate parameters
     _perturb_adapters(module.policy)
     _, batch = _pairs()
