@@ -38,11 +38,10 @@ from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
 from lit_prunedpo.plan import plan_step  # noqa: E402
-from lit_prunedpo.reference_cache import (  # noqa: E402
+from lit_prunedpo.reference import (  # noqa: E402
     CachedReference,
     ReferenceLogpStore,
     compute_reference_logps,
-    reference_batches,
 )
 from lit_prunedpo.samplers import BothBranches, RandomBranch  # noqa: E402
 
@@ -87,7 +86,7 @@ def measure(name, source, dm, batch_size, args):
     torch.manual_seed(0)
     model = source.build()
     start = time.perf_counter()
-    store = compute_reference_logps(model, reference_batches(dm, batch_size))
+    store = compute_reference_logps(model, dm.reference_batches(batch_size))
     build_s = time.perf_counter() - start
     del model
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 
 It reads the same YAML (and the same overrides) as ``lit-prunedpo fit``, instantiates the model, data and
 trainer through :func:`lit_prunedpo.cli.build_cli` without running anything, and builds the cache of
-the config's :class:`~lit_prunedpo.reference_cache.CachedReference` (``model.reference``) with the
+the config's :class:`~lit_prunedpo.reference.CachedReference` (``model.reference``) with the
 trainer's device and precision. The following ``fit`` finds the file, checks its fingerprint and trains
 without ever loading the reference model::
 
@@ -20,7 +20,7 @@ import sys
 import time
 
 from lit_prunedpo.cli import build_cli
-from lit_prunedpo.reference_cache import CachedReference, _Runtime
+from lit_prunedpo.reference import CachedReference, ReferenceRuntime
 
 
 def main(args: list[str] | None = None) -> None:
@@ -41,15 +41,16 @@ def main(args: list[str] | None = None) -> None:
     if not isinstance(reference, CachedReference):
         raise SystemExit(
             f"lit-prunedpo-cache: the config's model.reference is {type(reference).__name__}, not "
-            "lit_prunedpo.reference_cache.CachedReference: there is no cache to build"
+            "lit_prunedpo.reference.CachedReference: there is no cache to build"
         )
     datamodule = cli.datamodule
     datamodule.prepare_data()
     datamodule.setup("fit")
-    runtime = _Runtime.of(cli.trainer)
+    runtime = ReferenceRuntime.of(cli.trainer)
     path = reference.resolve_path(runtime.root_dir)
     start = time.perf_counter()
-    store = reference.ensure(cli.model.policy, datamodule, runtime)
+    reference.prepare(cli.model.policy, datamodule, runtime)
+    store = reference.store
     action = "built" if reference.builds else "up to date, reused"
     print(
         f"lit-prunedpo-cache: {path} {action}: {store.num_rows} pairs, {store.num_tokens} response tokens, "

@@ -119,9 +119,9 @@ def shard_causal_lm(model: nn.Module, mesh: Any, *, reshard_after_forward: bool 
 
 
 def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = True) -> None:
-    """Shard ``module.policy`` and, when the reference source holds a model (``OnlineReference``), that
-    model too, so a frozen reference costs ``1/N`` of a replica per rank. Sources without a model (a cached
-    reference) have nothing to shard.
+    """Shard ``module.policy``, then let the reference source shard the frozen models it owns
+    (:meth:`~lit_prunedpo.reference.ReferenceSource.shard`: an ``OnlineReference``'s model, so a frozen
+    reference costs ``1/N`` of a replica per rank; a cached reference has nothing to shard).
 
     Args:
         module: a ``PrunedDPO``.
@@ -139,9 +139,7 @@ def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = Tr
         )
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
     shard_causal_lm(module.policy, dp_mesh, reshard_after_forward=reshard_after_forward)
-    reference_model = getattr(module.reference, "model", None)
-    if isinstance(reference_model, nn.Module):
-        shard_causal_lm(reference_model, dp_mesh, reshard_after_forward=True)
+    module.reference.shard(dp_mesh)
 
 
 class FSDP2Strategy(ModelParallelStrategy):

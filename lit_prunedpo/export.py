@@ -118,8 +118,7 @@ def load_policy(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str | None) -> Any:
-    from lit_prunedpo.data.preference import _read_template
-    from lit_prunedpo.data.tokenize import load_tokenizer
+    from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template
 
     data = meta.get("datamodule_hyper_parameters") or {}
     name = tokenizer if tokenizer is not None else data.get("tokenizer")
@@ -128,7 +127,7 @@ def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str |
     tok = load_tokenizer(name)
     template = chat_template if chat_template is not None else data.get("chat_template")
     if template is not None:
-        tok.chat_template = _read_template(template)
+        tok.chat_template = read_chat_template(template)
     return tok
 
 

@@ -34,8 +34,7 @@ from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
-from lit_prunedpo.reference import ReferenceSource
-from lit_prunedpo.reference_free import reference_for
+from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.warning_scope import IgnoredWarning
 from lit_prunedpo.samplers import (
@@ -137,9 +136,8 @@ class PrunedDPO(L.LightningModule):
         self.reference.configure(self.policy, self.scorer)
         self.shared_prompt = bool(shared_prompt)
         if self.shared_prompt:
-            check_attention(self.policy)
-            if isinstance(getattr(self.reference, "model", None), nn.Module):
-                check_attention(self.reference.model)
+            for model in (self.policy, *self.reference.models()):
+                check_attention(model)
 
         self.sampler_rng = SamplerRNG()
         self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
@@ -170,8 +168,9 @@ class PrunedDPO(L.LightningModule):
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
         self._check_vocabulary()
-        check_positions(self.policy, getattr(self.trainer, "datamodule", None) if self._trainer is not None else None)
-        self.reference.prepare(self, stage)
+        datamodule = getattr(self._trainer, "datamodule", None)
+        check_positions(self.policy, datamodule)
+        self.reference.prepare(self.policy, datamodule, ReferenceRuntime.of(self._trainer))
 
     def _check_vocabulary(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None

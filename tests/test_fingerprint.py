@@ -12,11 +12,10 @@ import pytest
 from lit_prunedpo.data.preference import PreferenceDataModule
 from lit_prunedpo.fingerprint import content_digest
 from lit_prunedpo.models import FromConfig
-from lit_prunedpo.reference_cache import CachedReference
+from lit_prunedpo.reference import CachedReference, ReferenceRuntime
 
 from helpers import TINY_LLAMA
 from data.pairs_factory import explicit_rows, write_rows
-from test_reference_cache import fake_module
 
 
 @pytest.fixture(autouse=True)
@@ -68,11 +67,11 @@ def test_in_place_edit_with_mtime_kept_is_read_and_refuses_the_old_reference_cac
     assert answer_3(old) == ["Good answer 3."]
     cache = tmp_path / "ref.safetensors"
     policy = FromConfig("llama", {**TINY_LLAMA, "vocab_size": 384}).build()  # ByT5's vocabulary
-    CachedReference(str(cache)).prepare(fake_module(policy, old, tmp_path), "fit")
+    CachedReference(str(cache)).prepare(policy, old, ReferenceRuntime(root_dir=str(tmp_path)))
 
     edit_keeping_mtime(path, b"Good answer 3.", b"Fine answer 3.")
     new = data()
     assert answer_3(new) == ["Fine answer 3."]
     assert new.data_identity()["content"] != old.data_identity()["content"]
     with pytest.raises(ValueError, match=rf"reference cache {cache} is stale.*data\.content\.train"):
-        CachedReference(str(cache)).prepare(fake_module(policy, new, tmp_path), "fit")
+        CachedReference(str(cache)).prepare(policy, new, ReferenceRuntime(root_dir=str(tmp_path)))

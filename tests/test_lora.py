@@ -15,7 +15,7 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.lora import LoRA, is_peft_model
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.reference_cache import CachedReference
+from lit_prunedpo.reference import CachedReference, ReferenceRuntime
 from lit_prunedpo.samplers import AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix, StratifiedPositions
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
@@ -50,7 +50,7 @@ def _pairs():
 def test_reference_is_the_base_model_with_no_copy(lora, tiny_source):
     module = PrunedDPO(policy=lora)
     assert is_peft_model(module.policy)
-    assert module.reference.model is None and not list(module.reference.parameters())
+    assert module.reference.models() == [] and not list(module.reference.parameters())
     assert not any(k.startswith("reference.") for k in module.state_dict())  # no duplicate parameters
     _perturb_adapters(module.policy)
     _, batch = _pairs()
@@ -81,18 +81,12 @@ def test_gradients_reach_only_the_adapters_and_the_optimizer_holds_only_them(lor
 
 
 def test_cached_reference_built_from_a_lora_policy_agrees_with_the_adapters_off_reference(lora, tmp_path):
-    from types import SimpleNamespace
-
-    import lightning as L
-
     dm, batch = _pairs()
     online = PrunedDPO(policy=lora)
     _perturb_adapters(online.policy)  # even with live adapters the cache must hold the base model's log-probs
     cached = PrunedDPO(policy=lora, reference=CachedReference(path=str(tmp_path / "ref.safetensors"), batch_size=5))
     cached.policy.load_state_dict(online.policy.state_dict())
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=str(tmp_path))
-    cached.reference.prepare(SimpleNamespace(policy=cached.policy, trainer=SimpleNamespace(
-        datamodule=dm, strategy=trainer.strategy, default_root_dir=str(tmp_path))), "fit")
+    cached.reference.prepare(cached.policy, dm, ReferenceRuntime(root_dir=str(tmp_path)))
     plan = plan_step(batch, *PRUNED, generator=torch.Generator().manual_seed(2))
     for a, b in zip(online.reference.token_logps(batch, plan), cached.reference.token_logps(batch, plan), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)

@@ -51,7 +51,7 @@ def handwritten_logps(model, batch):
 def handwritten_dpo(module, batch):
     policy = handwritten_logps(module.policy, batch)
     with torch.no_grad():
-        reference = handwritten_logps(module.reference.model, batch)
+        reference = handwritten_logps(module.reference.models()[0], batch)
     margin = (policy[:, 0] - reference[:, 0]) - (policy[:, 1] - reference[:, 1])
     return -F.logsigmoid(BETA * margin).mean()
 

@@ -189,7 +189,7 @@ def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_sour
     module = PrunedDPO(policy=tiny_source)
     batch = padded_everywhere()
     seen = []
-    for model in (module.policy, module.reference.model):
+    for model in (module.policy, *module.reference.models()):
         split_causal_lm(model)[0].register_forward_pre_hook(
             lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True
         )

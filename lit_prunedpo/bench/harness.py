@@ -47,10 +47,10 @@ from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Pres
 from lit_prunedpo.callbacks._memory import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data.synthetic import BOS, EOS, PAD, SyntheticPreferenceData
-from lit_prunedpo.models import FromConfig, ModelSource
+from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.reference import OnlineReference, ReferenceSource
+from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
@@ -152,16 +152,6 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return out
-
-
-class _Built(ModelSource):
-    """A model already built: hands one frozen model to several reference sources through their constructor."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def build(self) -> torch.nn.Module:
-        return self.model
 
 
 def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch]) -> ReferenceSource:
@@ -329,25 +319,24 @@ def build_rounds(
     """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
     are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured)."""
     batches = [b.to(dev) for b in make_batches(preset, num_batches, seed)]
-    policy = FromConfig("llama", preset.model, seed=seed, dtype=dtype)
-    # the frozen reference: the policy's initial weights (same source and seed), one copy for every online reference
-    frozen = _Built(policy.build())
     module = PrunedDPO(
-        policy=policy, reference=OnlineReference(model=frozen), beta=0.1,
+        policy=FromConfig("llama", preset.model, seed=seed, dtype=dtype), beta=0.1,
         optimizer=partial(torch.optim.AdamW, lr=preset.lr),
     ).to(dev)
     module.train()
     optimizer = module.configure_optimizers()
     dims = cost.ModelDims.from_model(module.policy)
 
+    # the module's own reference: a frozen copy of the initial policy, one copy for every online reference
+    online = module.reference
     scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
     sources: dict[tuple[str, str], ReferenceSource] = {}
     if "online" in references:
-        for name, scorer in scorer_of.items():
-            sources["online", name] = online = OnlineReference(model=frozen)
-            online.configure(module.policy, scorer)
+        sources["online", "plain"] = online
+        sources["online", "chunked"] = online.with_scorer(scorer_of["chunked"])  # same frozen weights, chunked head
     if "cached" in references:
-        cached = _cached_reference(frozen.model, batches)
+        (frozen,) = online.models()
+        cached = _cached_reference(frozen, batches)
         sources["cached", "plain"] = sources["cached", "chunked"] = cached
 
     trl = None

@@ -1,58 +1,32 @@
 """``PreferenceDataModule``: preference pairs from a file or the hub, tokenized once, batched as ``PreferenceBatch``.
 
-The pipeline per split: load (:mod:`~lit_prunedpo.data.sources`) -> detect the format
-(:mod:`~lit_prunedpo.data.formats`) -> one cached ``datasets.map`` that checks, renders and tokenizes
-every row (:mod:`~lit_prunedpo.data.tokenize`) -> apply the bad-row policy and drop pairs left with an
-empty response (counted, never silent) -> hold out a seeded validation share when there is no
-validation split -> length statistics, logged once -> DataLoaders (length-grouped order for training,
-:mod:`~lit_prunedpo.data.length_grouped`).
-
-``index`` in every batch is unique across the module's splits, so that one reference-logprob cache
-(:mod:`lit_prunedpo.reference_cache`) covering training and validation is keyed without collisions: a
-training pair's index is its row number in the training split, counted before any row is dropped (and
-after ``max_rows``); a validation share held out of the training split keeps the training split's
-numbering; a separate ``val_split`` is numbered after the training split, its row number plus the
-training split's row count (before drops).
+The module wires three units and holds their results: :mod:`~lit_prunedpo.data.splits` builds the training and
+validation pairs (load, detect the format, tokenize, apply the bad-row policy, hold out a validation share;
+``index`` unique across both splits), :mod:`~lit_prunedpo.data.loaders` builds the DataLoaders (length-grouped
+training order, :mod:`~lit_prunedpo.data.length_grouped`), and two short methods implement
+:class:`~lit_prunedpo.reference.ReferenceData` for a reference-logprob cache (the pairs in a fixed order and
+what they depend on).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import datasets
 import numpy as np
-import pyarrow.compute as pc
-from datasets.fingerprint import Hasher
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
-from lit_prunedpo.data.generated import generated_pairs
-from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
-from lit_prunedpo.data.length_grouped import LengthGroupedSampler
-from lit_prunedpo.data.resumable import ResumableDataMixin, ResumableSampler
-from lit_prunedpo.data.sources import is_single_split, load_split
-from lit_prunedpo.data.stats import format_stats, summarize
-from lit_prunedpo.data.tokenize import PairEncoder, encode_split, load_tokenizer, tokenizer_fingerprint
-from lit_prunedpo.fingerprint import content_digest
-
-BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
-GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
-
-
-@dataclass
-class _Built:
-    """What one pass of the pipeline yields: the two splits, training lengths and statistics."""
-
-    stats: dict[str, Any]
-    train: datasets.Dataset
-    val: datasets.Dataset
-    train_lengths: np.ndarray
+from lit_prunedpo.data.formats import Columns
+from lit_prunedpo.data.loaders import pair_loader, shortest_first, training_sampler
+from lit_prunedpo.data.resumable import ResumableDataMixin
+from lit_prunedpo.data.splits import SplitBuilder
+from lit_prunedpo.data.stats import format_stats
+from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template, tokenizer_fingerprint
 
 
 class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
@@ -181,7 +155,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self._content: dict[str, str] = {}  # split -> content digest of its source (or its datasets fingerprint)
         self.tokenizer = load_tokenizer(tokenizer)
         if chat_template is not None:
-            self.tokenizer.chat_template = _read_template(chat_template)
+            self.tokenizer.chat_template = read_chat_template(chat_template)
         self.train_dataset: datasets.Dataset | None = None
         self.val_dataset: datasets.Dataset | None = None
         self.stats: dict[str, Any] = {}
@@ -202,134 +176,13 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
 
     # -- building the splits -------------------------------------------------------------------------
 
-    def _source_name(self, split: str) -> str:
-        if self.path is None:
-            return "the generated task"
-        return self.path if is_single_split(self.path) else f"{self.path} (split {split!r})"
-
-    def _single_split(self) -> bool:
-        return self.path is None or is_single_split(self.path)
-
-    def _load(self, split: str) -> datasets.Dataset:
-        if self.path is None:
-            raw = generated_pairs(num_rows=self.max_rows or GENERATED_ROWS, seed=self.seed)
-            self._content[split] = raw._fingerprint
-            return raw
-        local = Path(self.path).expanduser()
-        digest = content_digest(local) if local.exists() else None
-        raw = load_split(self.path, split, digest=digest, on_bad_row=self.on_bad_row)
-        self._content[split] = digest or raw._fingerprint
-        return raw
-
-    def _encode(self, split: str) -> tuple[datasets.Dataset, str, str]:
-        """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
-        if split == self.val_split and self._single_split():
-            raise ValueError(
-                f"{self._source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; leave "
-                "val_split unset to hold out val_fraction of it, or save a DatasetDict with that split"
-            )
-        source = self._source_name(split)
-        raw = self._load(split)
-        if self.max_rows is not None and len(raw) > self.max_rows:
-            raw = raw.select(range(self.max_rows))
-        if len(raw) == 0:
-            raise ValueError(f"{source}: no rows")
-        fmt = detect_format(raw.features, self.columns, source)
-        if fmt == CONVERSATIONAL and not self.tokenizer.chat_template:
-            name = self.tokenizer.name_or_path or type(self.tokenizer).__name__
-            raise ValueError(
-                f"{source} is conversational, but tokenizer {name!r} has no chat template to render it; "
-                "pass chat_template (a Jinja template string or file)"
-            )
-        encoder = PairEncoder(self.tokenizer, fmt, self.columns, self.max_length, self.max_prompt_length,
-                              add_bos=self.add_bos, truncation=self.truncation)
-        # The content digest joins the map's cache key: whatever datasets keyed the rows by, new bytes re-tokenize.
-        raw_key = Hasher.hash([raw._fingerprint, self._content[split]])
-        return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}", parent=raw_key), fmt, source
-
-    def _check_bad_rows(self, encoded: datasets.Dataset, bad_kind: np.ndarray, source: str) -> None:
-        bad = np.flatnonzero(bad_kind != "")
-        if self.on_bad_row == "skip" or bad.size == 0:
-            return
-        row = encoded[int(bad[0])]
-        detail = f": {row['bad_detail']}" if row["bad_detail"] else ""
-        more = f"; {bad.size - 1} more bad rows follow" if bad.size > 1 else ""
-        raise ValueError(
-            f"{source}: row {row['index']} (0-based): field {row['bad_field']!r} "
-            f"{BAD_ROW_KINDS[row['bad_kind']]} (kind '{row['bad_kind']}'){detail}{more}. "
-            "Fix the data, or pass on_bad_row='skip' to drop such rows (they are counted in stats)"
-        )
-
-    def _split_stats(self, rows: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, Any]:
-        """Statistics of the split made of ``rows`` (positions in the encoded table)."""
-        good = rows[cols["bad_kind"][rows] == ""]
-        kept = rows[keep[rows]]
-        return {
-            "rows": int(rows.size),
-            "pairs": int(kept.size),
-            "bad_rows": count_kinds(cols["bad_kind"][rows].tolist()),
-            "dropped_empty_response": int(good.size - kept.size),
-            "truncated_prompts": int(cols["prompt_truncated"][kept].sum()),
-            "truncated_responses": int(cols["response_truncated"][kept].sum()),
-            "prompt_tokens": summarize(cols["prompt"][kept]),
-            "response_tokens": summarize(np.concatenate([cols["chosen"][kept], cols["rejected"][kept]])),
-        }
-
-    def _columns(self, encoded: datasets.Dataset) -> dict[str, np.ndarray]:
-        table = encoded.data
-        cols = {
-            name: pc.list_value_length(table.column(f"{name}_ids")).to_numpy(zero_copy_only=False)
-            for name in ("prompt", "chosen", "rejected")
-        }
-        cols["bad_kind"] = np.asarray(table.column("bad_kind").to_pylist(), dtype=object)
-        for flag in ("prompt_truncated", "response_truncated"):
-            cols[flag] = table.column(flag).to_numpy(zero_copy_only=False).astype(bool)
-        return cols
-
-    def _build(self) -> _Built:
-        encoded, fmt, source = self._encode(self.train_split)
-        cols = self._columns(encoded)
-        self._check_bad_rows(encoded, cols["bad_kind"], source)
-        keep = (cols["bad_kind"] == "") & (cols["chosen"] > 0) & (cols["rejected"] > 0)
-        rows = np.arange(len(encoded))
-        if self.val_split is None:
-            if len(encoded) < 2:
-                raise ValueError(f"{source}: {len(encoded)} row cannot be split into training and validation")
-            order = np.random.default_rng(self.seed).permutation(len(encoded))
-            n_val = 0 if self.val_fraction == 0 else min(max(1, round(len(encoded) * self.val_fraction)), len(encoded) - 1)
-            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
-            val_encoded, val_cols, val_keep = encoded, cols, keep
-        else:
-            train_rows = rows
-            val_encoded, val_fmt, val_source = self._encode(self.val_split)
-            if val_fmt != fmt:
-                raise ValueError(f"{val_source} is in the {val_fmt} format but {source} in the {fmt} format")
-            val_cols = self._columns(val_encoded)
-            self._check_bad_rows(val_encoded, val_cols["bad_kind"], val_source)
-            val_keep = (val_cols["bad_kind"] == "") & (val_cols["chosen"] > 0) & (val_cols["rejected"] > 0)
-            val_rows = np.arange(len(val_encoded))
-        val = val_encoded.select_columns(BATCH_COLUMNS).select(val_rows[val_keep[val_rows]])
-        if self.val_split is not None:
-            # A separate split numbers its rows from 0 too: shift them past the training split's rows so that
-            # `index` keys a reference cache over both splits without collisions.
-            shifted = (np.asarray(val["index"], dtype=np.int64) + len(encoded)).tolist()
-            val = val.remove_columns("index").add_column("index", shifted)
-        stats = {
-            "source": self._source_name(self.train_split),
-            "format": fmt,
-            "train": self._split_stats(train_rows, cols, keep),
-            "val": self._split_stats(val_rows, val_cols, val_keep),
-        }
-        for split, kept in (("train", train_rows[keep[train_rows]]), ("val", val_rows[val_keep[val_rows]])):
-            if kept.size == 0 and not (split == "val" and self._no_validation):
-                raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
-        train_kept = train_rows[keep[train_rows]]
-        return _Built(
-            stats=stats,
-            train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
-            val=val,
-            # What a pair executes in the shared-prompt layout (prompt once, both responses): similar sums pack tightly.
-            train_lengths=cols["prompt"][train_kept] + cols["chosen"][train_kept] + cols["rejected"][train_kept],
+    def split_builder(self) -> SplitBuilder:
+        """What builds this module's pairs, from its current arguments (:mod:`~lit_prunedpo.data.splits`)."""
+        return SplitBuilder(
+            path=self.path, tokenizer=self.tokenizer, columns=self.columns, train_split=self.train_split,
+            val_split=self.val_split, val_fraction=self.val_fraction, seed=self.seed, max_length=self.max_length,
+            max_prompt_length=self.max_prompt_length, on_bad_row=self.on_bad_row, num_proc=self.num_proc,
+            max_rows=self.max_rows, add_bos=self.add_bos, truncation=self.truncation,
         )
 
     # -- LightningDataModule hooks -------------------------------------------------------------------
@@ -349,20 +202,20 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         if strategy is not None and trainer.local_rank != 0:
             strategy.barrier("lit_prunedpo.data.tokenize")  # wait for the node's first process
         try:
-            built = self._build()
+            built = self.split_builder().build()
         finally:
             # Reached even when the build fails (bad data): the other processes then build and fail with the same
             # message themselves, instead of with gloo's "Connection closed by peer" while waiting here.
             if strategy is not None and trainer.local_rank == 0:
                 strategy.barrier("lit_prunedpo.data.tokenize")
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
-        self.stats = built.stats
+        self.stats, self._content = built.stats, built.content
         rank_zero_info(format_stats(self.stats))
 
-    # -- the reference-cache protocol (lit_prunedpo.reference_cache) --------------------------------------
+    # -- lit_prunedpo.reference.ReferenceData, for a reference-logprob cache ------------------------------
 
     def cache_fingerprint(self) -> dict[str, Any]:
-        """What a reference-logprob cache of these pairs depends on (``lit_prunedpo.reference_cache``)."""
+        """What a reference-logprob cache of these pairs depends on."""
         self.setup("fit")
         template = self.tokenizer.chat_template
         return {
@@ -383,22 +236,14 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         content digests and the pairs built from them."""
         self.setup("fit")
         assert self.train_dataset is not None
-        return {"source": self._source_name(self.train_split), "content": dict(sorted(self._content.items())),
-                "train_pairs": len(self.train_dataset)}
+        return {"source": self.split_builder().source_name(self.train_split),
+                "content": dict(sorted(self._content.items())), "train_pairs": len(self.train_dataset)}
 
     def reference_batches(self, batch_size: int | None = None) -> Iterator[PreferenceBatch]:
         """Every training then validation pair once, unshuffled, shortest first within each split (less
         padding, faster build), for a reference-logprob cache."""
         self.setup("fit")
-        collate, size = self._collate(), batch_size or self.val_batch_size
-        for ds in (self.train_dataset, self.val_dataset):
-            table = ds.with_format("arrow")[:]  # applies the split's row selection
-            prompt, chosen, rejected = (pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
-                                        for c in ("prompt_ids", "chosen_ids", "rejected_ids"))
-            order = np.argsort(prompt + np.maximum(chosen, rejected), kind="stable")
-            for start in range(0, len(order), size):
-                columns = ds[order[start : start + size].tolist()]
-                yield collate([dict(zip(columns, row)) for row in zip(*columns.values())])
+        return shortest_first((self.train_dataset, self.val_dataset), batch_size or self.val_batch_size, self._collate())
 
     def _collate(self) -> functools.partial:
         return functools.partial(collate_pairs, pad_id=self.pad_token_id)
@@ -407,58 +252,29 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         if self.train_dataset is None or self.val_dataset is None:
             raise RuntimeError("PreferenceDataModule.setup() must run before its dataloaders are requested")
 
-    def _distributed(self) -> tuple[int, int]:
-        """(num_replicas, rank) when a trainer runs a distributed strategy, else (1, 0)."""
-        trainer = getattr(self, "trainer", None)
-        kwargs = getattr(trainer, "distributed_sampler_kwargs", None) if trainer is not None else None
-        if not kwargs:
-            return 1, 0
-        return int(kwargs.get("num_replicas", 1)), int(kwargs.get("rank", 0))
-
     def train_dataloader(self) -> DataLoader:
         """Training pairs, length-grouped (or shuffled) with an epoch-seeded order."""
         self._require_setup()
         assert self.train_dataset is not None and self._train_lengths is not None
-        num_replicas, rank = self._distributed()
-        sampler: ResumableSampler
-        if self.group_by_length:
-            sampler = LengthGroupedSampler(
-                self._train_lengths.tolist(), self.batch_size, seed=self.seed, num_replicas=num_replicas, rank=rank
-            )
-        else:
-            sampler = ResumableSampler(self.train_dataset, num_replicas=num_replicas, rank=rank, seed=self.seed)
-        return DataLoader(
-            self.train_dataset,
-            batch_size=self.batch_size,
-            sampler=self.resume(sampler, self.batch_size),
-            collate_fn=self._collate(),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    @property
-    def _no_validation(self) -> bool:
-        return self.val_split is None and self.val_fraction == 0
+        sampler = training_sampler(self.train_dataset, self._train_lengths, self.batch_size,
+                                   group_by_length=self.group_by_length, seed=self.seed,
+                                   trainer=getattr(self, "trainer", None))
+        return pair_loader(self.train_dataset, self.batch_size, self._collate(), self.num_workers,
+                           sampler=self.resume(sampler, self.batch_size))
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation pairs in dataset order; none (an empty list: Lightning then skips validation) with
         ``val_fraction: 0``."""
         self._require_setup()
-        if self._no_validation:
+        if self.split_builder().no_validation:
             return []
-        return DataLoader(
-            self.val_dataset,
-            batch_size=self.val_batch_size,
-            shuffle=False,
-            collate_fn=self._collate(),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return pair_loader(self.val_dataset, self.val_batch_size, self._collate(), self.num_workers)
 
     def test_dataloader(self) -> DataLoader:
         """The validation pairs: this module reads two splits. To test on a held-out split, name it
         ``val_split`` in a config used with ``lit-prunedpo test``."""
-        rank_zero_info(f"testing on the validation pairs of {self._source_name(self.val_split or self.train_split)}")
+        source = self.split_builder().source_name(self.val_split or self.train_split)
+        rank_zero_info(f"testing on the validation pairs of {source}")
         return self.val_dataloader()
 
 
@@ -495,13 +311,3 @@ def _check_args(
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
-
-
-def _read_template(chat_template: str) -> str:
-    """A template given as a path to an existing file is read; anything else is the template itself."""
-    if "{" not in chat_template:
-        path = Path(chat_template).expanduser()
-        if path.is_file():
-            return path.read_text()
-        raise ValueError(f"chat_template {chat_template!r} is neither a Jinja template nor an existing file")
-    return chat_template

@@ -108,7 +108,7 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
             self.val_pairs = self.make_pairs(self.num_val, stream=1, first_index=self.num_train)
 
     def cache_fingerprint(self) -> dict[str, Any]:
-        """What a reference-logprob cache of these pairs depends on (``lit_prunedpo.reference_cache``): the
+        """What a reference-logprob cache of these pairs depends on (``lit_prunedpo.reference.ReferenceData``): the
         generator's arguments (the batch size changes nothing)."""
         names = ("vocab_size", "num_train", "num_val", "min_response_length", "max_response_length",
                  "max_stride", "corruption_rate", "seed")

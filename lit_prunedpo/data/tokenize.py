@@ -78,6 +78,20 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         ) from err
 
 
+def read_chat_template(chat_template: str) -> str:
+    """A Jinja chat template given as a path to an existing file is read; anything else is the template itself.
+
+    Raises:
+        ValueError: ``chat_template`` is neither a template (it has no ``{``) nor an existing file.
+    """
+    if "{" not in chat_template:
+        path = Path(chat_template).expanduser()
+        if path.is_file():
+            return path.read_text()
+        raise ValueError(f"chat_template {chat_template!r} is neither a Jinja template nor an existing file")
+    return chat_template
+
+
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A stable hash of everything about the tokenizer that changes the ids (vocabulary, specials, template)."""
     return Hasher.hash(tokenizer)

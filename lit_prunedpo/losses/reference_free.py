@@ -1,7 +1,7 @@
 """Reference-free losses: SimPO and ORPO's odds ratio, functions of the policy's mean log-probs alone.
 
 They set ``needs_reference = False``, so ``PrunedDPO`` builds no frozen copy of the policy, runs no reference
-forward and loads no cache (``lit_prunedpo.reference_free.NoReference``): per pair, unpruned, the step costs
+forward and loads no cache (``lit_prunedpo.reference.NoReference``): per pair, unpruned, the step costs
 the policy's forward and backward only, and branch pruning's ideal saving rises from 1.33x to 1.5x. Both use
 means over the full response length, estimated without bias as in ``lit_prunedpo.losses.normalized``.
 """

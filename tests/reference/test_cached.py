@@ -12,24 +12,22 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 from helpers import REPO, TINY_LLAMA
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import lit_prunedpo.reference_cache as rc
+import lit_prunedpo.reference.cached as rc
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import collate_pairs
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.reference_cache import CachedReference, ReferenceLogpStore, compute_reference_logps
-from lit_prunedpo.reference_store import tensors_checksum
+from lit_prunedpo.reference import CachedReference, ReferenceLogpStore, ReferenceRuntime, compute_reference_logps
+from lit_prunedpo.reference.store import read_fingerprint, tensors_checksum
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,
@@ -76,13 +74,6 @@ def synthetic(**kwargs):
     return dm
 
 
-def fake_module(policy, dm, root):
-    """What prepare() reads from a LightningModule: its policy and a trainer with a data module and strategy."""
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=str(root))
-    return SimpleNamespace(policy=policy, trainer=SimpleNamespace(
-        datamodule=dm, strategy=trainer.strategy, default_root_dir=str(root)))
-
-
 # ------------------------------------------------------------------------- same objective as online
 @pytest.mark.parametrize("mode", list(MODES))
 def test_cached_equals_online_loss_and_gradients(mode, tiny_source):
@@ -90,7 +81,7 @@ def test_cached_equals_online_loss_and_gradients(mode, tiny_source):
     dm = synthetic()
     online = PrunedDPO(policy=tiny_source, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch)
     # The cache is built from the *initial* policy in batches of another size and order than the step's.
-    store = compute_reference_logps(tiny_source.build(), rc.reference_batches(dm, batch_size=5))
+    store = compute_reference_logps(tiny_source.build(), dm.reference_batches(5))
     cached = PrunedDPO(policy=tiny_source, reference=CachedReference.from_store(store), prefix_sampler=prefix,
                        position_sampler=position, branch_sampler=branch)
     with torch.no_grad():
@@ -123,7 +114,7 @@ def test_cached_equals_online_loss_and_gradients(mode, tiny_source):
 # ---------------------------------------------------------------------------------- the store
 def test_store_gathers_and_round_trips(tmp_path, tiny_source):
     dm = synthetic()
-    store = compute_reference_logps(tiny_source.build(), rc.reference_batches(dm))
+    store = compute_reference_logps(tiny_source.build(), dm.reference_batches())
     assert store.num_rows == 48 and store.keys.tolist() == list(range(48))
     pair = dm.val_pairs[3]
     lengths = store.lengths_of(torch.tensor([pair["index"]]))
@@ -152,33 +143,33 @@ def test_colliding_indices_are_refused(tiny_source):
 def test_prepare_reuses_refuses_stale_and_recomputes(tmp_path, tiny_source, builds):
     path = str(tmp_path / "ref.safetensors")
     policy = tiny_source.build()
-    CachedReference(path).prepare(fake_module(policy, synthetic(), tmp_path), "fit")
+    CachedReference(path).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
     again = CachedReference(path)
-    again.prepare(fake_module(policy, synthetic(), tmp_path), "fit")
+    again.prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
     assert len(builds) == 1 and again.store.num_rows == 48 and again.builds == 0
 
     with pytest.raises(ValueError, match=r"stale.*data\.max_response_length \(cache: 32, now: 20\)") as err:
-        CachedReference(path).prepare(fake_module(policy, synthetic(max_response_length=20), tmp_path), "fit")
+        CachedReference(path).prepare(policy, synthetic(max_response_length=20), ReferenceRuntime(root_dir=str(tmp_path)))
     assert "reference.weights" not in str(err.value)  # only what differs is listed
     other_seed = FromConfig(model_type="llama", config=TINY_LLAMA, seed=1).build()
     with pytest.raises(ValueError, match=r"stale.*reference\.weights") as err:
-        CachedReference(path).prepare(fake_module(other_seed, synthetic(), tmp_path), "fit")
+        CachedReference(path).prepare(other_seed, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
     assert "data." not in str(err.value)
     source = FromConfig(model_type="llama", config=TINY_LLAMA, seed=1)
     with pytest.raises(ValueError, match=r"reference\.source \(cache: \"policy initial weights\", now: \"lit_prunedpo"):
-        CachedReference(path, model=source).prepare(fake_module(policy, synthetic(), tmp_path), "fit")
+        CachedReference(path, model=source).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
 
     rebuilt = CachedReference(path, model=source, recompute=True)
-    rebuilt.prepare(fake_module(policy, synthetic(), tmp_path), "fit")
+    rebuilt.prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
     assert len(builds) == 2 and rebuilt.builds == 1
-    assert rc.read_fingerprint(path)["reference"]["args"]["seed"] == 1
-    CachedReference(path, model=source).prepare(fake_module(policy, synthetic(), tmp_path), "fit")
+    assert read_fingerprint(path)["reference"]["args"]["seed"] == 1
+    CachedReference(path, model=source).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
     assert len(builds) == 2
 
 
 def test_default_path_is_under_the_root_dir(tmp_path, tiny_source):
     ref = CachedReference()
-    ref.prepare(fake_module(tiny_source.build(), synthetic(), tmp_path), "fit")
+    ref.prepare(tiny_source.build(), synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
     assert (tmp_path / rc.DEFAULT_FILENAME).is_file() and ref.store is not None
 
 
@@ -210,8 +201,8 @@ def test_values_altered_after_the_build_are_refused_by_checksum(built):
 def built(tmp_path, tiny_source):
     path = tmp_path / "ref.safetensors"
     policy = tiny_source.build()
-    CachedReference(str(path)).prepare(fake_module(policy, synthetic(), tmp_path), "fit")
-    return path, lambda: CachedReference(str(path)).prepare(fake_module(policy, synthetic(), tmp_path), "fit")
+    CachedReference(str(path)).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
+    return path, lambda: CachedReference(str(path)).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
 
 
 def test_nonfinite_cache_is_refused(built):
@@ -330,13 +321,13 @@ def test_cache_command_builds_ahead_and_fit_reuses_it(tiny_gpt2, tmp_path, build
     # A fresh process: the fingerprint (tokenizer hash, datasets fingerprints, weights) is stable across processes.
     cli = build_cli(["fit", *args, "--trainer.max_steps=1", "--trainer.limit_val_batches=0"])
     assert len(builds) == 0 and os.stat(cache).st_mtime_ns == stamp and cli.trainer.global_step == 1
-    assert json.loads(json.dumps(rc.read_fingerprint(cache)))["data"]["max_length"] == 256
+    assert json.loads(json.dumps(read_fingerprint(cache)))["data"]["max_length"] == 256
 
 
 def test_cache_command_refuses_a_config_without_a_cached_reference(tmp_path):
     from lit_prunedpo.cache_cli import main
 
-    with pytest.raises(SystemExit, match="not lit_prunedpo.reference_cache.CachedReference"):
+    with pytest.raises(SystemExit, match="not lit_prunedpo.reference.CachedReference"):
         main(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"])
 
 
@@ -345,13 +336,12 @@ def test_rank_sharded_build_merges_into_the_single_process_cache(tmp_path, tiny_
     shard, rank 0 writes its own and merges; the result equals a one-process build bitwise."""
     policy, dm = tiny_source.build(), synthetic()
     single = CachedReference(str(tmp_path / "single.safetensors"))
-    single.prepare(fake_module(policy, dm, tmp_path), "fit")
+    single.prepare(policy, dm, ReferenceRuntime(root_dir=str(tmp_path)))
     path = tmp_path / "sharded.safetensors"
-    base = rc._Runtime.of(fake_module(policy, dm, tmp_path).trainer)
     for rank in (1, 0):
-        runtime = rc._Runtime(base.device, str(tmp_path), base.precision, base.forward_context, world_size=2, rank=rank)
+        runtime = ReferenceRuntime(root_dir=str(tmp_path), world_size=2, rank=rank)
         ref = CachedReference(str(path), recompute=True)
-        fingerprint = rc.read_fingerprint(tmp_path / "single.safetensors")
+        fingerprint = read_fingerprint(tmp_path / "single.safetensors")
         ref._build(policy, dm, fingerprint, path, runtime)
     assert not list(tmp_path.glob("*.rank*")), "shards left behind"
     merged = ReferenceLogpStore.load(path)

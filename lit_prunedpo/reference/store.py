@@ -1,32 +1,27 @@
-"""The on-disk store of per-token reference log-probabilities, and the one pass that computes it.
+"""The on-disk store of per-token reference log-probabilities (storage only: :mod:`~lit_prunedpo.reference.cached`
+computes and checks it against the run).
 
 :class:`ReferenceLogpStore` holds the reference log-prob of every response token of every pair flat
 (``values`` float32 ``[total_tokens]``) with per (row, branch) ``offsets``/``lengths`` and the sorted dataset
 keys (``batch.index``); it gathers at any positions and saves to / loads from one safetensors file (4 bytes
 per token plus 40 bytes per pair) whose metadata carries a fingerprint and a BLAKE2b checksum of the tensors'
 bytes: a file whose values were altered after it was written is refused on load, naming it.
-:func:`compute_reference_logps` fills it in one no-grad pass through the same planner, inputs and scorer as
-the online reference.
-:mod:`lit_prunedpo.reference_cache` decides when to build, reuse or refuse one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import Tensor, nn
+from torch import Tensor
 
-from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
-from lit_prunedpo.plan import exact_plan
-from lit_prunedpo.scoring import TokenScorer, group_inputs
+from lit_prunedpo.batch import BRANCH_NAMES
 
 FORMAT = "lit_prunedpo.reference_cache"
 VERSION = 2  # 2: a checksum of the tensors in the metadata
@@ -45,7 +40,7 @@ class ReferenceLogpStore:
         keys: ``[N]`` long, the dataset index of each row, strictly increasing.
         offsets: ``[N, 2]`` long, start of each (row, branch) in ``values``.
         lengths: ``[N, 2]`` long, response length of each (row, branch), >= 1.
-        fingerprint: what the values were computed from (see the module docstring).
+        fingerprint: what the values were computed from (see :mod:`~lit_prunedpo.reference.fingerprint`).
 
     Raises:
         ValueError: the tensors are inconsistent (shapes, ordering, offsets past the end) or hold NaN/Inf
@@ -99,31 +94,42 @@ class ReferenceLogpStore:
         return int(self.keys[row // 2])
 
     def check_against(self, index: Tensor, lengths: Tensor, what: str = "the data") -> None:
-        """Refuse a store whose rows or lengths differ from ``index``/``lengths`` (``[n]``, ``[n, 2]``).
+        """Refuse a store that does not hold exactly the pairs ``index`` (``[n]``) with response lengths
+        ``lengths`` (``[n, 2]``): the set-up check against every pair the data will serve.
 
         Raises:
-            ValueError: a pair of the data is missing, or its response lengths differ.
+            ValueError: the pair counts differ, a pair of the data is missing, or its response lengths differ.
         """
         if index.numel() != self.num_rows:
             raise ValueError(
                 f"reference cache {self.source} holds {self.num_rows} pairs but {what} has {index.numel()}: it was "
                 "built for other data; rebuild it (recompute=True)"
             )
-        rows = self._rows(index.cpu(), strict=False)
-        missing = rows < 0
+        missing = self._rows(index.cpu(), strict=False) < 0
         if bool(missing.any()):
             keys = index.cpu()[missing][:8].tolist()
             raise ValueError(
                 f"reference cache {self.source} has no entry for {int(missing.sum())} pairs of {what} "
                 f"(dataset indices {keys}...): it was built for other data; rebuild it (recompute=True)"
             )
-        differ = (self.lengths[rows] != lengths.cpu()).any(-1)
+        self.check_lengths(index, lengths, what)
+
+    def check_lengths(self, index: Tensor, lengths: Tensor, what: str = "the batch") -> None:
+        """Refuse pairs ``index`` whose response lengths ``lengths`` (``[n, 2]``) differ from the cached ones.
+
+        Raises:
+            KeyError: an ``index`` is not in the cache.
+            ValueError: a pair's response lengths differ (other data or another tokenization).
+        """
+        index = index.reshape(-1).cpu()
+        cached, actual = self.lengths[self._rows(index)], lengths.cpu()
+        differ = (cached != actual).any(-1)
         if bool(differ.any()):
             i = int(differ.nonzero()[0])
             raise ValueError(
-                f"reference cache {self.source}: pair {int(index[i])} has response lengths "
-                f"{self.lengths[rows[i]].tolist()} in the cache but {lengths[i].tolist()} in {what}: it was "
-                "built for other data or another tokenization; rebuild it (recompute=True)"
+                f"reference cache {self.source}: pair {int(index[i])} has response lengths {cached[i].tolist()} in "
+                f"the cache but {actual[i].tolist()} in {what}: it was built for other data or another "
+                "tokenization; rebuild it (recompute=True)"
             )
 
     # -- lookup --------------------------------------------------------------------------------------
@@ -291,60 +297,3 @@ def read_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
             f"{FORMAT!r} version {VERSION}; delete it or rebuild it (recompute=True)"
         )
     return json.loads(meta.get("fingerprint", "{}"))
-
-
-# --------------------------------------------------------------------------------------------- computing
-def model_device(model: nn.Module) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-@torch.no_grad()
-def compute_reference_logps(
-    model: nn.Module,
-    batches: Iterable[PreferenceBatch],
-    scorer: TokenScorer | None = None,
-    forward_context: Callable[[], ContextManager] | None = None,
-) -> ReferenceLogpStore:
-    """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
-
-    Each batch is planned with full prefixes, all positions and both branches and scored through
-    :func:`~lit_prunedpo.scoring.group_inputs` and ``scorer``, exactly as the online reference scores an
-    unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
-
-    Args:
-        model: a ``transformers`` causal LM.
-        batches: the pairs to cache; their ``index`` values must be unique.
-        scorer: how log-probs are computed; ``None`` is :class:`~lit_prunedpo.scoring.TokenScorer`.
-        forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
-
-    Raises:
-        ValueError: a batch is invalid, or an index repeats.
-    """
-    scorer = scorer if scorer is not None else TokenScorer()
-    context = forward_context if forward_context is not None else contextlib.nullcontext
-    device = model_device(model)
-    was_training = model.training
-    model.eval()
-    keys: list[int] = []
-    lengths: list[tuple[int, int]] = []
-    values: list[Tensor] = []
-    try:
-        for batch in batches:
-            batch.validate()
-            batch = batch.to(device)
-            plan = exact_plan(batch)
-            (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
-            with context():
-                logps = scorer(model, group_inputs(batch, group.to(device))).float().cpu()
-            # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
-            # tokens are consecutive in `logps`.
-            per_pair = batch.response_lengths.cpu()
-            keys.extend(batch.index.cpu().tolist())
-            lengths.extend(tuple(x) for x in per_pair.tolist())
-            values.extend(logps.split(per_pair.sum(-1).tolist()))
-    finally:
-        model.train(was_training)
-    return ReferenceLogpStore.from_rows(keys, lengths, values)
-
-

@@ -1,17 +1,14 @@
-"""Where reference log-probabilities come from: the seam between the step and the frozen reference.
+"""The online reference: a frozen causal LM run once per step on the union of the plan's rows.
 
-A :class:`ReferenceSource` returns, for every row group of a plan, the reference log-probs at exactly the
-group's scored positions of exactly its executed prefixes. :class:`OnlineReference` runs a frozen model
-(by default a copy of the initial policy) once per step on the union of the plan's rows, under
-``torch.no_grad()`` and with the LM head on scored positions only, so pruning saves reference compute too.
-A cached source (per-token log-probs computed once) plugs in at the same seam.
+:class:`OnlineReference` runs, by default, a copy of the initial policy under ``torch.no_grad()`` with the LM
+head on scored positions only, so pruning saves reference compute too. A LoRA policy's reference is the
+policy itself with its adapters off (no copy; see :mod:`lit_prunedpo.lora`).
 """
 
 from __future__ import annotations
 
 import copy
-from abc import ABC, abstractmethod
-import lightning as L
+
 import torch
 from torch import Tensor, nn
 
@@ -19,28 +16,8 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.lora import adapters_off, is_peft_model
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.plan import StepPlan, merge_groups
+from lit_prunedpo.reference.base import ReferenceSource
 from lit_prunedpo.scoring import TokenScorer, group_inputs
-
-
-class ReferenceSource(nn.Module, ABC):
-    """Reference log-probs for the scored positions of a plan. An ``nn.Module`` so that Lightning moves and
-    shards whatever state it holds."""
-
-    def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
-        """Called once in ``PrunedDPO.__init__`` with the freshly built policy (e.g. to copy it) and the module's
-        scorer (so that a memory-efficient scorer serves the reference too)."""
-
-    def prepare(self, module: "L.LightningModule", stage: str) -> None:
-        """Called from ``PrunedDPO.setup(stage)`` on every process, with the trainer and data module attached
-        (e.g. to load or build a cache). The policy still has its initial weights: checkpoints load later."""
-
-    @abstractmethod
-    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
-        """One ``[K_g]`` tensor per group of ``plan``, aligned with the group's scored positions."""
-
-    def tokens_executed(self, plan: StepPlan) -> int:
-        """Padded tokens a reference model runs for ``plan`` (0 for sources that run no model)."""
-        return 0
 
 
 class OnlineReference(ReferenceSource):
@@ -68,6 +45,14 @@ class OnlineReference(ReferenceSource):
             self.model = copy.deepcopy(policy)
             self._freeze()
 
+    def with_scorer(self, scorer: TokenScorer) -> "OnlineReference":
+        """A configured source that runs the same frozen model (shared, not copied) through ``scorer``."""
+        other = OnlineReference()
+        other.source, other.model, other.scorer = self.source, self.model, scorer
+        if hasattr(self, "_adapters_off_policy"):
+            other._adapters_off_policy = self._adapters_off_policy
+        return other
+
     def _freeze(self) -> None:
         self.model.requires_grad_(False)
         self.model.eval()
@@ -76,6 +61,10 @@ class OnlineReference(ReferenceSource):
         # The reference never trains: dropout stays off whatever Lightning asks of the parent module.
         super().train(False)
         return self
+
+    def models(self) -> list[nn.Module]:
+        # a LoRA policy's adapters-off reference belongs to the policy: sharded and checked with it
+        return [self.model] if self.model is not None else []
 
     def tokens_executed(self, plan: StepPlan) -> int:
         # the one merged forward: every row of the plan (one packed block per pair with a shared prompt)

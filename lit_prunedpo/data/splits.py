@@ -1,0 +1,223 @@
+"""Building the training and validation pairs of a :class:`~lit_prunedpo.data.PreferenceDataModule`.
+
+Per split: load (:mod:`~lit_prunedpo.data.sources`) -> detect the format (:mod:`~lit_prunedpo.data.formats`) ->
+one cached ``datasets.map`` that checks, renders and tokenizes every row (:mod:`~lit_prunedpo.data.tokenize`)
+-> apply the bad-row policy and drop pairs left with an empty response (counted, never silent) -> hold out a
+seeded validation share when there is no validation split -> length statistics.
+
+``index`` is unique across the two splits, so that one reference-logprob cache covering both is keyed without
+collisions: a training pair's index is its row number in the training split, counted before any row is
+dropped (and after ``max_rows``); a validation share held out of the training split keeps the training split's
+numbering; a separate ``val_split`` is numbered after the training split, its row number plus the training
+split's row count (before drops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+from datasets.fingerprint import Hasher
+from transformers import PreTrainedTokenizerBase
+
+from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
+from lit_prunedpo.data.generated import generated_pairs
+from lit_prunedpo.data.sources import is_single_split, load_split
+from lit_prunedpo.data.stats import format_stats, summarize
+from lit_prunedpo.data.tokenize import PairEncoder, encode_split
+from lit_prunedpo.fingerprint import content_digest
+
+BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
+GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
+
+
+@dataclass
+class Splits:
+    """What one build yields.
+
+    Attributes:
+        train: training pairs (``BATCH_COLUMNS``).
+        val: validation pairs (possibly empty with ``val_fraction=0``).
+        train_lengths: tokens each training pair executes with a shared prompt (prompt + both responses).
+        stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split.
+        content: split -> content digest of its source (or its ``datasets`` fingerprint).
+    """
+
+    train: datasets.Dataset
+    val: datasets.Dataset
+    train_lengths: np.ndarray
+    stats: dict[str, Any]
+    content: dict[str, str]
+
+
+@dataclass
+class SplitBuilder:
+    """Builds :class:`Splits` from a source; the fields are ``PreferenceDataModule``'s arguments of the same names
+    (documented there), checked there."""
+
+    path: str | None
+    tokenizer: PreTrainedTokenizerBase
+    columns: Columns
+    train_split: str = "train"
+    val_split: str | None = None
+    val_fraction: float = 0.05
+    seed: int = 0
+    max_length: int = 512
+    max_prompt_length: int = 256
+    on_bad_row: str = "error"
+    num_proc: int | None = None
+    max_rows: int | None = None
+    add_bos: bool = True
+    truncation: str = "keep_start"
+    content: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def no_validation(self) -> bool:
+        """``val_fraction: 0`` without a validation split: nothing is held out."""
+        return self.val_split is None and self.val_fraction == 0
+
+    def source_name(self, split: str) -> str:
+        """How messages name the source of ``split``."""
+        if self.path is None:
+            return "the generated task"
+        return self.path if is_single_split(self.path) else f"{self.path} (split {split!r})"
+
+    def build(self) -> Splits:
+        """Load, tokenize, filter and split.
+
+        Raises:
+            ValueError: a bad row under ``on_bad_row="error"`` (naming source, row, field and kind), an empty
+                source, splits in different formats, conversational data without a chat template, or no usable
+                pairs left for a split.
+        """
+        encoded, fmt, source = self._encode(self.train_split)
+        cols = _columns(encoded)
+        self._check_bad_rows(encoded, cols["bad_kind"], source)
+        keep = (cols["bad_kind"] == "") & (cols["chosen"] > 0) & (cols["rejected"] > 0)
+        rows = np.arange(len(encoded))
+        if self.val_split is None:
+            if len(encoded) < 2:
+                raise ValueError(f"{source}: {len(encoded)} row cannot be split into training and validation")
+            order = np.random.default_rng(self.seed).permutation(len(encoded))
+            n_val = 0 if self.val_fraction == 0 else min(max(1, round(len(encoded) * self.val_fraction)), len(encoded) - 1)
+            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+            val_encoded, val_cols, val_keep = encoded, cols, keep
+        else:
+            train_rows = rows
+            val_encoded, val_fmt, val_source = self._encode(self.val_split)
+            if val_fmt != fmt:
+                raise ValueError(f"{val_source} is in the {val_fmt} format but {source} in the {fmt} format")
+            val_cols = _columns(val_encoded)
+            self._check_bad_rows(val_encoded, val_cols["bad_kind"], val_source)
+            val_keep = (val_cols["bad_kind"] == "") & (val_cols["chosen"] > 0) & (val_cols["rejected"] > 0)
+            val_rows = np.arange(len(val_encoded))
+        val = val_encoded.select_columns(BATCH_COLUMNS).select(val_rows[val_keep[val_rows]])
+        if self.val_split is not None:
+            # A separate split numbers its rows from 0 too: shift them past the training split's rows so that
+            # `index` keys a reference cache over both splits without collisions.
+            shifted = (np.asarray(val["index"], dtype=np.int64) + len(encoded)).tolist()
+            val = val.remove_columns("index").add_column("index", shifted)
+        stats = {
+            "source": self.source_name(self.train_split),
+            "format": fmt,
+            "train": _split_stats(train_rows, cols, keep),
+            "val": _split_stats(val_rows, val_cols, val_keep),
+        }
+        for split, kept in (("train", train_rows[keep[train_rows]]), ("val", val_rows[val_keep[val_rows]])):
+            if kept.size == 0 and not (split == "val" and self.no_validation):
+                raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
+        train_kept = train_rows[keep[train_rows]]
+        return Splits(
+            train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
+            val=val,
+            # What a pair executes in the shared-prompt layout (prompt once, both responses): similar sums pack tightly.
+            train_lengths=cols["prompt"][train_kept] + cols["chosen"][train_kept] + cols["rejected"][train_kept],
+            stats=stats,
+            content=dict(sorted(self.content.items())),
+        )
+
+    def _single_split(self) -> bool:
+        return self.path is None or is_single_split(self.path)
+
+    def _load(self, split: str) -> datasets.Dataset:
+        if self.path is None:
+            raw = generated_pairs(num_rows=self.max_rows or GENERATED_ROWS, seed=self.seed)
+            self.content[split] = raw._fingerprint
+            return raw
+        local = Path(self.path).expanduser()
+        digest = content_digest(local) if local.exists() else None
+        raw = load_split(self.path, split, digest=digest, on_bad_row=self.on_bad_row)
+        self.content[split] = digest or raw._fingerprint
+        return raw
+
+    def _encode(self, split: str) -> tuple[datasets.Dataset, str, str]:
+        """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
+        if split == self.val_split and self._single_split():
+            raise ValueError(
+                f"{self.source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; leave "
+                "val_split unset to hold out val_fraction of it, or save a DatasetDict with that split"
+            )
+        source = self.source_name(split)
+        raw = self._load(split)
+        if self.max_rows is not None and len(raw) > self.max_rows:
+            raw = raw.select(range(self.max_rows))
+        if len(raw) == 0:
+            raise ValueError(f"{source}: no rows")
+        fmt = detect_format(raw.features, self.columns, source)
+        if fmt == CONVERSATIONAL and not self.tokenizer.chat_template:
+            name = self.tokenizer.name_or_path or type(self.tokenizer).__name__
+            raise ValueError(
+                f"{source} is conversational, but tokenizer {name!r} has no chat template to render it; "
+                "pass chat_template (a Jinja template string or file)"
+            )
+        encoder = PairEncoder(self.tokenizer, fmt, self.columns, self.max_length, self.max_prompt_length,
+                              add_bos=self.add_bos, truncation=self.truncation)
+        # The content digest joins the map's cache key: whatever datasets keyed the rows by, new bytes re-tokenize.
+        raw_key = Hasher.hash([raw._fingerprint, self.content[split]])
+        return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}", parent=raw_key), fmt, source
+
+    def _check_bad_rows(self, encoded: datasets.Dataset, bad_kind: np.ndarray, source: str) -> None:
+        bad = np.flatnonzero(bad_kind != "")
+        if self.on_bad_row == "skip" or bad.size == 0:
+            return
+        row = encoded[int(bad[0])]
+        detail = f": {row['bad_detail']}" if row["bad_detail"] else ""
+        more = f"; {bad.size - 1} more bad rows follow" if bad.size > 1 else ""
+        raise ValueError(
+            f"{source}: row {row['index']} (0-based): field {row['bad_field']!r} "
+            f"{BAD_ROW_KINDS[row['bad_kind']]} (kind '{row['bad_kind']}'){detail}{more}. "
+            "Fix the data, or pass on_bad_row='skip' to drop such rows (they are counted in stats)"
+        )
+
+
+def _columns(encoded: datasets.Dataset) -> dict[str, np.ndarray]:
+    """Token counts, bad-row kinds and truncation flags of every encoded row, as numpy arrays."""
+    table = encoded.data
+    cols = {
+        name: pc.list_value_length(table.column(f"{name}_ids")).to_numpy(zero_copy_only=False)
+        for name in ("prompt", "chosen", "rejected")
+    }
+    cols["bad_kind"] = np.asarray(table.column("bad_kind").to_pylist(), dtype=object)
+    for flag in ("prompt_truncated", "response_truncated"):
+        cols[flag] = table.column(flag).to_numpy(zero_copy_only=False).astype(bool)
+    return cols
+
+
+def _split_stats(rows: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, Any]:
+    """Statistics of the split made of ``rows`` (positions in the encoded table)."""
+    good = rows[cols["bad_kind"][rows] == ""]
+    kept = rows[keep[rows]]
+    return {
+        "rows": int(rows.size),
+        "pairs": int(kept.size),
+        "bad_rows": count_kinds(cols["bad_kind"][rows].tolist()),
+        "dropped_empty_response": int(good.size - kept.size),
+        "truncated_prompts": int(cols["prompt_truncated"][kept].sum()),
+        "truncated_responses": int(cols["response_truncated"][kept].sum()),
+        "prompt_tokens": summarize(cols["prompt"][kept]),
+        "response_tokens": summarize(np.concatenate([cols["chosen"][kept], cols["rejected"][kept]])),
+    }

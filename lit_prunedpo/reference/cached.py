@@ -1,0 +1,284 @@
+"""A cached, per-token reference: ``log pi_ref`` of every response token of every pair, computed once, on disk.
+
+TRL caches one sum per response, which cannot serve a pruned step: the estimator needs the reference at
+exactly the scored positions of exactly the executed prefixes. This cache keeps *every* response token
+(chosen and rejected) of every training and validation pair, so a step of any pruning mode gathers its
+positions from it, and the reference model is never loaded while training.
+
+Pieces, in the order data flows:
+
+* :func:`compute_reference_logps` runs the reference once, under ``no_grad``, through the same
+  :func:`~lit_prunedpo.plan.exact_plan` (full prefixes, all positions, both branches),
+  :func:`~lit_prunedpo.scoring.group_inputs` and :class:`~lit_prunedpo.scoring.TokenScorer` as
+  :class:`~lit_prunedpo.reference.OnlineReference`, so the values are what the online reference computes.
+* :class:`~lit_prunedpo.reference.store.ReferenceLogpStore` holds them flat (``values`` float32
+  ``[total_tokens]``) with per (row, branch) ``offsets``/``lengths`` and the sorted dataset keys
+  (``batch.index``), and gathers at any positions.
+* :class:`CachedReference` is the :class:`~lit_prunedpo.reference.ReferenceSource`: at ``prepare`` it loads
+  the file when its fingerprint (:mod:`~lit_prunedpo.reference.fingerprint`) matches the run, builds it
+  otherwise (rank-sharded under DDP), and refuses a stale, non-finite or misshapen one, naming what is wrong.
+
+**Storage.** One safetensors file: ``values`` float32 (4 bytes, i.e. **4 MB per million response tokens**),
+plus ``keys`` ``[N]``, ``offsets`` and ``lengths`` ``[N, 2]`` int64 (40 bytes per pair: +0.4 MB per
+million tokens at HH-RLHF lengths, ~94 response tokens a pair). The fingerprint is a JSON string in the
+file's metadata.
+``examples/measure_cache.py`` measures size, build time and step time.
+
+**The data.** ``prepare`` is handed the run's pairs as a :class:`~lit_prunedpo.reference.ReferenceData`
+(``cache_fingerprint()`` and ``reference_batches(batch_size)``), already set up;
+``SyntheticPreferenceData`` and ``PreferenceDataModule`` implement it.
+
+Departures from the online reference, and how they are handled:
+
+* Values agree with the online reference up to float round-off (different batch composition and padding
+  change the matmul shapes), not bitwise: about 1e-7 in float32; the tests use ``atol=1e-6``.
+* Mixed precision: the build runs under the trainer's precision context (autocast), as the online
+  reference would; with ``*-true`` half precisions the policy is still float32 at set-up, so the cache then
+  holds float32 log-probs (more exact than the online reference would be).
+* Multi-node training needs ``path`` on a file system every node sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.lora import adapters_off
+from lit_prunedpo.models import ModelSource
+from lit_prunedpo.plan import StepPlan, exact_plan
+from lit_prunedpo.reference.base import ReferenceData, ReferenceRuntime, ReferenceSource
+from lit_prunedpo.reference.fingerprint import fingerprint_diff, jsonable, reference_identity
+from lit_prunedpo.reference.store import VERSION, ReferenceLogpStore, read_fingerprint
+from lit_prunedpo.scoring import TokenScorer, group_inputs
+
+DEFAULT_FILENAME = "reference_logps.safetensors"
+
+
+class CachedReference(ReferenceSource):
+    """Reference log-probs gathered from an on-disk per-token cache: no reference model runs while training.
+
+    Args:
+        path: the safetensors cache file; ``None`` is ``<trainer.default_root_dir>/reference_logps.safetensors``.
+        model: the reference model to cache; ``None`` is the policy's initial weights (``module.policy`` at
+            set-up, before any checkpoint loads).
+        recompute: rebuild the cache even when one exists (also when its fingerprint differs).
+        batch_size: pairs per forward pass while building.
+
+    Raises:
+        ValueError: on ``batch_size < 1``; at set-up, on a stale cache (naming the differing fields), a
+            non-finite one or one whose rows/lengths do not match the data.
+
+    Example (build ahead of time, then train; both read the same config)::
+
+        lit-prunedpo-cache --config configs/cached.yaml
+        lit-prunedpo fit --config configs/cached.yaml
+    """
+
+    def __init__(
+        self, path: str | None = None, model: ModelSource | None = None, recompute: bool = False, batch_size: int = 16
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"CachedReference: batch_size must be >= 1, got {batch_size!r}")
+        self.path = path
+        self.source = model
+        self.recompute = recompute
+        self.batch_size = batch_size
+        self.scorer = TokenScorer()
+        self.store: ReferenceLogpStore | None = None  # a plain attribute: never moved to GPU, never checkpointed
+        self.builds = 0  # how many times this source computed the cache (tests, logs)
+
+    @classmethod
+    def from_store(cls, store: ReferenceLogpStore) -> "CachedReference":
+        """A source serving ``store`` as is: ``prepare`` neither loads nor checks anything."""
+        ref = cls()
+        ref.store = store
+        return ref
+
+    def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
+        """Nothing to do: no copy of the policy is kept (the cache replaces it)."""
+
+    def resolve_path(self, root_dir: str) -> Path:
+        """The cache file: ``path``, or the default name under ``root_dir``."""
+        return Path(self.path).expanduser() if self.path is not None else Path(root_dir) / DEFAULT_FILENAME
+
+    # -- set-up --------------------------------------------------------------------------------------
+    def prepare(self, policy: nn.Module, data: ReferenceData | None, runtime: ReferenceRuntime) -> None:
+        """Load the cache if its fingerprint matches the run, else build and save it; then check it against every
+        pair ``data`` serves.
+
+        Every rank calls this. A build runs every ``world_size``-th batch on each rank, writes
+        ``<path>.rank<r>``; rank 0 merges the shards into ``path``; then every rank loads it. A source that
+        already holds a store (:meth:`from_store`, or an earlier stage of this process, after which the policy
+        may have trained) keeps it.
+
+        Raises:
+            ValueError: no ``data``; a stale cache without ``recompute``, or a cache failing its checks.
+            TypeError: ``data`` does not implement :class:`~lit_prunedpo.reference.ReferenceData`.
+        """
+        if self.store is not None:
+            return
+        if data is None:
+            raise ValueError(
+                "CachedReference needs a LightningDataModule (implementing cache_fingerprint() and "
+                "reference_batches()) passed to the trainer, to know which pairs to cache"
+            )
+        if not isinstance(data, ReferenceData):
+            raise TypeError(
+                f"CachedReference needs the data module to implement cache_fingerprint() and "
+                f"reference_batches(batch_size) (lit_prunedpo.reference.ReferenceData); {type(data).__name__} does not"
+            )
+        path = self.resolve_path(runtime.root_dir)
+        model = self.source.build() if self.source is not None else policy
+        fingerprint = {
+            "version": VERSION,
+            "data": jsonable(data.cache_fingerprint()),
+            "reference": reference_identity(self.source, model),
+            "scorer": f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}",
+            "precision": runtime.precision,
+        }
+        if path.exists() and not self.recompute:
+            cached = read_fingerprint(path)
+            if cached != fingerprint:
+                differ = "; ".join(fingerprint_diff(cached, fingerprint))
+                raise ValueError(
+                    f"reference cache {path} is stale: it was built for a different run. Fields that differ: "
+                    f"{differ}. Delete it, point model.reference.init_args.path elsewhere, or rebuild it with "
+                    "model.reference.init_args.recompute=true"
+                )
+        else:
+            self._build(model, data, fingerprint, path, runtime)
+        del model  # a ModelSource reference is freed here; the policy is only borrowed
+        if runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        store = ReferenceLogpStore.load(path)
+        index, lengths = _data_rows(data, self.batch_size)
+        store.check_against(index, lengths, what=f"the data module's pairs ({type(data).__name__})")
+        self.store = store
+
+    def _build(self, model: nn.Module, data: ReferenceData, fingerprint: dict[str, Any], path: Path,
+               runtime: ReferenceRuntime) -> None:
+        start = time.perf_counter()
+        original_device = model_device(model)
+        batches = (
+            b for i, b in enumerate(data.reference_batches(self.batch_size))
+            if i % runtime.world_size == runtime.rank
+        )
+        model.to(runtime.device)
+        try:
+            with adapters_off(model):  # a LoRA policy's reference is its base model
+                shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context)
+        finally:
+            model.to(original_device)  # the policy goes back where the strategy expects to find it
+        self.builds += 1
+        shard.fingerprint = fingerprint
+        if runtime.world_size == 1:
+            shard.save(path)
+        else:
+            shard.save(_shard_path(path, runtime.rank))
+            runtime.barrier("lit_prunedpo.reference_cache.shards")
+            if runtime.rank == 0:
+                shards = [_shard_path(path, r) for r in range(runtime.world_size)]
+                ReferenceLogpStore.merge(ReferenceLogpStore.load(p) for p in shards).save(path)
+                for p in shards:
+                    p.unlink()
+            runtime.barrier("lit_prunedpo.reference_cache.merged")
+        if runtime.rank == 0:
+            rank_zero_info(
+                f"reference cache: built {path} in {time.perf_counter() - start:.1f}s ({path.stat().st_size / 1e6:.2f} MB)"
+            )
+
+    # -- the step ------------------------------------------------------------------------------------
+    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        """Gather each group's scored positions; refuses a batch whose lengths differ from the cache's."""
+        if self.store is None:
+            raise RuntimeError(
+                "CachedReference has no cache: prepare() runs at trainer set-up (or use CachedReference.from_store)"
+            )
+        index = batch.index.cpu()
+        self.store.check_lengths(index, batch.response_lengths, what="the batch")
+        device = batch.prompt_ids.device
+        out = []
+        for group in plan.groups:
+            row = group.scored_row.cpu()
+            values = self.store.gather(index[group.pair.cpu()][row], group.branch.cpu()[row], group.scored_t.cpu())
+            out.append(values.to(device, non_blocking=True))
+        return out
+
+    def tokens_executed(self, plan: StepPlan) -> int:
+        return 0
+
+
+def _shard_path(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.name}.rank{rank}")
+
+
+def _data_rows(data: ReferenceData, batch_size: int) -> tuple[Tensor, Tensor]:
+    """``index [n]`` and ``response_lengths [n, 2]`` of every pair the data will serve."""
+    index, lengths = [], []
+    for batch in data.reference_batches(batch_size):
+        index.append(batch.index.cpu())
+        lengths.append(batch.response_lengths.cpu())
+    return torch.cat(index), torch.cat(lengths)
+
+
+# --------------------------------------------------------------------------------------------- computing
+def model_device(model: nn.Module) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def compute_reference_logps(
+    model: nn.Module,
+    batches: Iterable[PreferenceBatch],
+    scorer: TokenScorer | None = None,
+    forward_context: Callable[[], ContextManager] | None = None,
+) -> ReferenceLogpStore:
+    """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
+
+    Each batch is planned with full prefixes, all positions and both branches and scored through
+    :func:`~lit_prunedpo.scoring.group_inputs` and ``scorer``, exactly as the online reference scores an
+    unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
+
+    Args:
+        model: a ``transformers`` causal LM.
+        batches: the pairs to cache; their ``index`` values must be unique.
+        scorer: how log-probs are computed; ``None`` is :class:`~lit_prunedpo.scoring.TokenScorer`.
+        forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
+
+    Raises:
+        ValueError: a batch is invalid, or an index repeats.
+    """
+    scorer = scorer if scorer is not None else TokenScorer()
+    context = forward_context if forward_context is not None else contextlib.nullcontext
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    keys: list[int] = []
+    lengths: list[tuple[int, int]] = []
+    values: list[Tensor] = []
+    try:
+        for batch in batches:
+            batch.validate()
+            batch = batch.to(device)
+            plan = exact_plan(batch)
+            (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
+            with context():
+                logps = scorer(model, group_inputs(batch, group.to(device))).float().cpu()
+            # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
+            # tokens are consecutive in `logps`.
+            per_pair = batch.response_lengths.cpu()
+            keys.extend(batch.index.cpu().tolist())
+            lengths.extend(tuple(x) for x in per_pair.tolist())
+            values.extend(logps.split(per_pair.sum(-1).tolist()))
+    finally:
+        model.train(was_training)
+    return ReferenceLogpStore.from_rows(keys, lengths, values)
