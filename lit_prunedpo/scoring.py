@@ -5,7 +5,9 @@ runs) and lists the scored positions. ``TokenScorer`` runs the model *body* on t
 hidden states at the scored positions, and only then applies the LM head and the log-softmax (position
 pruning shrinks the ``K x V`` logits, never computing the rest). The scorer knows nothing about sampling.
 A group planned with ``shared_prompt`` is laid out as packed blocks, one per pair, with a 4-D attention mask
-(``lit_prunedpo.shared_prompt``); the scorer runs it the same way.
+(``lit_prunedpo.shared_prompt``); the scorer runs it the same way. :func:`score_groups` runs a plan's groups in
+order and hands a group that reads its prompts from the previous forward (``RowGroup.cached_len``) that
+forward's keys and values, detached.
 
 Departure from a stock ``model(input_ids).logits``: the body and the head are called separately, so models
 that transform logits after the head (Gemma-2's soft-capping, Cohere's ``logit_scale``) are refused rather
@@ -15,13 +17,42 @@ than scored wrongly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
+from transformers import DynamicCache
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.plan import RowGroup
 from lit_prunedpo.shared_prompt import model_attention_mask, packed_group_inputs
+
+
+@dataclass(frozen=True)
+class PastColumns:
+    """Where a forward's cache columns come from in the previous forward's keys and values.
+
+    Attributes:
+        seq: ``[S, C]`` sequence of the previous forward.
+        col: ``[S, C]`` column of that sequence (padding columns point anywhere: the mask hides them).
+    """
+
+    seq: Tensor
+    col: Tensor
+
+    def gather(self, previous: DynamicCache) -> DynamicCache:
+        """A cache of ``previous``'s keys and values at these columns, detached (no gradient flows back)."""
+        if not previous.layers or not all(layer.is_initialized for layer in previous.layers):
+            raise RuntimeError(
+                "the previous forward kept no keys and values (gradient checkpointing drops them): plan the step "
+                "with prompt_cache=False"
+            )
+        layers = []
+        for layer in previous.layers:
+            # [S', heads, W', dh] -> [S, heads, C, dh]
+            pick = lambda x: x.detach().transpose(1, 2)[self.seq, self.col].transpose(1, 2)  # noqa: E731
+            layers.append((pick(layer.keys), pick(layer.values)))
+        return DynamicCache(ddp_cache_data=layers)
 
 
 @dataclass(frozen=True)
@@ -37,6 +68,8 @@ class GroupInputs:
         gather_row: ``[K]`` row of each scored position.
         gather_col: ``[K]`` column whose hidden state predicts the scored token (one before it).
         targets: ``[K]`` the scored response tokens.
+        past: the ``C`` cache columns the mask's first ``C`` key columns refer to (``None``: no cache, the
+            mask is ``[S, 1, W, W]``).
     """
 
     input_ids: Tensor
@@ -45,6 +78,7 @@ class GroupInputs:
     gather_row: Tensor
     gather_col: Tensor
     targets: Tensor
+    past: PastColumns | None = None
 
 
 def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:
@@ -100,8 +134,12 @@ class TokenScorer:
     Subclass and override :meth:`log_probs` for another head computation (e.g. a chunked one).
     """
 
-    def hidden_states(self, body: nn.Module, inputs: GroupInputs) -> Tensor:
-        """``[n, W, d]`` last hidden states of the model body on the group's inputs."""
+    def hidden_states(self, body: nn.Module, inputs: GroupInputs, cache: DynamicCache | None = None) -> Tensor:
+        """``[n, W, d]`` last hidden states of the model body on the group's inputs.
+
+        ``cache``: keys and values the inputs attend to before their own (``inputs.past``), or an empty cache
+        that the forward fills with its keys and values (for the next group); ``None`` keeps none.
+        """
         mask = inputs.attention_mask
         if mask.ndim == 4:
             mask = model_attention_mask(body, mask)
@@ -109,7 +147,8 @@ class TokenScorer:
             input_ids=inputs.input_ids,
             attention_mask=mask,
             position_ids=inputs.position_ids,
-            use_cache=False,
+            cache=cache,
+            use_cache=cache is not None,
         )
         return out.last_hidden_state
 
@@ -118,8 +157,37 @@ class TokenScorer:
         logits = head(hidden).float()
         return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
-    def __call__(self, model: nn.Module, inputs: GroupInputs) -> Tensor:
+    def __call__(self, model: nn.Module, inputs: GroupInputs, cache: DynamicCache | None = None) -> Tensor:
         body, head = split_causal_lm(model)
-        hidden = self.hidden_states(body, inputs)
+        hidden = self.hidden_states(body, inputs, cache)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
         return self.log_probs(head, gathered, inputs.targets)
+
+
+def score_groups(
+    scorer: TokenScorer, model: nn.Module, batch: PreferenceBatch, groups: Sequence[RowGroup]
+) -> list[Tensor]:
+    """Stage 2 for the policy: one forward per group, in order, with a graph only for the gradient groups.
+
+    A group whose rows read their prompts from the previous group's forward (``RowGroup.cached_len``, planned
+    with ``prompt_cache``) attends to that forward's keys and values, detached: its log-probs carry no graph.
+    """
+    logps: list[Tensor] = []
+    kept: DynamicCache | None = None
+    for i, group in enumerate(groups):
+        inputs = group_inputs(batch, group.to(batch.prompt_ids.device))
+        cache = None
+        if inputs.past is not None:
+            if kept is None:
+                raise ValueError(
+                    f"row group {i} of {len(groups)} reads its prompts from the previous group's forward, which "
+                    "did not run first: score the plan's groups together, in order"
+                )
+            cache = inputs.past.gather(kept)
+        keeps = i + 1 < len(groups) and groups[i + 1].cached_len is not None
+        if keeps:
+            cache = DynamicCache()
+        with torch.set_grad_enabled(group.requires_grad and torch.is_grad_enabled()):
+            logps.append(scorer(model, inputs, cache))
+        kept = cache if keeps else None
+    return logps
