@@ -111,16 +111,20 @@ class RowGroup:
         return int((self.prompt_len + self.kept - 1).sum())
 
     def layout(self) -> "PackedLayout":
-        """Where each row sits in the shared-prompt layout (one packed block per pair)."""
+        """Where each row sits in the shared-prompt layout (one packed block per pair); computed once per group
+        (a step asks for it several times: shapes, token counts, inputs, the cost model)."""
         from lit_prunedpo.shared_prompt import group_layout
 
-        return group_layout(self)
+        if "_layout" not in self.__dict__:
+            object.__setattr__(self, "_layout", group_layout(self))  # frozen: the fields cannot change under it
+        return self.__dict__["_layout"]
 
     def to(self, device: torch.device | str) -> "RowGroup":
-        """The same group with every tensor field on ``device``."""
-        return replace(self, **{
-            f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
-        })
+        """The same group with every tensor field on ``device`` (``self`` when they all are already)."""
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        if all(t.device == torch.device(device) for t in tensors.values()):
+            return self
+        return replace(self, **{name: t.to(device) for name, t in tensors.items()})
 
 
 @dataclass(frozen=True)

@@ -139,29 +139,33 @@ def packed_layout(
     shared = pair_shared[row_pair]
     row_len = (own - shared).clamp(min=0)
     pair_len = (pair_prompt + pair_shared - pair_cached).index_add(0, row_pair, row_len)
-    # first-fit decreasing: a short pair fills the end of a longer pair's sequence instead of padding
-    width = int(pair_len.max()) if U else 0
-    pair_seq, pair_start = torch.empty_like(pair_len), torch.empty_like(pair_len)
-    pair_cache_start = torch.empty_like(pair_len)
+    # first-fit decreasing: a short pair fills the end of a longer pair's sequence instead of padding (on Python
+    # lists: this runs for every group of every step)
+    lengths, cached_tokens = pair_len.tolist(), pair_cached.tolist()
+    width = max(lengths, default=0)
+    seq_of, start_of, cache_start_of = [0] * U, [0] * U, [0] * U
     seq_len: list[int] = []
     cache_len: list[int] = []
-    for u in sorted(range(U), key=lambda u: -int(pair_len[u])):
-        n = int(pair_len[u])
+    for u in sorted(range(U), key=lambda u: -lengths[u]):
+        n = lengths[u]
         seq = next((k for k, used in enumerate(seq_len) if used + n <= width), len(seq_len))
         if seq == len(seq_len):
             seq_len.append(0)
             cache_len.append(0)
-        pair_seq[u], pair_start[u], pair_cache_start[u] = seq, seq_len[seq], cache_len[seq]
+        seq_of[u], start_of[u], cache_start_of[u] = seq, seq_len[seq], cache_len[seq]
         seq_len[seq] += n
-        cache_len[seq] += int(pair_cached[u])
+        cache_len[seq] += cached_tokens[u]
+    as_tensor = lambda x: torch.tensor(x, dtype=own.dtype)  # noqa: E731
+    pair_seq, pair_start, pair_cache_start = as_tensor(seq_of), as_tensor(start_of), as_tensor(cache_start_of)
     # segments follow their pair's prompt and shared tokens, in row order
-    row_start = torch.empty_like(row_len)
     cursor = (pair_start + pair_prompt + pair_shared - pair_cached).tolist()
-    for r, (u, n) in enumerate(zip(row_pair.tolist(), row_len.tolist())):
-        row_start[r] = cursor[u]
+    starts = []
+    for u, n in zip(row_pair.tolist(), row_len.tolist()):
+        starts.append(cursor[u])
         cursor[u] += n
+    row_start = as_tensor(starts)
     return PackedLayout(pairs, pair_seq, pair_start, pair_len, pair_prompt, pair_shared, pair_cached,
-                        pair_cache_start, torch.tensor(seq_len, dtype=own.dtype), row_pair, shared, row_start, row_len)
+                        pair_cache_start, as_tensor(seq_len), row_pair, shared, row_start, row_len)
 
 
 def group_layout(group: "RowGroup") -> PackedLayout:
@@ -182,7 +186,7 @@ def read_prompt_cache(group: "RowGroup", previous: "RowGroup") -> "RowGroup":
     """
     from dataclasses import replace
 
-    source = group_layout(previous)
+    source = previous.layout()
     where = torch.full((int(torch.cat([group.pair, previous.pair]).max()) + 1,), -1, dtype=torch.long)
     where[source.pair] = torch.arange(source.pair.numel())
     u = where[group.pair]
@@ -204,40 +208,46 @@ def packed_group_inputs(batch: "PreferenceBatch", group: "RowGroup") -> "GroupIn
 
     device = batch.prompt_ids.device
     group = group.to("cpu")
-    layout = group_layout(group)
+    layout = group.layout()
     S, W, C, P = layout.num_sequences, layout.width, layout.cache_width, batch.prompt_width
+    prompt_ids, response_ids = batch.prompt_ids.cpu(), batch.response_ids.cpu()
+    pair, branch, prompt_len = group.pair, group.branch, group.prompt_len
+    n, U = group.num_rows, layout.pair.numel()
+    rows = torch.arange(n)
+    # a pair's trunk (prompt + shared tokens, equal in both branches) is read from its first row
+    first = torch.full((U,), n).scatter_reduce(0, layout.row_pair, rows, "amin")
+    # one span per trunk, then one per row segment: where it sits, what it reads, which block and segment it is
+    span_seq = torch.cat([layout.pair_seq, layout.row_seq])
+    span_col = torch.cat([layout.pair_start, layout.row_start])
+    span_len = torch.cat([layout.pair_prompt + layout.pair_shared - layout.pair_cached, layout.row_len])
+    span_row = torch.cat([first, rows])
+    span_from = torch.cat([layout.pair_cached, prompt_len + layout.shared])  # first input index of the span
+    span_block = torch.cat([torch.arange(U), layout.row_pair])
+    span_segment = torch.cat([torch.zeros(U, dtype=torch.long), rows + 1])
+    # one entry per executed token; input index j of row r is its prompt's token j, then response token j - p
+    span, offset = _expand(span_len)
+    s, col, j = span_seq[span], span_col[span] + offset, span_from[span] + offset
+    r = span_row[span]
+    i, p = pair[r], prompt_len[r]
+    from_prompt = prompt_ids[i, (P - p + j).clamp(max=P - 1)]
+    from_response = response_ids[i, branch[r], (j - p).clamp(0, batch.response_width - 1)]
     ids = torch.zeros(S, W, dtype=torch.long)
     positions = torch.zeros(S, W, dtype=torch.long)
     block = torch.full((S, W), -1, dtype=torch.long)  # the pair a column belongs to; -1 padding
     segment = torch.full((S, W), -1, dtype=torch.long)  # 0 prompt + shared, r + 1 row r's own tokens
+    ids[s, col] = torch.where(j < p, from_prompt, from_response)
+    positions[s, col] = j
+    block[s, col] = span_block[span]
+    segment[s, col] = span_segment[span]
+    # cache columns: each pair's cached tokens side by side, read from the previous forward's sequence and columns
     cache_block = torch.full((S, C), -1, dtype=torch.long)  # the pair a cache column belongs to
     past_seq, past_col = torch.zeros(S, C, dtype=torch.long), torch.zeros(S, C, dtype=torch.long)
-    prompt_ids, response_ids = batch.prompt_ids.cpu(), batch.response_ids.cpu()
-    pair, branch = group.pair, group.branch
-    prompt_len = group.prompt_len
-    first_row = {}
-    for r, u in enumerate(layout.row_pair.tolist()):
-        first_row.setdefault(u, r)
-    for u, r in first_row.items():
-        i, p, c, k = int(pair[r]), int(prompt_len[r]), int(layout.shared[r]), int(layout.pair_cached[u])
-        s, a = int(layout.pair_seq[u]), int(layout.pair_start[u])
-        trunk = torch.cat([prompt_ids[i, P - p:], response_ids[i, int(branch[r]), :c]])
-        ids[s, a : a + p + c - k] = trunk[k:]
-        positions[s, a : a + p + c - k] = torch.arange(k, p + c)
-        block[s, a : a + int(layout.pair_len[u])] = u
-        segment[s, a : a + p + c - k] = 0
-        if k:
-            cs = int(layout.pair_cache_start[u])
-            cache_block[s, cs : cs + k] = u
-            past_seq[s, cs : cs + k] = int(group.cache_seq[r])
-            past_col[s, cs : cs + k] = torch.arange(k) + int(group.cache_col[r])
-    row_seq = layout.row_seq
-    for r in range(group.num_rows):
-        s, start, n = int(row_seq[r]), int(layout.row_start[r]), int(layout.row_len[r])
-        p, c = int(prompt_len[r]), int(layout.shared[r])
-        ids[s, start : start + n] = response_ids[int(pair[r]), int(branch[r]), c : c + n]
-        positions[s, start : start + n] = torch.arange(p + c, p + c + n)
-        segment[s, start : start + n] = r + 1
+    if C:
+        u, offset = _expand(layout.pair_cached)
+        s, col = layout.pair_seq[u], layout.pair_cache_start[u] + offset
+        cache_block[s, col] = u
+        past_seq[s, col] = group.cache_seq[first[u]]
+        past_col[s, col] = group.cache_col[first[u]] + offset
     # token j attends token k: k <= j in the same pair, k in the pair's prompt + shared tokens or in j's own
     # segment; padding attends itself only (a query with no key would give NaN)
     causal = torch.ones(W, W, dtype=torch.bool).tril()
@@ -259,11 +269,19 @@ def packed_group_inputs(batch: "PreferenceBatch", group: "RowGroup") -> "GroupIn
         input_ids=ids.to(device),
         attention_mask=mask[:, None].to(device),
         position_ids=positions.to(device),
-        gather_row=row_seq[row].to(device),
+        gather_row=layout.row_seq[row].to(device),
         gather_col=column.to(device),
         targets=response_ids[pair[row], branch[row], t].to(device),
         past=PastColumns(past_seq.to(device), past_col.to(device)) if C else None,
     )
+
+
+def _expand(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """``(span, offset)`` of every element of consecutive spans of ``lengths``: span ``k`` repeated ``lengths[k]``
+    times, with offsets ``0 .. lengths[k] - 1``."""
+    span = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    offset = torch.arange(span.numel()) - (lengths.cumsum(0) - lengths)[span]
+    return span, offset
 
 
 def prompt_and_common_lengths(batch: "PreferenceBatch") -> tuple[Tensor, Tensor]:

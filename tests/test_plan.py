@@ -112,3 +112,6 @@ def test_placeholder_and_regrouped_plan_and_device_move():
     assert all(getattr(moved, f.name).device.type == "meta" for f in fields(RowGroup)
                if isinstance(getattr(moved, f.name), torch.Tensor))
     assert moved.width == plan.groups[0].width and moved.shared_prompt == plan.groups[0].shared_prompt
+    # already there: the same group, and its shared-prompt layout is computed once
+    (group,) = exact_plan(batch, shared_prompt=True).groups
+    assert group.to("cpu") is group and group.layout() is group.to("cpu").layout()
