@@ -16,7 +16,7 @@ than scored wrongly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -70,6 +70,9 @@ class GroupInputs:
         targets: ``[K]`` the scored response tokens.
         past: the ``C`` cache columns the mask's first ``C`` key columns refer to (``None``: no cache, the
             mask is ``[S, 1, W, W]``).
+        cache: keys and values the forward attends to before its own (gathered at ``past``), or an empty cache
+            that it fills with its keys and values for the next group; ``None`` keeps none. Set by
+            :func:`score_groups`, so that a scorer needs no argument for it.
     """
 
     input_ids: Tensor
@@ -79,6 +82,7 @@ class GroupInputs:
     gather_col: Tensor
     targets: Tensor
     past: PastColumns | None = None
+    cache: DynamicCache | None = None
 
 
 def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:
@@ -134,22 +138,14 @@ class TokenScorer:
     Subclass and override :meth:`log_probs` for another head computation (e.g. a chunked one).
     """
 
-    def hidden_states(self, body: nn.Module, inputs: GroupInputs, cache: DynamicCache | None = None) -> Tensor:
-        """``[n, W, d]`` last hidden states of the model body on the group's inputs.
-
-        ``cache``: keys and values the inputs attend to before their own (``inputs.past``), or an empty cache
-        that the forward fills with its keys and values (for the next group); ``None`` keeps none.
-        """
+    def hidden_states(self, body: nn.Module, inputs: GroupInputs) -> Tensor:
+        """``[n, W, d]`` last hidden states of the model body on the group's inputs (and ``inputs.cache``)."""
         mask = inputs.attention_mask
         if mask.ndim == 4:
             mask = model_attention_mask(body, mask)
-        out = body(
-            input_ids=inputs.input_ids,
-            attention_mask=mask,
-            position_ids=inputs.position_ids,
-            cache=cache,
-            use_cache=cache is not None,
-        )
+        cache = inputs.cache
+        keys_values = {"cache": cache, "use_cache": True} if cache is not None else {"use_cache": False}
+        out = body(input_ids=inputs.input_ids, attention_mask=mask, position_ids=inputs.position_ids, **keys_values)
         return out.last_hidden_state
 
     def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
@@ -157,9 +153,9 @@ class TokenScorer:
         logits = head(hidden).float()
         return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
-    def __call__(self, model: nn.Module, inputs: GroupInputs, cache: DynamicCache | None = None) -> Tensor:
+    def __call__(self, model: nn.Module, inputs: GroupInputs) -> Tensor:
         body, head = split_causal_lm(model)
-        hidden = self.hidden_states(body, inputs, cache)
+        hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
         return self.log_probs(head, gathered, inputs.targets)
 
@@ -187,7 +183,9 @@ def score_groups(
         keeps = i + 1 < len(groups) and groups[i + 1].cached_len is not None
         if keeps:
             cache = DynamicCache()
+        if cache is not None:
+            inputs = replace(inputs, cache=cache)
         with torch.set_grad_enabled(group.requires_grad and torch.is_grad_enabled()):
-            logps.append(scorer(model, inputs, cache))
+            logps.append(scorer(model, inputs))
         kept = cache if keeps else None
     return logps

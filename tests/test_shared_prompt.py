@@ -375,3 +375,28 @@ def test_a_loss_that_is_not_a_margin_loss_scores_the_common_prefix(tiny_source):
     margin_plan = PrunedDPO(policy=tiny_source).plan(batch)
     other_plan = PrunedDPO(policy=tiny_source, loss=mixed).plan(batch)
     assert other_plan.positions_scored == int(batch.response_lengths.sum()) > margin_plan.positions_scored
+
+
+def test_a_scorer_that_overrides_call_gets_the_cache_through_its_inputs(tiny_source):
+    """The cache travels in ``GroupInputs.cache``: a scorer subclass with the plain ``__call__(model, inputs)``
+    signature serves the cached plan unchanged (the gradient forward fills the cache the no-grad one reads)."""
+    from lit_prunedpo.scoring import TokenScorer
+
+    class Recording(TokenScorer):
+        def __init__(self):
+            self.inputs = []
+
+        def __call__(self, model, inputs):
+            self.inputs.append(inputs)
+            return super().__call__(model, inputs)
+
+    scorer = Recording()
+    module = PrunedDPO(policy=tiny_source, scorer=scorer, branch_sampler=RandomBranch())
+    batch = padded_everywhere()
+    est = module.execute_and_estimate(batch, module.plan(batch))
+    grad_inputs, no_grad_inputs = scorer.inputs[:2]
+    assert grad_inputs.past is None and grad_inputs.cache is not None and grad_inputs.cache.get_seq_length() > 0
+    assert no_grad_inputs.past is not None
+    C = no_grad_inputs.past.seq.shape[1]
+    assert no_grad_inputs.cache.get_seq_length() == C + no_grad_inputs.input_ids.shape[1]  # cached + its own
+    assert torch.isfinite(est.objective)
