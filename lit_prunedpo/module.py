@@ -45,7 +45,7 @@ from lit_prunedpo.samplers import (
     PositionSampler,
     PrefixSampler,
 )
-from lit_prunedpo.scoring import TokenScorer, group_inputs
+from lit_prunedpo.scoring import TokenScorer, score_groups
 from lit_prunedpo.shared_prompt import check_attention
 from lit_prunedpo.step import StepOutput, StepParts
 
@@ -77,7 +77,9 @@ class PrunedDPO(L.LightningModule):
         shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
             (``lit_prunedpo.shared_prompt``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
             attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
-            cancel in the margin; ``train/logps/*`` then sum the differing part only).
+            cancel in the margin; ``train/logps/*`` then sum the differing part only). With branch pruning the
+            no-grad rows read their prompts from the gradient forward's keys and values (not under gradient
+            checkpointing, where ``transformers`` keeps none).
 
     Raises:
         ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite``, a negative ``max_consecutive_skips``,
@@ -132,6 +134,9 @@ class PrunedDPO(L.LightningModule):
                     layer.p = 0.0
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # the no-grad rows read their prompts from the gradient forward's keys and values, which transformers
+        # does not keep under gradient checkpointing: the no-grad rows then rerun their prompts
+        self._prompt_cache = not any(getattr(m, "gradient_checkpointing", False) for m in self.policy.modules())
         self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
         self.shared_prompt = bool(shared_prompt)
@@ -241,6 +246,7 @@ class PrunedDPO(L.LightningModule):
             shared_prompt=parts.shared_prompt,
             # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
             score_common_prefix=not (parts.shared_prompt and self.loss.margin_only),
+            prompt_cache=self._prompt_cache,
         )
         if self._sharded:
             # FSDP pairs collectives across ranks by forward order: every rank must run the same forwards.
@@ -250,15 +256,14 @@ class PrunedDPO(L.LightningModule):
         return plan
 
     def score_policy(self, batch: PreferenceBatch, group: RowGroup, scorer: TokenScorer | None = None) -> Tensor:
-        """Stage 2 for one group: a graph only for the gradient rows; ``scorer`` ``None`` is the module's."""
-        inputs = group_inputs(batch, group.to(batch.prompt_ids.device))
-        with torch.set_grad_enabled(group.requires_grad and torch.is_grad_enabled()):
-            return (self.scorer if scorer is None else scorer)(self.policy, inputs)
+        """Stage 2 for one group (that reads no other group's prompts): a graph only for the gradient rows;
+        ``scorer`` ``None`` is the module's."""
+        return score_groups(self.scorer if scorer is None else scorer, self.policy, batch, [group])[0]
 
     def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> Estimate:
         """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""
         parts = self.parts if parts is None else parts
-        policy_logps = [self.score_policy(batch, group, parts.scorer) for group in plan.groups]
+        policy_logps = score_groups(parts.scorer, self.policy, batch, plan.groups)
         reference_logps = parts.reference.token_logps(batch, plan)
         return estimate(plan, policy_logps, reference_logps, self.loss, self.beta, batch.response_lengths)
 

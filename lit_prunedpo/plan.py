@@ -52,6 +52,11 @@ class RowGroup:
         common_len: ``[n]`` length of the common prefix of the two responses of each row's pair.
         shared_prompt: run one packed block per pair (``lit_prunedpo.shared_prompt``) instead of one row per
             response.
+        cached_len: ``[n]`` leading input tokens (prompt, then response) of each row that are not executed but
+            read from the previous group's forward, detached (``None``: every row runs whole; see
+            :func:`lit_prunedpo.shared_prompt.read_prompt_cache`).
+        cache_seq: ``[n]`` sequence of the previous group's forward that holds the row's cached tokens.
+        cache_col: ``[n]`` column of that sequence where the row's cached tokens start.
     """
 
     pair: Tensor
@@ -65,6 +70,9 @@ class RowGroup:
     prompt_len: Tensor | None = None
     common_len: Tensor | None = None
     shared_prompt: bool = False
+    cached_len: Tensor | None = None
+    cache_seq: Tensor | None = None
+    cache_col: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -83,6 +91,11 @@ class RowGroup:
         return self.num_rows, self.width
 
     @property
+    def cached_columns(self) -> int:
+        """Key columns each sequence reads from the previous group's forward besides its own (0 without)."""
+        return self.layout().cache_width if self.shared_prompt and self.cached_len is not None else 0
+
+    @property
     def tokens_executed(self) -> int:
         """Tokens, padding included, that enter the model body for this group."""
         rows, width = self.executed_shape
@@ -98,16 +111,20 @@ class RowGroup:
         return int((self.prompt_len + self.kept - 1).sum())
 
     def layout(self) -> "PackedLayout":
-        """Where each row sits in the shared-prompt layout (one packed block per pair)."""
+        """Where each row sits in the shared-prompt layout (one packed block per pair); computed once per group
+        (a step asks for it several times: shapes, token counts, inputs, the cost model)."""
         from lit_prunedpo.shared_prompt import group_layout
 
-        return group_layout(self)
+        if "_layout" not in self.__dict__:
+            object.__setattr__(self, "_layout", group_layout(self))  # frozen: the fields cannot change under it
+        return self.__dict__["_layout"]
 
     def to(self, device: torch.device | str) -> "RowGroup":
-        """The same group with every tensor field on ``device``."""
-        return replace(self, **{
-            f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
-        })
+        """The same group with every tensor field on ``device`` (``self`` when they all are already)."""
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        if all(t.device == torch.device(device) for t in tensors.values()):
+            return self
+        return replace(self, **{name: t.to(device) for name, t in tensors.items()})
 
 
 @dataclass(frozen=True)
@@ -151,16 +168,19 @@ class StepPlan:
 
 #: Fields of :class:`RowGroup` that are not one entry per row (or per scored position), for :func:`merge_groups`.
 _GROUP_SCALARS = ("width", "requires_grad", "shared_prompt")
+#: Fields that point into another group's forward: a merged group runs every row whole.
+_CACHE_FIELDS = ("cached_len", "cache_seq", "cache_col")
 
 
 def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
     """One no-grad group holding the rows of all ``groups`` (widest width), for a single forward pass.
 
     Row-indexed and position-indexed tensors are concatenated (``scored_row`` shifted to the merged rows); an
-    optional tensor stays ``None`` unless every group has it; the merged group is shared-prompt only if all are.
+    optional tensor stays ``None`` unless every group has it; the merged group is shared-prompt only if all are,
+    and reads no other forward's keys and values (its rows run whole).
     """
     if len(groups) == 1:
-        return groups[0]
+        return groups[0] if groups[0].cached_len is None else replace(groups[0], **dict.fromkeys(_CACHE_FIELDS))
     offsets = torch.tensor([0] + [g.num_rows for g in groups[:-1]]).cumsum(0).tolist()
     merged: dict[str, object] = {
         "width": max(g.width for g in groups),
@@ -168,7 +188,7 @@ def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
         "shared_prompt": all(g.shared_prompt for g in groups),
     }
     for f in fields(RowGroup):
-        if f.name in _GROUP_SCALARS:
+        if f.name in _GROUP_SCALARS or f.name in _CACHE_FIELDS:
             continue
         parts = [getattr(g, f.name) for g in groups]
         if f.name == "scored_row":
@@ -232,6 +252,7 @@ def plan_step(
     generator: torch.Generator,
     shared_prompt: bool = False,
     score_common_prefix: bool = True,
+    prompt_cache: bool = False,
 ) -> StepPlan:
     """Draw branches, then prefixes, then positions (the order data flows) and group the rows.
 
@@ -243,6 +264,10 @@ def plan_step(
     scored in either branch: their log-ratios are equal in both branches (same context, same token), so they
     cancel exactly in the margin ``R_w - R_l``; a loss of the margin alone loses nothing (the IPW weights of the
     other positions are unchanged), while per-branch sums (``logps/chosen``) then cover the differing part only.
+
+    With ``prompt_cache`` (and ``shared_prompt``) the no-grad group does not run the prompts (and shared tokens)
+    that the gradient group runs: its rows read them from the gradient forward's keys and values
+    (:func:`lit_prunedpo.shared_prompt.read_prompt_cache`); the executor must then run the groups in order.
     """
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
     lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
@@ -263,14 +288,13 @@ def plan_step(
     rows = torch.arange(2 * B)
     flat_grad = grad_mask.reshape(-1)
     layout = (prompt_len, common_len, shared_prompt)
-    groups = tuple(
-        g
-        for g in (
-            _group(rows[flat_grad], kept, scored, weight, P, True, *layout),
-            _group(rows[~flat_grad], kept, scored, weight, P, False, *layout),
-        )
-        if g is not None
-    )
+    grad_group = _group(rows[flat_grad], kept, scored, weight, P, True, *layout)
+    no_grad_group = _group(rows[~flat_grad], kept, scored, weight, P, False, *layout)
+    if prompt_cache and shared_prompt and grad_group is not None and no_grad_group is not None:
+        from lit_prunedpo.shared_prompt import read_prompt_cache
+
+        no_grad_group = read_prompt_cache(no_grad_group, grad_group)
+    groups = tuple(g for g in (grad_group, no_grad_group) if g is not None)
     return StepPlan(
         groups=groups,
         grad_mask=grad_mask,

@@ -23,11 +23,22 @@ Why packed blocks with a custom mask rather than a prompt forward whose KV cache
 attend to: ``transformers`` (5.x, ``GradientCheckpointingLayer``) drops any cache handed to a layer under
 gradient checkpointing in training (the recomputation would write it twice), so the gradient rows could not use
 one there. A packed sequence is one ordinary forward: gradient checkpointing, FSDP2 (same forwards in the same
-order on every rank) and the chunked scorer compose unchanged. The price, with branch pruning: a pair with a row
-in each group runs its prompt once per group, once with a graph and once without (the no-grad branch adds no
-backward work, but its prompt forward is not saved; a detached cache from the gradient group's forward could
-save it and is not done). The online reference merges all rows into one no-grad forward and runs each prompt
-once. Which positions are scored is the plan's business (``plan_step(score_common_prefix=...)``).
+order on every rank) and the chunked scorer compose unchanged. The online reference merges all rows into one
+no-grad forward and runs each prompt once. Which positions are scored is the plan's business
+(``plan_step(score_common_prefix=...)``).
+
+**The no-grad rows reuse the gradient forward's prompt** (``plan_step(prompt_cache=True)``, what ``PrunedDPO``
+plans unless gradient checkpointing is on). With branch pruning a pair has a row in each policy group; the
+gradient forward keeps its keys and values (a ``DynamicCache``), and the no-grad row of that pair executes only
+its own tokens, from the last one it shares with the gradient forward on (:func:`read_prompt_cache`: the prompt's
+last token, or the last shared response token, reruns so that the first scored position's hidden state is
+computed here). Its block attends to the pair's cached prompt (and shared tokens) through a ``[S, 1, W, C + W]``
+mask over ``[cache columns | own columns]``; the cache columns are gathered from the gradient forward's keys and
+values, detached, so no gradient flows back through them, as in the padded layout where that row has no graph.
+Cached keys carry their rotary positions; position ids continue from the cached tokens. Without the cache (under
+gradient checkpointing, where ``transformers`` keeps none: the no-grad rows then rerun their prompts in their
+own forward) the results are the same. FSDP2 and the chunked scorer read the cache unchanged (a placeholder
+group that keeps the ranks' forwards in step reads none).
 
 The mask is boolean for ``sdpa`` and additive for ``eager`` attention; other attention implementations (flash
 attention, flex attention) cannot take a custom 4-D mask through ``transformers`` and are refused with an error
@@ -57,8 +68,13 @@ class PackedLayout:
     Attributes:
         pair: ``[U]`` the group's pairs (batch indices, sorted).
         pair_seq: ``[U]`` sequence holding each pair.
-        pair_start: ``[U]`` column where each pair's prompt starts in its sequence.
-        pair_len: ``[U]`` real tokens of each pair (prompt + shared + its rows' segments).
+        pair_start: ``[U]`` column where each pair's first executed token sits in its sequence.
+        pair_len: ``[U]`` tokens each pair executes (prompt + shared + its rows' segments, less its cached ones).
+        pair_prompt: ``[U]`` real prompt tokens of each pair.
+        pair_shared: ``[U]`` response tokens the pair's rows share (after the prompt).
+        pair_cached: ``[U]`` leading tokens of the pair's prompt + shared tokens read from the previous forward's
+            keys and values instead of executed (0 without a prompt cache).
+        pair_cache_start: ``[U]`` first cache column of each pair's cached tokens in its sequence.
         seq_len: ``[S]`` real tokens of each sequence (its pairs together).
         row_pair: ``[n]`` index into ``pair`` of each row.
         shared: ``[n]`` response tokens of the row's pair that its rows share (after the prompt).
@@ -70,6 +86,10 @@ class PackedLayout:
     pair_seq: Tensor
     pair_start: Tensor
     pair_len: Tensor
+    pair_prompt: Tensor
+    pair_shared: Tensor
+    pair_cached: Tensor
+    pair_cache_start: Tensor
     seq_len: Tensor
     row_pair: Tensor
     shared: Tensor
@@ -85,6 +105,12 @@ class PackedLayout:
         return int(self.pair_len.max()) if self.pair_len.numel() else 0
 
     @property
+    def cache_width(self) -> int:
+        """Cache columns each sequence attends to (its pairs' cached tokens side by side; 0 without a cache)."""
+        ends = self.pair_cache_start + self.pair_cached
+        return int(ends.max()) if ends.numel() else 0
+
+    @property
     def real_tokens(self) -> int:
         return int(self.pair_len.sum())
 
@@ -94,78 +120,134 @@ class PackedLayout:
         return self.pair_seq[self.row_pair]
 
 
-def packed_layout(pair: Tensor, kept: Tensor, prompt_len: Tensor, common_len: Tensor) -> PackedLayout:
+def packed_layout(
+    pair: Tensor, kept: Tensor, prompt_len: Tensor, common_len: Tensor, cached: Tensor | None = None
+) -> PackedLayout:
     """Lay out rows (``pair``, ``kept``, their pair's real ``prompt_len`` and ``common_len``): one block per pair,
     blocks packed first-fit-decreasing into sequences as wide as the longest block.
 
     A row with kept length ``L`` feeds its first ``L - 1`` response tokens (the last kept token is only a target).
+    ``cached`` (``[n]``, default none) leading input tokens of each row are not executed: they are read from the
+    previous forward's keys and values (:func:`read_prompt_cache`).
     """
     pairs, row_pair = torch.unique(pair, sorted=True, return_inverse=True)
     own = kept - 1
     U = pairs.numel()
     per_pair = lambda x: torch.zeros(U, dtype=own.dtype).scatter_reduce(0, row_pair, x, "amax", include_self=False)  # noqa: E731
     pair_prompt, pair_shared = per_pair(prompt_len), torch.minimum(per_pair(common_len), per_pair(own))
+    pair_cached = per_pair(cached) if cached is not None else torch.zeros_like(pair_prompt)
     shared = pair_shared[row_pair]
     row_len = (own - shared).clamp(min=0)
-    pair_len = (pair_prompt + pair_shared).index_add(0, row_pair, row_len)
-    # first-fit decreasing: a short pair fills the end of a longer pair's sequence instead of padding
-    width = int(pair_len.max()) if U else 0
-    pair_seq, pair_start = torch.empty_like(pair_len), torch.empty_like(pair_len)
+    pair_len = (pair_prompt + pair_shared - pair_cached).index_add(0, row_pair, row_len)
+    # first-fit decreasing: a short pair fills the end of a longer pair's sequence instead of padding (on Python
+    # lists: this runs for every group of every step)
+    lengths, cached_tokens = pair_len.tolist(), pair_cached.tolist()
+    width = max(lengths, default=0)
+    seq_of, start_of, cache_start_of = [0] * U, [0] * U, [0] * U
     seq_len: list[int] = []
-    for u in sorted(range(U), key=lambda u: -int(pair_len[u])):
-        n = int(pair_len[u])
+    cache_len: list[int] = []
+    for u in sorted(range(U), key=lambda u: -lengths[u]):
+        n = lengths[u]
         seq = next((k for k, used in enumerate(seq_len) if used + n <= width), len(seq_len))
         if seq == len(seq_len):
             seq_len.append(0)
-        pair_seq[u], pair_start[u] = seq, seq_len[seq]
+            cache_len.append(0)
+        seq_of[u], start_of[u], cache_start_of[u] = seq, seq_len[seq], cache_len[seq]
         seq_len[seq] += n
+        cache_len[seq] += cached_tokens[u]
+    as_tensor = lambda x: torch.tensor(x, dtype=own.dtype)  # noqa: E731
+    pair_seq, pair_start, pair_cache_start = as_tensor(seq_of), as_tensor(start_of), as_tensor(cache_start_of)
     # segments follow their pair's prompt and shared tokens, in row order
-    row_start = torch.empty_like(row_len)
-    cursor = (pair_start + pair_prompt + pair_shared).tolist()
-    for r, (u, n) in enumerate(zip(row_pair.tolist(), row_len.tolist())):
-        row_start[r] = cursor[u]
+    cursor = (pair_start + pair_prompt + pair_shared - pair_cached).tolist()
+    starts = []
+    for u, n in zip(row_pair.tolist(), row_len.tolist()):
+        starts.append(cursor[u])
         cursor[u] += n
-    return PackedLayout(pairs, pair_seq, pair_start, pair_len, torch.tensor(seq_len, dtype=own.dtype), row_pair,
-                        shared, row_start, row_len)
+    row_start = as_tensor(starts)
+    return PackedLayout(pairs, pair_seq, pair_start, pair_len, pair_prompt, pair_shared, pair_cached,
+                        pair_cache_start, as_tensor(seq_len), row_pair, shared, row_start, row_len)
 
 
 def group_layout(group: "RowGroup") -> PackedLayout:
     if group.prompt_len is None or group.common_len is None:
         raise ValueError("this row group was planned without prompt and common-prefix lengths (shared_prompt=False)")
-    return packed_layout(group.pair, group.kept, group.prompt_len, group.common_len)
+    return packed_layout(group.pair, group.kept, group.prompt_len, group.common_len, group.cached_len)
+
+
+def read_prompt_cache(group: "RowGroup", previous: "RowGroup") -> "RowGroup":
+    """``group`` with its rows set to read their pair's prompt (and shared tokens) from ``previous``'s forward.
+
+    A row whose pair has a row in ``previous`` (the other branch, in the gradient group) executes its input
+    from column ``k = p - 1 + min(c + 1, L - 1, t0)`` on and attends to the first ``k`` tokens in the keys and
+    values ``previous``'s forward computed (``p`` prompt tokens, ``c`` response tokens ``previous`` holds of the
+    pair's common prefix, ``L`` the row's kept length, ``t0`` its first scored position). So every scored
+    position's hidden state is computed here (the one at ``p - 1 + t0`` included) and every row executes at
+    least one token. Rows of pairs with no row in ``previous`` run whole (``k = 0``).
+    """
+    from dataclasses import replace
+
+    source = previous.layout()
+    where = torch.full((int(torch.cat([group.pair, previous.pair]).max()) + 1,), -1, dtype=torch.long)
+    where[source.pair] = torch.arange(source.pair.numel())
+    u = where[group.pair]
+    known = u >= 0
+    u = u.clamp(min=0)
+    first = torch.full_like(group.kept, torch.iinfo(torch.long).max)
+    first = first.scatter_reduce(0, group.scored_row, group.scored_t, "amin")
+    k = group.prompt_len - 1 + torch.minimum(torch.minimum(source.pair_shared[u] + 1, group.kept - 1), first)
+    k = torch.where(known, k.clamp(min=0), 0)
+    if not bool((k > 0).any()):
+        return group
+    return replace(group, cached_len=k, cache_seq=source.pair_seq[u], cache_col=source.pair_start[u])
 
 
 def packed_group_inputs(batch: "PreferenceBatch", group: "RowGroup") -> "GroupInputs":
-    """The inputs of ``group`` in the shared-prompt layout: ``[S, W]`` ids and positions, ``[S, 1, W, W]`` mask."""
-    from lit_prunedpo.scoring import GroupInputs
+    """The inputs of ``group`` in the shared-prompt layout: ``[S, W]`` ids and positions, ``[S, 1, W, C + W]`` mask
+    (``C`` cache columns, 0 unless the group reads the previous forward's keys and values)."""
+    from lit_prunedpo.scoring import GroupInputs, PastColumns
 
     device = batch.prompt_ids.device
-    layout = group_layout(group.to("cpu"))
-    S, W, P = layout.num_sequences, layout.width, batch.prompt_width
+    group = group.to("cpu")
+    layout = group.layout()
+    S, W, C, P = layout.num_sequences, layout.width, layout.cache_width, batch.prompt_width
+    prompt_ids, response_ids = batch.prompt_ids.cpu(), batch.response_ids.cpu()
+    pair, branch, prompt_len = group.pair, group.branch, group.prompt_len
+    n, U = group.num_rows, layout.pair.numel()
+    rows = torch.arange(n)
+    # a pair's trunk (prompt + shared tokens, equal in both branches) is read from its first row
+    first = torch.full((U,), n).scatter_reduce(0, layout.row_pair, rows, "amin")
+    # one span per trunk, then one per row segment: where it sits, what it reads, which block and segment it is
+    span_seq = torch.cat([layout.pair_seq, layout.row_seq])
+    span_col = torch.cat([layout.pair_start, layout.row_start])
+    span_len = torch.cat([layout.pair_prompt + layout.pair_shared - layout.pair_cached, layout.row_len])
+    span_row = torch.cat([first, rows])
+    span_from = torch.cat([layout.pair_cached, prompt_len + layout.shared])  # first input index of the span
+    span_block = torch.cat([torch.arange(U), layout.row_pair])
+    span_segment = torch.cat([torch.zeros(U, dtype=torch.long), rows + 1])
+    # one entry per executed token; input index j of row r is its prompt's token j, then response token j - p
+    span, offset = _expand(span_len)
+    s, col, j = span_seq[span], span_col[span] + offset, span_from[span] + offset
+    r = span_row[span]
+    i, p = pair[r], prompt_len[r]
+    from_prompt = prompt_ids[i, (P - p + j).clamp(max=P - 1)]
+    from_response = response_ids[i, branch[r], (j - p).clamp(0, batch.response_width - 1)]
     ids = torch.zeros(S, W, dtype=torch.long)
     positions = torch.zeros(S, W, dtype=torch.long)
     block = torch.full((S, W), -1, dtype=torch.long)  # the pair a column belongs to; -1 padding
     segment = torch.full((S, W), -1, dtype=torch.long)  # 0 prompt + shared, r + 1 row r's own tokens
-    prompt_ids, response_ids = batch.prompt_ids.cpu(), batch.response_ids.cpu()
-    pair, branch = group.pair.cpu(), group.branch.cpu()
-    prompt_len = group.prompt_len.cpu()
-    first_row = {}
-    for r, u in enumerate(layout.row_pair.tolist()):
-        first_row.setdefault(u, r)
-    for u, r in first_row.items():
-        i, p, c = int(pair[r]), int(prompt_len[r]), int(layout.shared[r])
-        s, a = int(layout.pair_seq[u]), int(layout.pair_start[u])
-        ids[s, a : a + p + c] = torch.cat([prompt_ids[i, P - p:], response_ids[i, int(branch[r]), :c]])
-        positions[s, a : a + p + c] = torch.arange(p + c)
-        block[s, a : a + int(layout.pair_len[u])] = u
-        segment[s, a : a + p + c] = 0
-    row_seq = layout.row_seq
-    for r in range(group.num_rows):
-        s, start, n = int(row_seq[r]), int(layout.row_start[r]), int(layout.row_len[r])
-        p, c = int(prompt_len[r]), int(layout.shared[r])
-        ids[s, start : start + n] = response_ids[int(pair[r]), int(branch[r]), c : c + n]
-        positions[s, start : start + n] = torch.arange(p + c, p + c + n)
-        segment[s, start : start + n] = r + 1
+    ids[s, col] = torch.where(j < p, from_prompt, from_response)
+    positions[s, col] = j
+    block[s, col] = span_block[span]
+    segment[s, col] = span_segment[span]
+    # cache columns: each pair's cached tokens side by side, read from the previous forward's sequence and columns
+    cache_block = torch.full((S, C), -1, dtype=torch.long)  # the pair a cache column belongs to
+    past_seq, past_col = torch.zeros(S, C, dtype=torch.long), torch.zeros(S, C, dtype=torch.long)
+    if C:
+        u, offset = _expand(layout.pair_cached)
+        s, col = layout.pair_seq[u], layout.pair_cache_start[u] + offset
+        cache_block[s, col] = u
+        past_seq[s, col] = group.cache_seq[first[u]]
+        past_col[s, col] = group.cache_col[first[u]] + offset
     # token j attends token k: k <= j in the same pair, k in the pair's prompt + shared tokens or in j's own
     # segment; padding attends itself only (a query with no key would give NaN)
     causal = torch.ones(W, W, dtype=torch.bool).tril()
@@ -173,20 +255,33 @@ def packed_group_inputs(batch: "PreferenceBatch", group: "RowGroup") -> "GroupIn
     key, query = segment[:, None, :], segment[:, :, None]
     mask = causal & same_pair & ((key == 0) | (key == query))
     mask |= torch.eye(W, dtype=torch.bool)
-    # scored position t of row r is predicted by its input token t - 1 (the prompt's last token for t = 0)
-    t = group.scored_t.cpu()
-    row = group.scored_row.cpu()
-    a = layout.pair_start[layout.row_pair[row]]
+    # cached tokens all precede the pair's executed ones: a token attends to every cached token of its pair
+    mask = torch.cat([(cache_block[:, None, :] == block[:, :, None]) & (cache_block[:, None, :] >= 0), mask], -1)
+    # scored position t of row r is predicted by its input token t - 1 (the prompt's last token for t = 0), which
+    # sits at column a - k + p + t - 1 in the pair's trunk, or in the row's own segment past the shared tokens
+    t = group.scored_t
+    row = group.scored_row
+    u = layout.row_pair[row]
+    a, k = layout.pair_start[u], layout.pair_cached[u]
     p, c, start = prompt_len[row], layout.shared[row], layout.row_start[row]
-    column = torch.where(t == 0, a + p - 1, torch.where(t - 1 < c, a + p + t - 1, start + t - 1 - c))
+    column = torch.where(t - 1 < c, a - k + p + t - 1, start + t - 1 - c)
     return GroupInputs(
         input_ids=ids.to(device),
         attention_mask=mask[:, None].to(device),
         position_ids=positions.to(device),
-        gather_row=row_seq[row].to(device),
+        gather_row=layout.row_seq[row].to(device),
         gather_col=column.to(device),
         targets=response_ids[pair[row], branch[row], t].to(device),
+        past=PastColumns(past_seq.to(device), past_col.to(device)) if C else None,
     )
+
+
+def _expand(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """``(span, offset)`` of every element of consecutive spans of ``lengths``: span ``k`` repeated ``lengths[k]``
+    times, with offsets ``0 .. lengths[k] - 1``."""
+    span = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    offset = torch.arange(span.numel()) - (lengths.cumsum(0) - lengths)[span]
+    return span, offset
 
 
 def prompt_and_common_lengths(batch: "PreferenceBatch") -> tuple[Tensor, Tensor]:

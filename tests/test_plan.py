@@ -89,6 +89,13 @@ def test_merge_groups_concatenates_every_row_field_and_offsets_scored_rows():
             assert torch.equal(value, torch.cat([getattr(grad, f.name), getattr(nograd, f.name)])), f.name
     assert merged.scored_row.tolist() == grad.scored_row.tolist() + (nograd.scored_row + grad.num_rows).tolist()
     assert merge_groups([grad]) is grad
+    # rows that read their prompts from the gradient forward run whole once merged (the online reference's forward)
+    cached = plan_step(batch, SharedFractionPrefix(0.5), BernoulliPositions(0.5), RandomBranch(0.5),
+                       torch.Generator().manual_seed(3), shared_prompt=True, prompt_cache=True)
+    assert cached.groups[1].cached_len is not None
+    for merged in (merge_groups(cached.groups), merge_groups(cached.groups[1:])):
+        assert merged.cached_len is None and merged.cache_seq is None and merged.cache_col is None
+        assert merged.cached_columns == 0
     with_placeholder = merge_groups([grad, placeholder_group(batch.prompt_width, False)])
     assert with_placeholder.prompt_len is None and with_placeholder.num_scored == grad.num_scored
 
@@ -105,3 +112,6 @@ def test_placeholder_and_regrouped_plan_and_device_move():
     assert all(getattr(moved, f.name).device.type == "meta" for f in fields(RowGroup)
                if isinstance(getattr(moved, f.name), torch.Tensor))
     assert moved.width == plan.groups[0].width and moved.shared_prompt == plan.groups[0].shared_prompt
+    # already there: the same group, and its shared-prompt layout is computed once
+    (group,) = exact_plan(batch, shared_prompt=True).groups
+    assert group.to("cpu") is group and group.layout() is group.to("cpu").layout()

@@ -4,7 +4,8 @@ Exactness: the same module and sampler seed with ``shared_prompt`` on and off gi
 estimates and policy gradients (float32, ``atol=1e-5, rtol=1e-4``), for every mode of ``configs/``, with left
 padding (prompts of different lengths), right padding (responses of different lengths, longer chosen or
 longer rejected), common prefixes of every length (none, part, all but the last token of one response),
-one-token responses, the chunked scorer, eager attention and gradient checkpointing.
+one-token responses, the chunked scorer, eager attention and gradient checkpointing; and with the no-grad rows
+reading their prompts from the gradient forward's keys and values (``prompt_cache``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from lit_prunedpo.samplers import (
     SharedFractionPrefix,
     StratifiedPositions,
 )
-from lit_prunedpo.scoring import group_inputs, split_causal_lm
+from lit_prunedpo.scoring import group_inputs, score_groups, split_causal_lm
 from lit_prunedpo.shared_prompt import check_attention, packed_layout, prompt_and_common_lengths
 
 from helpers import TINY_LLAMA, make_batch
@@ -70,15 +71,31 @@ def run(module, batch, seed, **layout):
     return plan, est, grads
 
 
-def assert_same_step(source, batch, seeds=(0, 1, 2), **kwargs):
-    """The same draws executed in the shared-prompt and the padded layout give the same step."""
+def assert_same_step(source, batch, seeds=(0, 1, 2), prompt_cache=True, **kwargs):
+    """The same draws executed in the shared-prompt layout (with and without the prompt cache) and the padded
+    layout give the same step."""
     module = PrunedDPO(policy=source, **kwargs)
     for seed in seeds:
-        plan_s, est_s, grads_s = run(module, batch, seed, shared_prompt=True)
         plan_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False)
+        plan_s, est_s, grads_s = run(module, batch, seed, shared_prompt=True)
         assert plan_s.positions_scored == plan_p.positions_scored
         assert plan_s.tokens_executed < plan_p.tokens_executed
         assert_same_estimate(est_s, est_p, grads_s, grads_p)
+        if not prompt_cache:
+            continue
+        # the common prefix scored (the no-grad rows rerun the prompt's last token) or not (a margin loss's plan:
+        # they rerun the last token the pair's rows share)
+        for score_common_prefix in (True, False):
+            if not score_common_prefix:
+                plan_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False, score_common_prefix=False)
+            plan_c, est_c, grads_c = run(module, batch, seed, shared_prompt=True, prompt_cache=True,
+                                         score_common_prefix=score_common_prefix)
+            assert plan_c.positions_scored == plan_p.positions_scored
+            assert plan_c.real_tokens_executed <= plan_s.real_tokens_executed
+            if len(plan_c.groups) == 2:  # the no-grad rows read their prompts from the gradient forward
+                assert plan_c.groups[1].cached_len is not None
+                assert plan_c.real_tokens_executed < plan_s.real_tokens_executed
+            assert_same_estimate(est_c, est_p, grads_c, grads_p)
 
 
 def assert_same_estimate(est_s, est_p, grads_s, grads_p):
@@ -98,8 +115,27 @@ def test_every_mode_equals_the_padded_layout(tiny_source, mode):
 
 @pytest.mark.parametrize("mode", ["vanilla", "all"])
 def test_chunked_scorer_and_gradient_checkpointing_equal_the_padded_layout(tiny_source, mode):
+    # gradient checkpointing keeps no keys and values: no prompt cache there (test below)
     assert_same_step(tiny_source, padded_everywhere(), seeds=(0, 1), scorer=ChunkedScorer(chunk_size=5),
-                     gradient_checkpointing=True, **MODES[mode])
+                     gradient_checkpointing=True, prompt_cache=False, **MODES[mode])
+
+
+@pytest.mark.parametrize("mode", ["branch", "all"])
+def test_chunked_scorer_reads_the_prompt_cache(tiny_source, mode):
+    assert_same_step(tiny_source, padded_everywhere(), seeds=(0, 1), scorer=ChunkedScorer(chunk_size=5),
+                     **MODES[mode])
+
+
+def test_gradient_checkpointing_plans_no_prompt_cache_and_a_cached_plan_fails_clearly(tiny_source):
+    module = PrunedDPO(policy=tiny_source, gradient_checkpointing=True, **MODES["branch"])
+    batch = padded_everywhere()
+    plan = module.plan(batch)
+    assert len(plan.groups) == 2 and plan.groups[1].cached_len is None
+    samplers = module.prefix_sampler, module.position_sampler, module.branch_sampler
+    cached = plan_step(batch, *samplers, torch.Generator(), shared_prompt=True, prompt_cache=True)
+    with pytest.raises(RuntimeError, match="kept no keys and values.*prompt_cache=False"):
+        module.execute_and_estimate(batch, cached)
+    assert PrunedDPO(policy=tiny_source, **MODES["branch"]).plan(batch).groups[1].cached_len is not None
 
 
 def test_eager_attention_equals_the_padded_layout():
@@ -216,13 +252,51 @@ def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
     batch = padded_everywhere()
     plan = module.plan(batch)
     grad_group, no_grad_group = plan.groups
-    assert module.score_policy(batch, grad_group).grad_fn is not None
-    assert module.score_policy(batch, no_grad_group).grad_fn is None
-    # one branch per pair in each group: each prompt runs once per group, so twice in the step's policy forwards
-    prompt_len, _ = prompt_and_common_lengths(batch)
+    logps = score_groups(module.scorer, module.policy, batch, plan.groups)
+    assert logps[0].grad_fn is not None and logps[1].grad_fn is None
+    with pytest.raises(ValueError, match="reads its prompts from the previous group's forward"):
+        module.score_policy(batch, no_grad_group)
+    # without the prompt cache each prompt runs once per group, so twice in the step's policy forwards
+    prompt_len, common = prompt_and_common_lengths(batch)
     lengths = batch.response_lengths[torch.arange(batch.num_pairs)[:, None], plan.grad_mask.long().argsort(-1)]
-    for group, rows in ((grad_group, lengths[:, 1]), (no_grad_group, lengths[:, 0])):
+    uncached = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(), torch.Generator(), shared_prompt=True)
+    assert torch.equal(uncached.grad_mask, plan.grad_mask)  # the same draw (one generator draw, seed 0 both)
+    for group, rows in zip(uncached.groups, (lengths[:, 1], lengths[:, 0])):
         assert group.real_tokens_executed == int((prompt_len + rows - 1).sum())
+    assert module.score_policy(batch, uncached.groups[1]).grad_fn is None
+
+
+def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):
+    """Forward-hook count, branch pruning: the no-grad body receives, per pair, the last token the gradient forward
+    shares with it (prompt end or shared response token) and the rest of its own response, nothing else."""
+    module = PrunedDPO(policy=tiny_source, branch_sampler=RandomBranch())
+    batch = padded_everywhere()
+    seen = []
+    split_causal_lm(module.policy)[0].register_forward_pre_hook(
+        lambda m, a, kw: seen.append((kw["input_ids"].clone(), kw["position_ids"].clone())), with_kwargs=True
+    )
+    plan = module.plan(batch)
+    est = module.execute_and_estimate(batch, plan)
+    (grad_ids, _), (no_grad_ids, no_grad_positions) = seen
+    prompt_len, common = prompt_and_common_lengths(batch)
+    lengths = batch.response_lengths
+    kept_branch = plan.grad_mask.long().argmax(-1)
+    own = lengths[torch.arange(batch.num_pairs), 1 - kept_branch] - 1
+    grad_own = lengths[torch.arange(batch.num_pairs), kept_branch] - 1
+    # the margin loss scores from the first differing token on, predicted by the last shared input token
+    first = torch.minimum(common, own + 1)
+    k = prompt_len - 1 + torch.minimum(torch.minimum(torch.minimum(common, grad_own) + 1, own), first)
+    assert plan.groups[1].cached_len.tolist() == k.tolist()
+    assert int((no_grad_ids != 0).sum()) <= int((prompt_len + own - k).sum()) == plan.groups[1].real_tokens_executed
+    assert bool((k >= prompt_len - 1).all())  # at most the prompt's last token runs again
+    assert no_grad_positions.max() == int((prompt_len + own).max()) - 1
+    # and the step equals the padded layout's
+    padded = PrunedDPO(policy=tiny_source, branch_sampler=RandomBranch(), shared_prompt=False)
+    padded.load_state_dict(module.state_dict())
+    plan_p = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(), torch.Generator())
+    assert torch.equal(plan_p.grad_mask, plan.grad_mask)
+    est_p = padded.execute_and_estimate(batch, plan_p)
+    torch.testing.assert_close(est.margin, est_p.margin, **TOL)
 
 
 def test_unsupported_attention_is_refused(tiny_source):
@@ -301,3 +375,28 @@ def test_a_loss_that_is_not_a_margin_loss_scores_the_common_prefix(tiny_source):
     margin_plan = PrunedDPO(policy=tiny_source).plan(batch)
     other_plan = PrunedDPO(policy=tiny_source, loss=mixed).plan(batch)
     assert other_plan.positions_scored == int(batch.response_lengths.sum()) > margin_plan.positions_scored
+
+
+def test_a_scorer_that_overrides_call_gets_the_cache_through_its_inputs(tiny_source):
+    """The cache travels in ``GroupInputs.cache``: a scorer subclass with the plain ``__call__(model, inputs)``
+    signature serves the cached plan unchanged (the gradient forward fills the cache the no-grad one reads)."""
+    from lit_prunedpo.scoring import TokenScorer
+
+    class Recording(TokenScorer):
+        def __init__(self):
+            self.inputs = []
+
+        def __call__(self, model, inputs):
+            self.inputs.append(inputs)
+            return super().__call__(model, inputs)
+
+    scorer = Recording()
+    module = PrunedDPO(policy=tiny_source, scorer=scorer, branch_sampler=RandomBranch())
+    batch = padded_everywhere()
+    est = module.execute_and_estimate(batch, module.plan(batch))
+    grad_inputs, no_grad_inputs = scorer.inputs[:2]
+    assert grad_inputs.past is None and grad_inputs.cache is not None and grad_inputs.cache.get_seq_length() > 0
+    assert no_grad_inputs.past is not None
+    C = no_grad_inputs.past.seq.shape[1]
+    assert no_grad_inputs.cache.get_seq_length() == C + no_grad_inputs.input_ids.shape[1]  # cached + its own
+    assert torch.isfinite(est.objective)

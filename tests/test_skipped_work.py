@@ -14,7 +14,7 @@ from lit_prunedpo.samplers import (
     SharedFractionPrefix,
 )
 from lit_prunedpo.plan import merge_groups
-from lit_prunedpo.scoring import split_causal_lm
+from lit_prunedpo.scoring import score_groups, split_causal_lm
 
 from helpers import make_batch
 
@@ -84,6 +84,14 @@ def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
         assert plan.positions_scored == int(batch.response_lengths.sum())
     if mode in ("branch", "all"):
         assert plan.branches_backpropagated == B
+        if shared_prompt:
+            # the no-grad rows read their prompts from the gradient forward: at most the prompt's last token (to
+            # predict the first response token) reruns, once per row
+            no_grad = plan.groups[1]
+            assert no_grad.cached_len is not None and bool((no_grad.cached_len >= no_grad.prompt_len - 1).all())
+            executed = no_grad.prompt_len + no_grad.kept - 1 - no_grad.cached_len
+            assert no_grad.real_tokens_executed == int(executed.sum())
+            assert no_grad.real_tokens_executed <= int(batch.response_lengths.sum())
         assert [g.num_rows for g in plan.groups] == [B, B] or mode == "all" and len(plan.groups) == 2
     if mode in ("sequence", "all"):
         assert all(g.width <= unpruned_width for g in plan.groups)
@@ -108,5 +116,6 @@ def test_no_grad_rows_keep_no_activations(tiny_source):
     plan = module.plan(batch)
     grad_group, no_grad_group = plan.groups
     assert grad_group.requires_grad and not no_grad_group.requires_grad
-    assert module.score_policy(batch, grad_group).grad_fn is not None
-    assert module.score_policy(batch, no_grad_group).grad_fn is None
+    grad_logps, no_grad_logps = score_groups(module.scorer, module.policy, batch, plan.groups)
+    assert grad_logps.grad_fn is not None
+    assert no_grad_logps.grad_fn is None  # the prompt cache it read is detached

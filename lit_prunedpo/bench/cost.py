@@ -4,7 +4,8 @@ Counted (multiply-add = 2 FLOPs), per forward of a row group of ``rows`` sequenc
 with ``K`` scored positions:
 
     body       2 * N_body * rows * width           N_body: parameters of the body's nn.Linear layers
-    attention  4 * layers * a * width^2 * rows     QK^T and AV, a = heads * head_dim; the full square is
+    attention  4 * layers * a * width * (cached + width) * rows
+                                                   QK^T and AV, a = heads * head_dim; the full rectangle is
                                                    counted (what SDPA with a mask computes on the CPU)
     head       2 * d * V * K                       the LM head on the gathered positions only
 
@@ -15,7 +16,9 @@ with ``K`` scored positions:
 * the online reference runs one no-grad forward of all the plan's rows at the widest group's width (what
   ``OnlineReference`` executes); a cached reference costs 0;
 * with a shared prompt (``lit_prunedpo.shared_prompt``) a group's ``rows`` are its pairs and ``width`` the
-  longest packed pair: the shapes ``RowGroup.executed_shape`` reports and the body really receives.
+  longest packed pair: the shapes ``RowGroup.executed_shape`` reports and the body really receives; a no-grad
+  group that reads its prompts from the gradient forward (``RowGroup.cached_len``) executes only its own
+  tokens, and its queries attend to ``cached`` more key columns (``RowGroup.cached_columns``).
 
 Not counted: embedding lookups, norms, activations, rotary, softmaxes (O(d) per token, not O(d^2)),
 and the optimizer (O(N) per step, independent of tokens).
@@ -104,18 +107,21 @@ class ForwardFlops:
         return self.head / self.total if self.total else 0.0
 
 
-def forward_flops(dims: ModelDims, rows: int, width: int, positions: int, attention: bool = True) -> ForwardFlops:
-    """FLOPs of one forward of ``rows`` sequences of ``width`` columns, with the head on ``positions`` rows.
+def forward_flops(
+    dims: ModelDims, rows: int, width: int, positions: int, attention: bool = True, cached: int = 0
+) -> ForwardFlops:
+    """FLOPs of one forward of ``rows`` sequences of ``width`` columns, with the head on ``positions`` rows and
+    ``cached`` key columns per sequence from an earlier forward.
 
     Raises:
-        ValueError: on a negative ``rows``, ``width`` or ``positions``.
+        ValueError: on a negative ``rows``, ``width``, ``positions`` or ``cached``.
     """
-    for name, value in (("rows", rows), ("width", width), ("positions", positions)):
+    for name, value in (("rows", rows), ("width", width), ("positions", positions), ("cached", cached)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value!r}")
     return ForwardFlops(
         body=2 * dims.body_params * rows * width,
-        attention=4 * dims.num_layers * dims.attention_dim * width * width * rows if attention else 0,
+        attention=4 * dims.num_layers * dims.attention_dim * width * (cached + width) * rows if attention else 0,
         head=2 * dims.hidden_size * dims.vocab_size * positions,
     )
 
@@ -157,7 +163,7 @@ def step_flops(
         raise ValueError(f"reference must be 'online' or 'cached', got {reference!r}")
     forward = backward = recompute = 0
     for group in plan.groups:
-        f = forward_flops(dims, *group.executed_shape, group.num_scored, attention)
+        f = forward_flops(dims, *group.executed_shape, group.num_scored, attention, group.cached_columns)
         forward += f.total
         if group.requires_grad:
             backward += 2 * f.total

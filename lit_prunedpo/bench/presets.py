@@ -11,6 +11,9 @@
   7B+ models), 4 pairs whose prompt and response lengths are drawn from HH-RLHF's (GPT-2 tokens, harmless-base
   test file, ``max_length`` 512 / ``max_prompt_length`` 256: :data:`HH_RLHF_LENGTHS`), length-grouped like the
   data module's training order. The shape where the shared prompt matters: prompts are over half the tokens.
+* ``hh-gpt2``: the same lengths on a Llama d=256, 4 layers with GPT-2's vocabulary (V=50257): the shape of
+  issue 9's TRL target (the LM head is 21.6% of a vanilla forward's FLOPs here, by the cost model; TRL also runs
+  it on every prompt position).
 * ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``scripts/gpu-check``
   runs in bf16 on one GPU.
 
@@ -155,6 +158,17 @@ PRESETS: dict[str, Preset] = {
             name="hh-body",
             description="Llama d=384, 6 layers, V=8192 (body-heavy), 4 pairs with HH-RLHF's prompt/response lengths",
             model=_llama(8192, 384, 6, 6, 1024, 1024),
+            batch_size=4,
+            response_length=(2, 494),
+            warmup=1,
+            steps=4,
+            chunk_size=1024,
+            lengths=HH_RLHF_LENGTHS,
+        ),
+        Preset(
+            name="hh-gpt2",
+            description="Llama d=256, 4 layers, V=50257 (GPT-2's vocabulary), 4 pairs with HH-RLHF's lengths",
+            model=_llama(50257, 256, 4, 4, 1024, 1024),
             batch_size=4,
             response_length=(2, 494),
             warmup=1,

@@ -297,3 +297,22 @@ def test_rounds_run_every_configuration_through_the_module_step(monkeypatch):
     assert all(len(r.times) == len(r.tokens) == 1 for r in records.values()) and not peer.times
     # each configuration drew from its own stream, once per round
     assert all(rng.step == 2 for rng in rounds.rngs.values()) and rounds.module.sampler_rng.step == 0
+
+
+def test_step_flops_follow_the_prompt_cache_shapes():
+    """Same 2 pairs, one branch each with a graph: the gradient forward runs 3 + 4 = 7 columns per pair; the no-grad
+    one reruns the prompt's last 1 token and 4 response inputs, attending to 2 cached prompt tokens."""
+    from lit_prunedpo.scoring import group_inputs
+
+    batch = make_batch([3, 3], [5, 5], [5, 5])
+    plan = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(0.5), torch.Generator().manual_seed(0),
+                     shared_prompt=True, prompt_cache=True)
+    grad, no_grad = plan.groups
+    assert grad.executed_shape == (2, 7) and grad.cached_columns == 0
+    assert no_grad.executed_shape == (2, 5) and no_grad.cached_columns == 2
+    assert group_inputs(batch, no_grad).attention_mask.shape == (2, 1, 5, 2 + 5)  # what the body really gets
+    # grad: body 2*1000*2*7 = 28000, attention 4*2*8*7*7*2 = 6272, head 2*8*100*10 = 16000
+    # no-grad: body 2*1000*2*5 = 20000, attention 4*2*8*5*(2+5)*2 = 4480, head 16000
+    f_grad, f_no_grad = 28_000 + 6_272 + 16_000, 20_000 + 4_480 + 16_000
+    cached = cost.step_flops(plan, DIMS, "cached")
+    assert (cached.policy_forward, cached.policy_backward) == (f_grad + f_no_grad, 2 * f_grad)
