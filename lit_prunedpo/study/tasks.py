@@ -131,7 +131,7 @@ class HHRLHFTask(StudyTask):
     responses cut to 32 tokens: prompts keep their last 32 tokens and responses their first 16 (``max_length``
     48), and the model is a d=64, 4-layer Llama with GPT-2's 50,257-token vocabulary, so the LM head is most of
     a step's cost (the bench's ``head-heavy`` regime, where position and branch pruning save the most). DPO
-    starts from a warm start (:mod:`lit_prunedpo.study.warm_start`): 300 supervised steps on the training
+    starts from a warm start (:mod:`lit_prunedpo.study.warm_start`): 200 supervised steps on the training
     split's chosen responses, policy and reference alike.
     """
 
@@ -144,7 +144,7 @@ class HHRLHFTask(StudyTask):
     max_length: int = 48
     max_prompt_length: int = 32
     max_rows: int | None = None
-    warm_start_steps: int = 300
+    warm_start_steps: int = 200
     warm_start_lr: float = 3e-3
     # cut to 16 tokens, some pairs' two responses become identical (no preference): skipped, counted in the stats
     on_bad_row: str = "skip"
