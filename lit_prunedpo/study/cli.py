@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None, help="the same-batch arm's pairs per step (default: the task's)")
     parser.add_argument("--max-rows", type=int, default=None, help="use only the first N rows of the task's data (held-out share included)")
     parser.add_argument("--max-eval-pairs", type=int, default=None, help="evaluate on the first N held-out pairs only")
+    parser.add_argument("--warm-start-steps", type=int, default=None, metavar="N",
+                        help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
+                             "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
+    parser.add_argument("--work-dir", default="study_results/work",
+                        help="where warm starts are cached (default: study_results/work)")
     parser.add_argument("--quick", action="store_true", help=f"a minutes-long study: {QUICK} unless given")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU seconds then measure work)")
     parser.add_argument("--out", default=None, help="directory for study.json, study.md, study.png (default: print the table)")
@@ -89,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from lit_prunedpo.bench.cost import ModelDims
     from lit_prunedpo.study.arms import Arm, ideal_speedup, matched_batch_size
-    from lit_prunedpo.study.report import payload_of, to_markdown, write_report
+    from lit_prunedpo.study.report import payload_of, to_markdown, warm_start_summary, write_report
     from lit_prunedpo.study.runner import eval_batches, run_study
 
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -103,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_rows < 2:
             parser.error(f"--max-rows must be >= 2, got {args.max_rows!r}")
         task = dataclasses.replace(task, max_rows=args.max_rows)
+    if args.warm_start_steps is not None:
+        if args.warm_start_steps < 0:
+            parser.error(f"--warm-start-steps must be >= 0, got {args.warm_start_steps!r}")
+        task = dataclasses.replace(task, warm_start_steps=args.warm_start_steps)
     out = Path(args.out) if args.out else Path("study_results") / task.name
     with tempfile.TemporaryDirectory(prefix="lit-prunedpo-study-") as work_dir:  # generated files, read once by setup
         dm = task.datamodule(Path(work_dir))
@@ -122,11 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if size > task.batch_size:
                 arms.append(Arm(m, size, matched=True))
     log(f"arms: {', '.join(a.name for a in arms)}; seeds {seeds}; budget {budget:g} {args.clock}-s and {steps} steps")
-    runs = run_study(task, arms, seeds, budget, steps, evals, clock=args.clock, dm=dm, max_eval_pairs=max_eval_pairs, log=log)
+    runs = run_study(task, arms, seeds, budget, steps, evals, clock=args.clock, dm=dm, max_eval_pairs=max_eval_pairs, log=log,
+                     work_dir=args.work_dir)
     eval_pairs = sum(b.num_pairs for b in eval_batches(dm, max_eval_pairs))
     payload = payload_of(
         runs, task.describe(), args.clock, budget, steps, evals, seeds, eval_pairs, "lit-prunedpo-study " + " ".join(sys.argv[1:] if argv is None else argv),
-        extra={"torch_threads": args.threads, "ideal_speedups": speedups, "torch": torch.__version__},
+        extra={"torch_threads": args.threads, "ideal_speedups": speedups, "torch": torch.__version__,
+               "warm_start": warm_start_summary(runs)},
     )
     if args.out:
         for path in write_report(payload, out):

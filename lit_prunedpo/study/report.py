@@ -90,8 +90,28 @@ def to_markdown(payload: dict[str, Any]) -> str:
             f"{_pm(r['final_accuracy'], '.3f')} | {r['loss_time_ratio_text']} | {r['accuracy_time_ratio_text']} | "
             f"{_pm(r['at_steps_loss'])} | {r['at_steps_clock_s'][0]:.1f} |"
         )
+    warm = payload.get("warm_start")
+    if warm:
+        cpu = [w["cpu_s"] for w in warm.values()]
+        lines += ["", f"Warm start (before every arm, not counted in any budget): {task['warm_start_steps']} supervised steps on the "
+                  f"training split's chosen responses (lr {task['warm_start_lr']:g}), one per seed, policy and reference = the "
+                  f"warmed model; cost {sum(cpu) / len(cpu):.0f} CPU-s per seed [{min(cpu):.0f}-{max(cpu):.0f}] when made; chosen "
+                  "NLL over the first / last 10 steps: "
+                  + ", ".join(f"seed {s} {w['nll_first']:.2f} -> {w['nll_last']:.2f}" for s, w in warm.items()) + "."]
     lines += ["", "![study](study.png)", ""]
     return "\n".join(lines)
+
+
+def warm_start_summary(runs: Sequence[Run]) -> dict[str, Any] | None:
+    """Per seed, what its warm start cost and did (``None`` when the study had none)."""
+    out: dict[str, Any] = {}
+    for run in runs:
+        w = run.warm_start
+        if w is not None and str(run.seed) not in out:
+            out[str(run.seed)] = {"steps": w["steps"], "cpu_s": w["cpu_s"], "wall_s": w["wall_s"], "reused": w["reused"],
+                                  "nll_first": sum(w["losses"][:10]) / len(w["losses"][:10]),
+                                  "nll_last": sum(w["losses"][-10:]) / len(w["losses"][-10:]), "path": w["path"]}
+    return out or None
 
 
 def plot(payload: dict[str, Any], path: Path) -> bool:

@@ -37,11 +37,13 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.callbacks.prune_early import SAMPLER_ATTRS, use_exact_samplers
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.metrics import pair_metrics
+from lit_prunedpo.models import ModelSource
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import exact_plan
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.tasks import StudyTask
+from lit_prunedpo.study.warm_start import warm_start
 
 Clock = Literal["cpu", "wall"]
 
@@ -79,6 +81,7 @@ class Run:
     initial_checksum: float = 0.0
     exact_after_s: float | None = None  # training seconds (on `clock`) after which the samplers are exact
     clock_name: Clock = "cpu"
+    warm_start: dict[str, Any] | None = None  # the seed's warm-start record (its cost is not in this run's clocks)
     _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
 
@@ -140,6 +143,7 @@ class Run:
             "median_step_wall_s": sorted(self.step_wall)[steps // 2] if self.step_wall else None,
             "median_step_cpu_s": sorted(self.step_cpu)[steps // 2] if self.step_cpu else None,
             "initial_weights_checksum": self.initial_checksum,
+            "warm_start": None if self.warm_start is None else {k: v for k, v in self.warm_start.items() if k not in ("losses", "trained_rows")},
             "points": [vars(p) for p in self.points],
         }
 
@@ -175,15 +179,16 @@ def _warmup_constant(warmup_steps: int) -> Callable[[int], float]:
 
 
 def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
-             clock: Clock = "cpu") -> Run:
-    """A fresh run: the task's initial weights for ``seed`` (the same for every arm), the arm's samplers and
-    batch size, a training order and sampler stream seeded by ``seed``. An arm with a ``prune_fraction``
-    needs the ``budget_s`` it is a fraction of."""
+             clock: Clock = "cpu", policy: ModelSource | None = None) -> Run:
+    """A fresh run: the task's initial weights for ``seed`` (the same for every arm; ``policy`` overrides them,
+    e.g. a warm start), the arm's samplers and batch size, a training order and sampler stream seeded by
+    ``seed``. The reference is the initial policy. An arm with a ``prune_fraction`` needs the ``budget_s`` it
+    is a fraction of."""
     if arm.prune_fraction is not None and budget_s is None:
         raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
     prefix, position, branch = arm.samplers()
     module = PrunedDPO(
-        policy=task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
+        policy=policy if policy is not None else task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
         optimizer=partial(torch.optim.AdamW, lr=task.lr, weight_decay=0.0),
     )
     module.sampler_rng = SamplerRNG(seed=seed)
@@ -246,7 +251,9 @@ def run_study(
     log: Callable[[str], None] | None = None,
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
-    and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid.
+    and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. With
+    ``task.warm_start_steps`` > 0 every seed first gets its warm start (:mod:`lit_prunedpo.study.warm_start`,
+    cached under ``work_dir``), which all of that seed's arms start from, policy and reference alike.
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, or a non-positive budget, step or eval count.
@@ -263,7 +270,14 @@ def run_study(
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
-    runs = [make_run(task, arm, seed, dm, budget_s, clock) for seed in seeds for arm in arms]
+    sources: dict[int, ModelSource | None] = {seed: None for seed in seeds}
+    records: dict[int, dict[str, Any] | None] = dict(sources)
+    if task.warm_start_steps > 0:
+        for seed in seeds:
+            sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps, lr=task.warm_start_lr, log=log)
+    runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed]) for seed in seeds for arm in arms]
+    for run in runs:
+        run.warm_start = records[run.seed]
     grids = {id(r): _events(budget_s, steps, evals) for r in runs}
     for run in runs:
         run.evaluate(batches, ["time", "steps"])

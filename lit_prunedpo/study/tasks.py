@@ -10,8 +10,9 @@ pairs are never trained on) and :meth:`StudyTask.policy` the model source for a 
 * ``edited``: near-duplicate pairs, one wrong letter at a random place, 10% of labels swapped
   (:mod:`lit_prunedpo.data.edited`; best achievable held-out accuracy 0.9), the quickstart's model.
 * ``edited-start``: the same with the wrong letter first: the near-duplicate regime's other end.
-* ``hh-rlhf``: 2,312 real HH-RLHF pairs (``../shared/data/hh-rlhf``), GPT-2's tokenizer, a random Llama with
-  GPT-2's vocabulary (d=256, 4 layers: the LM head is a large share of a step, as in the bench's ``medium``).
+* ``hh-rlhf``: 2,312 real HH-RLHF pairs (``../shared/data/hh-rlhf``), GPT-2's tokenizer, a Llama with GPT-2's
+  vocabulary (d=64, 4 layers: the LM head is most of a step), warm-started on the chosen responses; prompts and
+  prompts cut to 32 tokens and responses to 16 so that a study fits on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class StudyTask(ABC):
     best_accuracy: float | None
     batch_size: int
     max_rows: int | None  # only the first rows of the data (quick runs); None: all
+    warm_start_steps: int  # supervised steps on the training split's chosen responses before DPO (0: none)
+    warm_start_lr: float
 
     @abstractmethod
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
@@ -55,7 +58,8 @@ class StudyTask(ABC):
     def describe(self) -> dict[str, Any]:
         """What the report says about the task."""
         return {"name": self.name, "lr": self.lr, "warmup_steps": self.warmup_steps, "best_accuracy": self.best_accuracy,
-                "batch_size": self.batch_size, "max_rows": self.max_rows, "model": getattr(self, "model", None)}
+                "batch_size": self.batch_size, "max_rows": self.max_rows, "model": getattr(self, "model", None),
+                "warm_start_steps": self.warm_start_steps, "warm_start_lr": self.warm_start_lr}
 
 
 @dataclass
@@ -68,6 +72,8 @@ class QuickstartTask(StudyTask):
     best_accuracy: float | None = 1.0
     batch_size: int = 16
     max_rows: int | None = None
+    warm_start_steps: int = 0
+    warm_start_lr: float = 1e-3
     model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART_MODEL))
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
@@ -93,6 +99,8 @@ class EditedTask(StudyTask):
     num_rows: int = 4096
     batch_size: int = 16
     max_rows: int | None = None
+    warm_start_steps: int = 0
+    warm_start_lr: float = 1e-3
     model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART_MODEL))
 
     @property
@@ -117,21 +125,33 @@ class EditedTask(StudyTask):
 
 @dataclass
 class HHRLHFTask(StudyTask):
-    """Real preference pairs: the shared HH-RLHF harmless-base test file (10% held out), GPT-2's tokenizer."""
+    """Real preference pairs: the shared HH-RLHF harmless-base test file (10% held out), GPT-2's tokenizer.
+
+    Sized for 2 shared CPU cores, where a vanilla step of the d=256 shape took 3-4 CPU-s at batch 16 even with
+    responses cut to 32 tokens: prompts keep their last 32 tokens and responses their first 16 (``max_length``
+    48), and the model is a d=64, 4-layer Llama with GPT-2's 50,257-token vocabulary, so the LM head is most of
+    a step's cost (the bench's ``head-heavy`` regime, where position and branch pruning save the most). DPO
+    starts from a warm start (:mod:`lit_prunedpo.study.warm_start`): 200 supervised steps on the training
+    split's chosen responses, policy and reference alike.
+    """
 
     name: str = "hh-rlhf"
-    lr: float = 5e-4
+    lr: float = 1e-3
     warmup_steps: int = 10
     best_accuracy: float | None = None
     path: str = "../shared/data/hh-rlhf/harmless-base-test.jsonl.gz"
     tokenizer: str = "../shared/tokenizers/gpt2"
-    max_length: int = 160
-    max_prompt_length: int = 96
+    max_length: int = 48
+    max_prompt_length: int = 32
     max_rows: int | None = None
+    warm_start_steps: int = 200
+    warm_start_lr: float = 3e-3
+    # cut to 16 tokens, some pairs' two responses become identical (no preference): skipped, counted in the stats
+    on_bad_row: str = "skip"
     batch_size: int = 16
     model: dict[str, Any] = field(default_factory=lambda: dict(
-        vocab_size=50257, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=50257, hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=False,
     ))
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
@@ -140,7 +160,7 @@ class HHRLHFTask(StudyTask):
                 raise FileNotFoundError(f"hh-rlhf task: {what} {p!r} not found (run from the repository root, next to ../shared)")
         dm = PreferenceDataModule(
             path=self.path, tokenizer=self.tokenizer, max_length=self.max_length, max_prompt_length=self.max_prompt_length,
-            val_fraction=0.1, batch_size=self.batch_size, max_rows=self.max_rows,
+            val_fraction=0.1, batch_size=self.batch_size, max_rows=self.max_rows, on_bad_row=self.on_bad_row,
         )
         dm.setup("fit")
         return dm
