@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None, help="the same-batch arm's pairs per step (default: the task's)")
     parser.add_argument("--max-rows", type=int, default=None, help="use only the first N rows of the task's data (held-out share included)")
     parser.add_argument("--max-eval-pairs", type=int, default=None, help="evaluate on the first N held-out pairs only")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="every arm's DPO learning rate (AdamW; default: the task's; the warm start keeps its own)")
     parser.add_argument("--warm-start-steps", type=int, default=None, metavar="N",
                         help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
                              "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
@@ -108,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_rows < 2:
             parser.error(f"--max-rows must be >= 2, got {args.max_rows!r}")
         task = dataclasses.replace(task, max_rows=args.max_rows)
+    if args.lr is not None:
+        if not args.lr > 0:
+            parser.error(f"--lr must be > 0, got {args.lr!r}")
+        task = dataclasses.replace(task, lr=args.lr)
     if args.warm_start_steps is not None:
         if args.warm_start_steps < 0:
             parser.error(f"--warm-start-steps must be >= 0, got {args.warm_start_steps!r}")

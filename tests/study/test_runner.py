@@ -123,9 +123,10 @@ def test_bad_study_arguments_are_refused(task, dm):
 def test_cli_writes_the_report(tmp_path, capsys):
     out = tmp_path / "study"
     code = main(["--task", "quickstart", "--max-rows", "120", "--batch-size", "4", "--modes", "vanilla,branch", "--seeds", "0,1",
-                 "--budget", "0.1", "--steps", "2", "--evals", "1", "--out", str(out), "--quiet"])
+                 "--budget", "0.1", "--steps", "2", "--evals", "1", "--lr", "0.003", "--out", str(out), "--quiet"])
     assert code == 0
     payload = json.loads((out / "study.json").read_text())
+    assert payload["task"]["lr"] == 0.003  # --lr replaces the task's learning rate for every arm
     matched = round(4 * payload["ideal_speedups"]["branch"])
     assert [a["arm"] for a in payload["summary"]["arms"]] == ["vanilla@4", "branch@4", f"branch@{matched} (matched)"]
     assert payload["clock"] == "cpu" and payload["seeds"] == [0, 1] and len(payload["runs"]) == 6
@@ -134,6 +135,8 @@ def test_cli_writes_the_report(tmp_path, capsys):
     assert "| vanilla@4 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--modes", "vanilla,nope"])
+    with pytest.raises(SystemExit):
+        main(["--lr", "0"])
 
 
 def test_prune_early_arm_switches_to_exact_at_its_share_of_the_budget(task, dm):
