@@ -121,6 +121,8 @@ def test_resume_skips_a_truncated_last_checkpoint_and_names_it(tmp_path, monkeyp
         _fit(tmp_path, "--trainer.max_steps=3", *CHECKPOINTS, "--ckpt_path=last")
     assert f"Restored all states from the checkpoint at {good}" in caplog.text
     good.write_bytes(b"")
+    # the resumed fit rewrote last.ckpt: keep the broken file the newer one whatever that fit's duration was
+    os.utime(newer, (good.stat().st_mtime + 5, good.stat().st_mtime + 5))
     with pytest.raises(ValueError, match=rf"no checkpoint can be read: .*{newer}: not a complete.*{good}: the file is "
                                          "empty. Delete them to start afresh"):
         _fit(tmp_path, "--trainer.max_steps=4", *CHECKPOINTS, "--ckpt_path=last")
