@@ -102,22 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     torch.set_num_threads(args.threads)
     task = TASKS[args.task]
-    if args.batch_size is not None:
-        if args.batch_size < 1:
-            parser.error(f"--batch-size must be >= 1, got {args.batch_size!r}")
-        task = dataclasses.replace(task, batch_size=args.batch_size)
-    if args.max_rows is not None:
-        if args.max_rows < 2:
-            parser.error(f"--max-rows must be >= 2, got {args.max_rows!r}")
-        task = dataclasses.replace(task, max_rows=args.max_rows)
-    if args.lr is not None:
-        if not args.lr > 0:
-            parser.error(f"--lr must be > 0, got {args.lr!r}")
-        task = dataclasses.replace(task, lr=args.lr)
-    if args.warm_start_steps is not None:
-        if args.warm_start_steps < 0:
-            parser.error(f"--warm-start-steps must be >= 0, got {args.warm_start_steps!r}")
-        task = dataclasses.replace(task, warm_start_steps=args.warm_start_steps)
+    # task overrides: (field, option, valid, bound named in the error)
+    for name, option, valid, bound in (
+        ("batch_size", "--batch-size", lambda v: v >= 1, ">= 1"),
+        ("max_rows", "--max-rows", lambda v: v >= 2, ">= 2"),
+        ("lr", "--lr", lambda v: v > 0, "> 0"),
+        ("warm_start_steps", "--warm-start-steps", lambda v: v >= 0, ">= 0"),
+    ):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if not valid(value):
+            parser.error(f"{option} must be {bound}, got {value!r}")
+        task = dataclasses.replace(task, **{name: value})
     out = Path(args.out) if args.out else Path("study_results") / task.name
     with tempfile.TemporaryDirectory(prefix="lit-prunedpo-study-") as work_dir:  # generated files, read once by setup
         dm = task.datamodule(Path(work_dir))
