@@ -1,5 +1,5 @@
 """The DPO loss family behind one seam (``base.PreferenceLoss``): margin losses, per-branch losses,
-length-normalised and reference-free losses, an NLL term and weighted combinations. See the README, Losses."""
+length-normalised and reference-free losses, an NLL term and weighted combinations. See docs/losses.md."""
 
 from lit_prunedpo.losses.base import BranchSums, MarginLoss, PreferenceLoss
 from lit_prunedpo.losses.branch import ApoDownLoss, ApoZeroLoss, BcoPairLoss, NcaPairLoss, SppoHardLoss

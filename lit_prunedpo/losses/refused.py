@@ -15,7 +15,7 @@ from lit_prunedpo.losses.base import BranchSums, PreferenceLoss
 
 _WHY = (
     "sorts log-ratios across the batch, so each pair's loss depends on all others, and sorting pruned (noisy) "
-    "estimates biases the objective; lit_prunedpo refuses it rather than approximate it (see the README, Losses)"
+    "estimates biases the objective; lit_prunedpo refuses it rather than approximate it (see docs/losses.md)"
 )
 
 
