@@ -35,7 +35,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     Reads TRL's three formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
     prompt ``{"chosen", "rejected"}`` full dialogues whose prompt is their shared prefix up to and
     including the last ``"\\n\\nAssistant:"`` (HH-RLHF); conversational, with message lists rendered by the
-    tokenizer's chat template. The format is detected from the column types.
+    tokenizer's chat template (roles system, developer, user, assistant, tool; each response starts with the
+    assistant's message). The format is detected from the column types.
 
     Tokenization runs once in a ``datasets.map`` cached by fingerprint. Prompts keep their end
     (left-truncated to ``max_prompt_length``) and get BOS in front when the tokenizer has one; a prompt
@@ -66,9 +67,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
             tokenizer has none; it replaces the tokenizer's own.
         on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses or identical
-            token ids after truncation, no shared prompt, an unreadable JSON line) does: "error" stops with one
-            message naming the source, row, field and kind; "skip" drops such rows and counts them by kind in
-            ``stats``.
+            token ids after truncation, no shared prompt, a message role that is unknown or out of place, an
+            unreadable JSON line) does: "error" stops with one message naming the source, row, field and kind;
+            "skip" drops such rows and counts them by kind in ``stats``.
         group_by_length: Order training pairs so that each batch holds similar lengths (less padding).
         num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
         num_workers: DataLoader worker processes.

@@ -35,7 +35,7 @@ from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 from lit_prunedpo.data.formats import CONVERSATIONAL, BadRow, Columns, TextPair, extract_pair
 
 #: Bump when the map's output changes, so old caches are not reused.
-ENCODING_VERSION = "2"  # 2: pairs identical after tokenization and truncation are bad rows
+ENCODING_VERSION = "3"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles checked
 
 OUTPUT_FEATURES = datasets.Features(
     {
