@@ -47,9 +47,11 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     Args:
         path: Where the pairs are. None (the default) is the package's generated task, ordered vs. corrupted
             letter sequences (:mod:`~lit_prunedpo.data.generated`, ``max_rows`` pairs or 4096), read
-            through the same pipeline as a file. Otherwise a local ``.json``, ``.jsonl``, ``.jsonl.gz``, ``.parquet`` or ``.csv``
-            file, a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``, or a hub
-            dataset name (``datasets.load_dataset(path, split=...)``).
+            through the same pipeline as a file. Otherwise a local ``.json``, ``.jsonl``, ``.jsonl.gz``,
+            ``.parquet`` or ``.csv`` file (JSON: one row object per line, an array of row objects, or one object of
+            equally long column lists, :mod:`~lit_prunedpo.data.columnar`), a directory written by
+            ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``, or a hub dataset name
+            (``datasets.load_dataset(path, split=...)``).
         tokenizer: Tokenizer name or path for ``AutoTokenizer.from_pretrained``; ``"byt5"`` builds the
             byte-level ``ByT5Tokenizer()``, which needs no files.
         train_split: Split to train on. A single file or saved ``Dataset`` has no splits and is used whole.

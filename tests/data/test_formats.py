@@ -127,9 +127,9 @@ def test_bad_rows_name_field_and_kind(row, fmt, field, kind) -> None:
 def test_unknown_role_names_the_message_the_role_and_the_roles() -> None:
     row = {"prompt": [_msg("system", "s"), _msg("Human", "q")], "chosen": [_msg("assistant", "a")],
            "rejected": [_msg("assistant", "b")]}
-    with pytest.raises(BadRow, match=r"field 'prompt' has a message whose role cannot be used there \(kind 'bad_role'\): "
-                                     r"message 1 has role 'Human' \(write 'user'\); the roles are 'system', "
-                                     r"'developer', 'user', 'assistant', 'tool'$"):
+    with pytest.raises(BadRow, match=r"field 'prompt' has a message whose role cannot be used there "
+                                     r"\(kind 'bad_role'\): message 1 has role 'Human' \(write 'user'\); the roles "
+                                     r"are 'system', 'developer', 'user', 'assistant', 'tool'$"):
         extract_pair(row, CONVERSATIONAL, COLS)
     row = {"prompt": [_msg("user", "q")], "chosen": [_msg("tool", "42")], "rejected": [_msg("assistant", "b")]}
     with pytest.raises(BadRow, match=r"message 0 has role 'tool', but a response starts with the assistant's message; "
