@@ -130,6 +130,23 @@ def _surrogate_reason(field: str, codepoint: str) -> str:
     return f"holds a lone surrogate {codepoint} ({escape}: half of a UTF-16 pair, not a character) in field {field!r}"
 
 
+def line_of_row(path: Path, row: int) -> int | None:
+    """The 1-based line of ``row`` (0-based, blank lines are not rows) in a JSON-lines file, for messages about a bad
+    row; ``None`` for a file of another kind (a JSON array, a column-oriented object, CSV, Parquet)."""
+    name = path.name.lower()
+    if not name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")) or _head(path).lstrip().startswith(b"["):
+        return None
+    if _single_object(path) is not None:
+        return None
+    rows = 0
+    for number, raw in enumerate(_lines(path), 1):
+        if raw.strip():
+            if rows == row:
+                return number
+            rows += 1
+    return None
+
+
 def _json_kind(value: object) -> str:
     return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), "null"

@@ -164,7 +164,7 @@ def test_unknown_role_stops_or_is_skipped_and_counted(tmp_path: Path) -> None:
     rows[4]["prompt"][0]["role"] = "wizard"
     rows[6]["chosen"][0]["role"] = "banana"
     path = write_rows(tmp_path / "chat.jsonl", rows)
-    with pytest.raises(ValueError, match=rf"^{path}: row 4 \(0-based\): field 'prompt' has a message whose role "
+    with pytest.raises(ValueError, match=rf"^{path}: row 4 \(0-based, line 5\): field 'prompt' has a message whose role "
                                          r"cannot be used there \(kind 'bad_role'\): message 0 has role 'wizard'; the "
                                          r"roles are 'system', 'developer', 'user', 'assistant', 'tool'; 1 more bad "
                                          r"rows follow\. Fix the data, or pass on_bad_row='skip'"):
@@ -268,7 +268,7 @@ def test_bad_row_stops_with_one_message(tmp_path: Path, kind: str) -> None:
     with pytest.raises(ValueError) as caught:
         _module(path)
     message = str(caught.value)
-    assert str(path) in message and "row 7 " in message
+    assert str(path) in message and "row 7 (0-based" in message and "line 8" in message
     assert f"field '{BAD_ROWS[kind][1]}'" in message and f"kind '{kind}'" in message
 
 

@@ -213,3 +213,18 @@ def test_lone_surrogate_in_a_json_array_names_the_row_under_either_policy(tmp_pa
         with pytest.raises(ValueError, match=rf"^{path}: row 2 \(0-based\) of the JSON array: field 'chosen' could not "
                                              r"be read \(kind 'unreadable'\): the row holds a lone surrogate U\+DFFF"):
             _setup(path, on_bad_row=policy)
+
+
+def test_line_of_row_skips_blank_lines_and_is_none_for_whole_documents(tmp_path: Path) -> None:
+    from lit_prunedpo.data.readable import line_of_row
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(GOOD + b"\n  \n" + GOOD + GOOD)
+    assert [line_of_row(path, row) for row in range(3)] == [1, 4, 5]  # lines 2 and 3 are blank
+    gz = tmp_path / "pairs.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert line_of_row(gz, 2) == 5
+    array = write_rows(tmp_path / "pairs.json", explicit_rows(3))
+    columns = tmp_path / "columns.json"
+    columns.write_text(json.dumps({"prompt": ["a", "b"], "chosen": ["c", "d"], "rejected": ["e", "f"]}))
+    assert line_of_row(array, 1) is None and line_of_row(columns, 1) is None
