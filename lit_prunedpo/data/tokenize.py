@@ -61,8 +61,10 @@ TOKENIZER_FOLDER = (
 
 
 def _is_vocabulary_file(name: str) -> bool:
-    return (name in ("tokenizer.json", "merges.txt") or name.startswith("vocab")
-            or name.endswith((".model", ".tiktoken")))
+    # tokenizer.json (fast), BPE vocab/merges (GPT-2, BioGPT's bpe.codes), SentencePiece (.model, Marian's .spm),
+    # tiktoken ranks (.tiktoken): the files transformers' tokenizer classes read a vocabulary from.
+    return (name == "tokenizer.json" or name.startswith(("vocab", "merges", "bpe"))
+            or name.endswith((".model", ".spm", ".tiktoken")))
 
 
 def _check_folder(name: str, folder: Path) -> None:
