@@ -179,6 +179,16 @@ def test_gz_file_cut_short_names_the_last_whole_line(tmp_path: Path, name: str) 
             _setup(path, on_bad_row=policy)
 
 
+def test_gz_file_with_a_bad_checksum_is_named_as_damaged(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress("".join(json.dumps(r) + "\n" for r in explicit_rows(40)).encode()))
+    data[-6] ^= 0xFF  # a byte of the CRC-32 in the trailer: every line decompresses, the check then fails
+    path = tmp_path / "pairs.jsonl.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"^{path}: the gzip stream is damaged after line 40 \(CRC check failed "
+                                         r"0x[0-9a-f]+ != 0x[0-9a-f]+\); copy or download the file again$"):
+        _setup(path, on_bad_row="skip")
+
+
 SURROGATE = b'{"prompt": [{"role": "user", "content": "caf\\ud800"}], "chosen": "c", "rejected": "r"}\n'
 
 
