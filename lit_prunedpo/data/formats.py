@@ -8,7 +8,9 @@ this is the first row's shape, but a bad first row cannot mislead it):
   is the shared prefix of both texts up to and including its last ``"\\n\\nAssistant:"``; a pair whose
   shared prefix holds no such marker is refused rather than guessed at;
 * ``conversational``: ``prompt`` a list of ``{"role", "content"}`` messages, ``chosen``/``rejected``
-  lists of assistant messages, later rendered with the tokenizer's chat template.
+  lists of messages that start with the assistant's, later rendered with the tokenizer's chat template.
+  Every role is one of :data:`ROLES`; a response that starts with another role's message is a bad row, since
+  the prompt is rendered up to the assistant's turn (the generation prompt).
 
 A row that cannot be used raises :class:`BadRow` naming the field and one of :data:`BAD_ROW_KINDS`;
 the data module decides whether that stops the run or skips the row (and counts it).
@@ -32,7 +34,15 @@ BAD_ROW_KINDS: dict[str, str] = {
     "identical_tokens": "has the same token ids as the other response after tokenization and truncation, so the "
     "pair states no preference",
     "unreadable": "could not be read",
+    "bad_role": "has a message whose role cannot be used there",
 }
+
+#: The roles a message may have: TRL's conversational format (system, user, assistant), tool results (TRL's
+#: tool-calling format) and the developer role of OpenAI's Harmony format. Chat templates print any other name as
+#: it is, or fail on it, so another role is a typo or another dataset's schema: a bad row, never trained on.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Roles of other schemas (ShareGPT, Gemma's turns) and the role that says the same thing here, for the message.
+ROLE_SPELLINGS = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 #: Column of the placeholder row that stands for an unreadable line (:mod:`lit_prunedpo.data.readable`).
 UNREADABLE_COLUMN = "__lit_prunedpo_unreadable__"
@@ -153,8 +163,27 @@ def _require_messages(row: Mapping[str, Any], column: str) -> Messages:
                 raise BadRow(column, "missing", f"message {i} has no {key!r}")
             if not isinstance(message[key], str):
                 raise BadRow(column, "wrong_type", f"message {i} {key!r} is a {type(message[key]).__name__}")
+        role = message["role"]
+        if role not in ROLES:
+            same = ROLE_SPELLINGS.get(role.lower(), role.lower() if role.lower() in ROLES else None)
+            hint = f" (write {same!r})" if same else ""
+            allowed = ", ".join(repr(r) for r in ROLES)
+            raise BadRow(column, "bad_role", f"message {i} has role {role!r}{hint}; the roles are {allowed}")
         messages.append(dict(message))
     return messages
+
+
+def _require_response_turn(messages: Messages, column: str, prompt_column: str) -> None:
+    """A response starts the assistant's turn: the prompt is rendered up to it (the generation prompt), so a
+    response opening with another role's message would teach the model to write that role's turn."""
+    role = messages[0]["role"]
+    if role != "assistant":
+        raise BadRow(
+            column,
+            "bad_role",
+            f"message 0 has role {role!r}, but a response starts with the assistant's message; messages before the "
+            f"assistant's answer belong in {prompt_column!r}",
+        )
 
 
 def split_implicit_prompt(chosen: str, rejected: str, columns: Columns) -> TextPair:
@@ -204,6 +233,7 @@ def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair
         chosen: Text = _require_messages(row, columns.chosen)
         rejected: Text = _require_messages(row, columns.rejected)
         for column, messages in ((columns.chosen, chosen), (columns.rejected, rejected)):
+            _require_response_turn(messages, column, columns.prompt)
             if not any(m["content"] for m in messages):
                 raise BadRow(column, "empty", "every message has empty content")
     elif fmt == EXPLICIT:

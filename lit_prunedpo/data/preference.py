@@ -35,7 +35,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     Reads TRL's three formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
     prompt ``{"chosen", "rejected"}`` full dialogues whose prompt is their shared prefix up to and
     including the last ``"\\n\\nAssistant:"`` (HH-RLHF); conversational, with message lists rendered by the
-    tokenizer's chat template. The format is detected from the column types.
+    tokenizer's chat template (roles system, developer, user, assistant, tool; each response starts with the
+    assistant's message). The format is detected from the column types.
 
     Tokenization runs once in a ``datasets.map`` cached by fingerprint. Prompts keep their end
     (left-truncated to ``max_prompt_length``) and get BOS in front when the tokenizer has one; a prompt
@@ -46,9 +47,11 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     Args:
         path: Where the pairs are. None (the default) is the package's generated task, ordered vs. corrupted
             letter sequences (:mod:`~lit_prunedpo.data.generated`, ``max_rows`` pairs or 4096), read
-            through the same pipeline as a file. Otherwise a local ``.json``, ``.jsonl``, ``.jsonl.gz``, ``.parquet`` or ``.csv``
-            file, a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``, or a hub
-            dataset name (``datasets.load_dataset(path, split=...)``).
+            through the same pipeline as a file. Otherwise a local ``.json``, ``.jsonl``, ``.jsonl.gz``,
+            ``.parquet`` or ``.csv`` file (JSON: one row object per line, an array of row objects, or one object of
+            equally long column lists, :mod:`~lit_prunedpo.data.columnar`), a directory written by
+            ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``, or a hub dataset name
+            (``datasets.load_dataset(path, split=...)``).
         tokenizer: Tokenizer name or path for ``AutoTokenizer.from_pretrained``; ``"byt5"`` builds the
             byte-level ``ByT5Tokenizer()``, which needs no files.
         train_split: Split to train on. A single file or saved ``Dataset`` has no splits and is used whole.
@@ -66,9 +69,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
             tokenizer has none; it replaces the tokenizer's own.
         on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses or identical
-            token ids after truncation, no shared prompt, an unreadable JSON line) does: "error" stops with one
-            message naming the source, row, field and kind; "skip" drops such rows and counts them by kind in
-            ``stats``.
+            token ids after truncation, no shared prompt, a message role that is unknown or out of place, an
+            unreadable JSON line) does: "error" stops with one message naming the source, row, field and kind;
+            "skip" drops such rows and counts them by kind in ``stats``.
         group_by_length: Order training pairs so that each batch holds similar lengths (less padding).
         num_proc: Processes for the tokenizing ``datasets.map``; None uses the main process.
         num_workers: DataLoader worker processes.

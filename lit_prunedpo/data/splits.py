@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
 from lit_prunedpo.data.generated import generated_pairs
+from lit_prunedpo.data.readable import line_of_row
 from lit_prunedpo.data.sources import is_single_split, load_split
 from lit_prunedpo.data.stats import format_stats, summarize
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split
@@ -187,8 +188,11 @@ class SplitBuilder:
         row = encoded[int(bad[0])]
         detail = f": {row['bad_detail']}" if row["bad_detail"] else ""
         more = f"; {bad.size - 1} more bad rows follow" if bad.size > 1 else ""
+        local = Path(self.path).expanduser() if self.path is not None else None
+        line = line_of_row(local, row["index"]) if local is not None and local.is_file() else None
+        where = f"0-based, line {line}" if line is not None else "0-based"
         raise ValueError(
-            f"{source}: row {row['index']} (0-based): field {row['bad_field']!r} "
+            f"{source}: row {row['index']} ({where}): field {row['bad_field']!r} "
             f"{BAD_ROW_KINDS[row['bad_kind']]} (kind '{row['bad_kind']}'){detail}{more}. "
             "Fix the data, or pass on_bad_row='skip' to drop such rows (they are counted in stats)"
         )

@@ -35,7 +35,7 @@ from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 from lit_prunedpo.data.formats import CONVERSATIONAL, BadRow, Columns, TextPair, extract_pair
 
 #: Bump when the map's output changes, so old caches are not reused.
-ENCODING_VERSION = "2"  # 2: pairs identical after tokenization and truncation are bad rows
+ENCODING_VERSION = "3"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles checked
 
 OUTPUT_FEATURES = datasets.Features(
     {
@@ -52,11 +52,57 @@ OUTPUT_FEATURES = datasets.Features(
 )
 
 
+#: What a tokenizer folder holds, for the messages about one that lacks it.
+TOKENIZER_FOLDER = (
+    "a tokenizer folder needs tokenizer.json, or the vocabulary files of its tokenizer class (vocab.json and "
+    "merges.txt for GPT-2's BPE, tokenizer.model for SentencePiece, vocab.txt for WordPiece), with "
+    "tokenizer_config.json naming the class; tokenizer.save_pretrained(DIR) writes them"
+)
+
+
+def _is_vocabulary_file(name: str) -> bool:
+    # tokenizer.json (fast), BPE vocab/merges (GPT-2, BioGPT's bpe.codes), SentencePiece (.model, Marian's .spm),
+    # tiktoken ranks (.tiktoken): the files transformers' tokenizer classes read a vocabulary from.
+    return (name == "tokenizer.json" or name.startswith(("vocab", "merges", "bpe"))
+            or name.endswith((".model", ".spm", ".tiktoken")))
+
+
+def _check_folder(name: str, folder: Path) -> None:
+    """A folder without tokenizer files (empty, or a model's folder): ``AutoTokenizer`` then builds a one-token
+    tokenizer from a ``config.json`` alone, or fails advising to install sentencepiece; neither says what is missing.
+    A ``tokenizer_config.json`` without vocabulary files is left to load: byte-level tokenizers (ByT5) need none,
+    and :func:`_check_vocabulary` catches the others."""
+    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    vocabulary = [f for f in files if _is_vocabulary_file(f)]
+    prefix = f"tokenizer {name!r} (argument data.init_args.tokenizer): the local directory"
+    if not vocabulary and "tokenizer_config.json" not in files:
+        holds = f"its files: {', '.join(files)}" if files else "it is empty"
+        raise ValueError(f"{prefix} holds no tokenizer files ({holds}); {TOKENIZER_FOLDER}")
+    if vocabulary and not {"tokenizer.json", "tokenizer_config.json", "config.json"} & set(files):
+        raise ValueError(
+            f"{prefix} holds vocabulary files ({', '.join(vocabulary)}) but no tokenizer_config.json (nor a "
+            f"config.json) saying which tokenizer class reads them; {TOKENIZER_FOLDER}"
+        )
+
+
+def _check_vocabulary(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A tokenizer whose every token is a special token read no vocabulary: it would turn all text into nothing."""
+    specials = len(set(tokenizer.all_special_ids))
+    if len(tokenizer) <= specials:
+        needs = ", ".join(sorted(set(getattr(tokenizer, "vocab_files_names", {}).values()))) or "its vocabulary files"
+        raise ValueError(
+            f"tokenizer {name!r} (argument data.init_args.tokenizer): loaded as {type(tokenizer).__name__}, but its "
+            f"vocabulary holds only its {specials} special token(s): the files its class reads ({needs}) are missing; "
+            f"{TOKENIZER_FOLDER}"
+        )
+
+
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """Load a tokenizer by hub name or local path; ``"byt5"`` builds the file-free byte-level ByT5 one.
 
     Raises:
-        ValueError: nothing loads from ``name``, saying whether it was read as a local path or a hub name.
+        ValueError: nothing loads from ``name``, saying whether it was read as a local path or a hub name; a local
+            folder holds no tokenizer files; or what loaded has no vocabulary beyond its special tokens.
     """
     if name == "byt5":
         return ByT5Tokenizer()
@@ -68,14 +114,19 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
             f"tokenizer {name!r} (argument data.init_args.tokenizer): the local path {what}; give a directory "
             "written by save_pretrained, a hub name such as 'gpt2', or 'byt5'"
         )
+    if looks_local:
+        _check_folder(name, local)
     try:
-        return AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
     except Exception as err:  # transformers raises OSError, ValueError, HFValidationError... name the argument once
-        origin = "the local directory" if looks_local else "a hub name (no local directory has this path)"
+        origin = (f"the local directory (its files: {', '.join(sorted(p.name for p in local.iterdir()))})"
+                  if looks_local else "a hub name (no local directory has this path)")
         raise ValueError(
             f"tokenizer {name!r} (argument data.init_args.tokenizer): could not load it from {origin}: "
             f"{type(err).__name__}: {err}"
         ) from err
+    _check_vocabulary(name, tokenizer)
+    return tokenizer
 
 
 def read_chat_template(chat_template: str) -> str:

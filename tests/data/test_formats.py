@@ -96,6 +96,25 @@ def test_implicit_marker_inside_a_response_does_not_move_the_prompt() -> None:
             "prompt",
             "missing",
         ),
+        (
+            {"prompt": [_msg("wizard", "q")], "chosen": [_msg("assistant", "a")], "rejected": [_msg("assistant", "b")]},
+            CONVERSATIONAL,
+            "prompt",
+            "bad_role",
+        ),
+        (
+            {"prompt": [_msg("user", "q")], "chosen": [_msg("assistant", "a")], "rejected": [_msg("banana", "b")]},
+            CONVERSATIONAL,
+            "rejected",
+            "bad_role",
+        ),
+        (  # a known role, but a response that opens with the user's turn
+            {"prompt": [_msg("user", "q")], "chosen": [_msg("user", "q"), _msg("assistant", "a")],
+             "rejected": [_msg("assistant", "b")]},
+            CONVERSATIONAL,
+            "chosen",
+            "bad_role",
+        ),
     ],
 )
 def test_bad_rows_name_field_and_kind(row, fmt, field, kind) -> None:
@@ -103,6 +122,29 @@ def test_bad_rows_name_field_and_kind(row, fmt, field, kind) -> None:
         extract_pair(row, fmt, COLS)
     assert (caught.value.field, caught.value.kind) == (field, kind)
     assert field in str(caught.value) and kind in str(caught.value)
+
+
+def test_unknown_role_names_the_message_the_role_and_the_roles() -> None:
+    row = {"prompt": [_msg("system", "s"), _msg("Human", "q")], "chosen": [_msg("assistant", "a")],
+           "rejected": [_msg("assistant", "b")]}
+    with pytest.raises(BadRow, match=r"field 'prompt' has a message whose role cannot be used there "
+                                     r"\(kind 'bad_role'\): message 1 has role 'Human' \(write 'user'\); the roles "
+                                     r"are 'system', 'developer', 'user', 'assistant', 'tool'$"):
+        extract_pair(row, CONVERSATIONAL, COLS)
+    row = {"prompt": [_msg("user", "q")], "chosen": [_msg("tool", "42")], "rejected": [_msg("assistant", "b")]}
+    with pytest.raises(BadRow, match=r"message 0 has role 'tool', but a response starts with the assistant's message; "
+                                     r"messages before the assistant's answer belong in 'prompt'"):
+        extract_pair(row, CONVERSATIONAL, COLS)
+
+
+def test_every_known_role_is_accepted() -> None:
+    prompt = [_msg("system", "s"), _msg("developer", "d"), _msg("user", "q"), _msg("assistant", "call"),
+              _msg("tool", "42")]
+    chosen = [_msg("assistant", "call"), _msg("tool", "7"), _msg("assistant", "It is 7.")]
+    pair = extract_pair({"prompt": prompt, "chosen": chosen, "rejected": [_msg("assistant", "No.")]}, CONVERSATIONAL,
+                        COLS)
+    assert [m["role"] for m in pair.prompt] == ["system", "developer", "user", "assistant", "tool"]
+    assert len(pair.chosen) == 3
 
 
 def test_empty_explicit_prompt_is_allowed() -> None:

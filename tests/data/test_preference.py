@@ -159,6 +159,21 @@ def test_conversational_without_any_template_is_a_clear_error(tmp_path: Path) ->
         _module(path)
 
 
+def test_unknown_role_stops_or_is_skipped_and_counted(tmp_path: Path) -> None:
+    rows = conversational_rows(20)
+    rows[4]["prompt"][0]["role"] = "wizard"
+    rows[6]["chosen"][0]["role"] = "banana"
+    path = write_rows(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(ValueError, match=rf"^{path}: row 4 \(0-based, line 5\): field 'prompt' has a message whose role "
+                                         r"cannot be used there \(kind 'bad_role'\): message 0 has role 'wizard'; the "
+                                         r"roles are 'system', 'developer', 'user', 'assistant', 'tool'; 1 more bad "
+                                         r"rows follow\. Fix the data, or pass on_bad_row='skip'"):
+        _module(path, chat_template=SIMPLE_TEMPLATE)
+    dm = _module(path, chat_template=SIMPLE_TEMPLATE, on_bad_row="skip", val_fraction=0.2)
+    assert dm.stats["train"]["bad_rows"]["bad_role"] + dm.stats["val"]["bad_rows"]["bad_role"] == 2
+    assert dm.stats["train"]["pairs"] + dm.stats["val"]["pairs"] == 18
+
+
 def test_hh_rlhf_with_gpt2(hh_rlhf_path: Path, gpt2_path: Path) -> None:
     dm = _module(hh_rlhf_path, tokenizer=str(gpt2_path), max_rows=300, max_length=384, max_prompt_length=192)
     stats = dm.stats
@@ -253,7 +268,7 @@ def test_bad_row_stops_with_one_message(tmp_path: Path, kind: str) -> None:
     with pytest.raises(ValueError) as caught:
         _module(path)
     message = str(caught.value)
-    assert str(path) in message and "row 7 " in message
+    assert str(path) in message and "row 7 (0-based" in message and "line 8" in message
     assert f"field '{BAD_ROWS[kind][1]}'" in message and f"kind '{kind}'" in message
 
 
