@@ -9,8 +9,8 @@ are loaded, not the optimizer's).
 
 What a checkpoint must carry besides the weights is written by ``PrunedDPO.on_save_checkpoint`` under
 ``"policy"`` (:func:`policy_metadata`): the model's ``transformers`` config, and for a LoRA policy the
-adapter config and the base model's source (LoRA checkpoints hold the adapters only; the frozen base is
-rebuilt from its source). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
+adapter config, the base model's source and a digest of its weights (LoRA checkpoints hold the adapters only;
+the frozen base is rebuilt from its source, and refused when its weights are not the ones trained on). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
 adapter folder alone (``adapter_config.json`` + ``adapter_model.safetensors``), as asked.
 
     lit-prunedpo export --ckpt_path runs/quickstart/checkpoints/last.ckpt --out model/
@@ -40,9 +40,9 @@ def policy_metadata(policy: nn.Module, source: Any = None) -> dict[str, Any]:
     if is_peft_model(policy):
         spec = source.base_spec() if hasattr(source, "base_spec") else None
         info = {"config": policy.get_base_model().config.to_dict(), "peft": policy.peft_config["default"].to_dict(),
-                "base": spec}
+                "base": spec, "base_digest": getattr(source, "base_digest", None)}
     else:
-        info = {"config": policy.config.to_dict(), "peft": None, "base": None}
+        info = {"config": policy.config.to_dict(), "peft": None, "base": None, "base_digest": None}
     # plain JSON types only (peft's enums and sets would make torch.load(weights_only=True) refuse the checkpoint)
     return json.loads(json.dumps(info, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
@@ -140,7 +140,8 @@ def load_policy(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
 
     if info["base"] is None:
         raise ValueError(f"checkpoint {path} is a LoRA run whose base model source cannot be rebuilt (no spec)")
-    model = load_adapter_state(source_from_spec(info["base"]).build(), info["peft"], state, where=str(path))
+    model = load_adapter_state(source_from_spec(info["base"]).build(), info["peft"], state, where=f"checkpoint {path}",
+                               policy_info=info)
     return model.eval(), meta
 
 
