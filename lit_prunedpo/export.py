@@ -205,6 +205,8 @@ def export(
     Returns:
         the folder written.
     """
+    from lit_prunedpo.lora import is_peft_model
+
     if adapter not in ("merged", "adapter"):
         raise ValueError(f"adapter must be 'merged' or 'adapter', got {adapter!r}")
     model, meta = load_policy(ckpt_path)
@@ -213,7 +215,7 @@ def export(
     if meta["policy"]["peft"] is not None and adapter == "merged":
         model = model.merge_and_unload()
     tok = _tokenizer(meta, tokenizer, chat_template)
-    if tok is not None:
+    if tok is not None and not is_peft_model(model):  # peft's adapter folder has no config.json of its own
         changes = align_special_tokens(model, tok)
         if changes:
             print(f"special-token ids set to the tokenizer's ({type(tok).__name__}): {'; '.join(changes)}")

@@ -158,8 +158,8 @@ def check_base(policy_info: Mapping[str, Any], digest: str | None, where: str) -
     if saved != digest:
         raise ValueError(
             f"{where}: the LoRA base {base} is not the model the adapters were trained on: its weights' sha256 is "
-            f"{digest}, the checkpoint was trained on {saved} (was the base replaced or changed?); put the original "
-            "base back at that source"
+            f"{digest}, the checkpoint was trained on {saved} (was the base replaced or changed?): restore the "
+            "original base, or train new adapters on this one"
         )
 
 
