@@ -211,3 +211,15 @@ def test_a_checkpoint_without_a_base_digest_is_exported_with_a_warning(lora, tmp
     with pytest.warns(UserWarning, match=r"cannot check that the LoRA base FromConfig\(model_type='llama', seed=0, "
                                          r"dtype=None\) is the model its adapters were trained on \(no digest"):
         export(str(tmp_path / "old.ckpt"), str(tmp_path / "hf"))
+
+
+def test_the_base_digest_is_the_identity_of_the_weights(tiny_source):
+    from lit_prunedpo.lora import base_weights_digest
+    from lit_prunedpo.models import FromConfig
+
+    digest = lambda model: base_weights_digest(model, tiny_source.spec())  # noqa: E731
+    first, again = tiny_source.build(), tiny_source.build()
+    assert digest(first) == digest(again) != digest(FromConfig("llama", TINY_LLAMA, seed=1).build())
+    with torch.no_grad():
+        next(again.parameters()).view(-1)[0] += 1e-6  # one value of one tensor
+    assert digest(again) != digest(first) != digest(first.to(torch.bfloat16))
