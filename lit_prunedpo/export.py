@@ -2,14 +2,15 @@
 
 The folder holds the policy (``save_pretrained``, safetensors) and the data's tokenizer (with its chat
 template), so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)`` load
-it in any inference stack. Reads a single-file Lightning checkpoint or an FSDP2 folder of shards
+it in any inference stack; the tokenizer's BOS, EOS and PAD ids are written into ``config.json`` and
+``generation_config.json`` (a randomly initialised model's config carries its class's defaults). Reads a single-file Lightning checkpoint or an FSDP2 folder of shards
 (``torch.distributed.checkpoint``, read in one process without a process group: only the policy's tensors
 are loaded, not the optimizer's).
 
 What a checkpoint must carry besides the weights is written by ``PrunedDPO.on_save_checkpoint`` under
 ``"policy"`` (:func:`policy_metadata`): the model's ``transformers`` config, and for a LoRA policy the
-adapter config and the base model's source (LoRA checkpoints hold the adapters only; the frozen base is
-rebuilt from its source). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
+adapter config, the base model's source and a digest of its weights (LoRA checkpoints hold the adapters only;
+the frozen base is rebuilt from its source, and refused when its weights are not the ones trained on). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
 adapter folder alone (``adapter_config.json`` + ``adapter_model.safetensors``), as asked.
 
     lit-prunedpo export --ckpt_path runs/quickstart/checkpoints/last.ckpt --out model/
@@ -26,7 +27,7 @@ from torch import Tensor, nn
 
 from lit_prunedpo.models import source_from_spec
 
-__all__ = ["export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
+__all__ = ["align_special_tokens", "export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
 
 _POLICY_PREFIX = "policy."
 
@@ -39,9 +40,9 @@ def policy_metadata(policy: nn.Module, source: Any = None) -> dict[str, Any]:
     if is_peft_model(policy):
         spec = source.base_spec() if hasattr(source, "base_spec") else None
         info = {"config": policy.get_base_model().config.to_dict(), "peft": policy.peft_config["default"].to_dict(),
-                "base": spec}
+                "base": spec, "base_digest": getattr(source, "base_digest", None)}
     else:
-        info = {"config": policy.config.to_dict(), "peft": None, "base": None}
+        info = {"config": policy.config.to_dict(), "peft": None, "base": None, "base_digest": None}
     # plain JSON types only (peft's enums and sets would make torch.load(weights_only=True) refuse the checkpoint)
     return json.loads(json.dumps(info, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
@@ -52,7 +53,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
-        ValueError: when it holds no policy weights or no ``"policy"`` metadata.
+        ValueError: when it is not a readable Lightning checkpoint (not one at all, truncated, a folder without
+            shards), or holds no policy weights or no ``"policy"`` metadata; the message names ``path``.
     """
     path = Path(path)
     if not path.exists():
@@ -60,8 +62,10 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
     if path.is_dir():
         meta, state = _read_sharded(path)
     else:
-        meta = torch.load(path, map_location="cpu", weights_only=False)
-        state = meta.pop("state_dict", {})
+        meta = _load(path, path)
+        if not isinstance(meta.get("state_dict"), dict):
+            raise ValueError(f"cannot load checkpoint {path}: not a Lightning checkpoint (no 'state_dict' in it)")
+        state = meta.pop("state_dict")
     policy = {k[len(_POLICY_PREFIX):]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
     if not policy:
         raise ValueError(f"checkpoint {path} holds no policy weights (no 'policy.*' keys in its state_dict)")
@@ -73,23 +77,46 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
     return policy, meta
 
 
+def _unreadable(path: Path, err: BaseException) -> ValueError:
+    # worded as lit_prunedpo.distributed.VerifiedCheckpointIO words a failed load; the cause's first line only, so
+    # that this message stays the output's last line
+    reason = (str(err).strip().splitlines() or [""])[0]
+    return ValueError(f"cannot load checkpoint {path}: not a readable Lightning checkpoint (truncated or corrupt?): "
+                      f"{type(err).__name__}: {reason}")
+
+
+def _load(file: Path, path: Path) -> dict[str, Any]:
+    """``torch.load`` of a checkpoint's pickle, any failure (not a pickle, cut short, not a dict) naming ``path``."""
+    try:
+        loaded = torch.load(file, map_location="cpu", weights_only=False)
+    except Exception as err:
+        raise _unreadable(path, err) from err
+    if not isinstance(loaded, dict):
+        raise ValueError(f"cannot load checkpoint {path}: not a Lightning checkpoint (it holds a "
+                         f"{type(loaded).__name__}, not a dict)")
+    return loaded
+
+
 def _read_sharded(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta_file = path / "meta.pt"
     if not meta_file.is_file():
-        raise ValueError(f"{path} is a folder but not a sharded Lightning checkpoint (no meta.pt)")
-    meta = torch.load(meta_file, map_location="cpu", weights_only=False)
-    reader = dcp.FileSystemReader(str(path))
-    prefix = "state_dict." + _POLICY_PREFIX
-    state = {
-        k[len("state_dict."):]: torch.empty(m.size, dtype=m.properties.dtype)
-        for k, m in reader.read_metadata().state_dict_metadata.items()
-        if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
-    }
-    wrapped = {"state_dict": state}
-    dcp.load(wrapped, storage_reader=reader, no_dist=True)  # fills the tensors in place: policy only
+        raise ValueError(f"cannot load checkpoint {path}: not a sharded Lightning checkpoint (a folder without meta.pt)")
+    meta = _load(meta_file, path)
+    try:
+        reader = dcp.FileSystemReader(str(path))
+        prefix = "state_dict." + _POLICY_PREFIX
+        state = {
+            k[len("state_dict."):]: torch.empty(m.size, dtype=m.properties.dtype)
+            for k, m in reader.read_metadata().state_dict_metadata.items()
+            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
+        }
+        wrapped = {"state_dict": state}
+        dcp.load(wrapped, storage_reader=reader, no_dist=True)  # fills the tensors in place: policy only
+    except Exception as err:  # no .metadata file, a shard missing or cut short
+        raise _unreadable(path, err) from err
     return meta, wrapped["state_dict"]
 
 
@@ -113,7 +140,8 @@ def load_policy(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
 
     if info["base"] is None:
         raise ValueError(f"checkpoint {path} is a LoRA run whose base model source cannot be rebuilt (no spec)")
-    model = load_adapter_state(source_from_spec(info["base"]).build(), info["peft"], state, where=str(path))
+    model = load_adapter_state(source_from_spec(info["base"]).build(), info["peft"], state, where=f"checkpoint {path}",
+                               policy_info=info)
     return model.eval(), meta
 
 
@@ -129,6 +157,32 @@ def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str |
     if template is not None:
         tok.chat_template = read_chat_template(template)
     return tok
+
+
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def align_special_tokens(model: nn.Module, tokenizer: Any) -> list[str]:
+    """Give ``model``'s config and generation config the tokenizer's BOS, EOS and PAD ids, where the tokenizer
+    has them: a randomly initialised model carries its config class's defaults (Llama's BOS 1, EOS 2), which
+    mean other tokens in the tokenizer, so ``generate`` would stop on the wrong id. An EOS list (several stop
+    ids) that holds the tokenizer's EOS is kept. Returns one ``"where name: old -> new"`` per changed value."""
+    targets = [("config.json", getattr(model, "config", None)),
+               ("generation_config.json", getattr(model, "generation_config", None))]
+    changes = []
+    for name in _SPECIAL_IDS:
+        wanted = getattr(tokenizer, name, None)
+        if wanted is None:
+            continue
+        for where, config in targets:
+            if config is None:
+                continue
+            old = getattr(config, name, None)
+            if old == wanted or (isinstance(old, (list, tuple)) and wanted in old):
+                continue
+            setattr(config, name, wanted)
+            changes.append(f"{where} {name}: {old} -> {wanted}")
+    return changes
 
 
 def export(
@@ -151,6 +205,8 @@ def export(
     Returns:
         the folder written.
     """
+    from lit_prunedpo.lora import is_peft_model
+
     if adapter not in ("merged", "adapter"):
         raise ValueError(f"adapter must be 'merged' or 'adapter', got {adapter!r}")
     model, meta = load_policy(ckpt_path)
@@ -158,8 +214,12 @@ def export(
     out_dir.mkdir(parents=True, exist_ok=True)
     if meta["policy"]["peft"] is not None and adapter == "merged":
         model = model.merge_and_unload()
-    model.save_pretrained(out_dir, safe_serialization=True)
     tok = _tokenizer(meta, tokenizer, chat_template)
+    if tok is not None and not is_peft_model(model):  # peft's adapter folder has no config.json of its own
+        changes = align_special_tokens(model, tok)
+        if changes:
+            print(f"special-token ids set to the tokenizer's ({type(tok).__name__}): {'; '.join(changes)}")
+    model.save_pretrained(out_dir, safe_serialization=True)
     if tok is not None:
         tok.save_pretrained(out_dir)
     written = {

@@ -4,7 +4,8 @@ A file copied with ``cp -p``, ``rsync -t`` or ``tar`` keeps its modification tim
 ``datasets`` keys its local-file caches by (path, mtime), so such an edit would train on the old rows.
 :func:`content_digest` hashes the bytes themselves (streamed in 1 MiB blocks, BLAKE2b) and logs what it
 hashed and how long it took, so the cost is visible. A directory (a
-``save_to_disk`` dataset) is hashed file by file, names included, in sorted order.
+``save_to_disk`` dataset) is hashed file by file, names included, in sorted order. :func:`tensors_digest`
+does the same for a model's weights in memory (names, dtypes, shapes and bytes), whatever files they came from.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import Tensor
 
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -56,3 +61,37 @@ def content_digest(path: str | os.PathLike, log: bool = True) -> str:
         rank_zero_info(f"content fingerprint of {path}: blake2b {digest} ({took})")
     return digest
 
+
+def tensors_digest(tensors: Mapping[str, Tensor], what: str, log: bool = True) -> str:
+    """SHA-256 (hex) of named tensors: each name, dtype, shape and bytes, in sorted name order. SHA-256, not the
+    BLAKE2b of :func:`content_digest`: CPUs with SHA extensions (most x86 and ARM servers) hash it faster, and
+    a model is far larger than a data file (173 MB of float32 weights: 0.16 s, BLAKE2b 0.25 s).
+
+    A tensor that shares its storage, offset, shape and strides with one hashed before (tied embeddings) is
+    hashed as a reference to that one's name, not a second time.
+
+    Args:
+        tensors: e.g. a model's ``state_dict()``; tensors on another device are copied to the CPU one at a time.
+        what: what the tensors are, for the log line.
+        log: say on rank 0 what was hashed, its size and the time it took.
+    """
+    start = time.perf_counter()
+    h = hashlib.sha256()
+    size = 0
+    seen: dict[tuple, str] = {}
+    for name in sorted(tensors):
+        t = tensors[name].detach()
+        alias = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if alias in seen:
+            h.update(f"{name}\0={seen[alias]}\0".encode())
+            continue
+        seen[alias] = name
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        data = t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        h.update(data)
+        size += data.nbytes
+    digest = h.hexdigest()
+    if log:
+        took = f"{size / 1e6:.2f} MB hashed in {time.perf_counter() - start:.2f}s"
+        rank_zero_info(f"weights fingerprint of {what}: sha256 {digest} ({took})")
+    return digest

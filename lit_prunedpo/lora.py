@@ -9,8 +9,11 @@ computes its log-probs under :func:`adapters_off` too.
 
 Only the adapters train (peft freezes the base), so only they reach the optimizer; ``PrunedDPO`` leaves the
 frozen base weights out of single-file checkpoints (:func:`drop_frozen`) and puts them back from the freshly
-built base on resume (:func:`restore_frozen`). Under FSDP2 the sharded checkpoint keeps them: Lightning's
-sharded loader asks the files for every key of the model.
+built base on resume (:func:`restore_base`). Under FSDP2 the sharded checkpoint keeps them: Lightning's
+sharded loader asks the files for every key of the model. Since a single-file checkpoint names its base only by
+its source (a path, a seed), :meth:`LoRA.build` takes a digest of the base's weights, the checkpoint stores it,
+and a resume or an export that takes the base from its source refuses one with other weights (a base folder
+replaced by another model of the same architecture would otherwise be used silently).
 
 Requires the ``lora`` extra: ``pip install "lit-prunedpo[lora]"``.
 """
@@ -21,11 +24,14 @@ import contextlib
 import dataclasses
 from typing import Any, Iterator, Mapping
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lit_prunedpo.fingerprint import tensors_digest
 from lit_prunedpo.models import ModelSource
 
-__all__ = ["LoRA", "adapters_off", "drop_frozen", "is_peft_model", "load_adapter_state", "restore_frozen"]
+__all__ = ["LoRA", "adapters_off", "base_weights_digest", "check_base", "drop_frozen", "is_peft_model",
+           "load_adapter_state", "restore_base", "restore_frozen"]
 
 
 def _peft() -> Any:
@@ -96,6 +102,7 @@ class LoRA(ModelSource):
         self.r, self.alpha, self.dropout = r, float(alpha), float(dropout)
         self.target_modules = target_modules
         self.options = dict(options or {})
+        self.base_digest: str | None = None  # of the last base built (see base_weights_digest)
 
     def lora_config(self) -> Any:
         peft = _peft()
@@ -109,22 +116,68 @@ class LoRA(ModelSource):
         )
 
     def build(self) -> nn.Module:
-        return _peft().get_peft_model(self.base.build(), self.lora_config())
+        base = self.base.build()
+        self.base_digest = base_weights_digest(base, self.base_spec())
+        return _peft().get_peft_model(base, self.lora_config())
 
     def base_spec(self) -> dict[str, Any] | None:
         """The base source's spec (see :meth:`ModelSource.spec`): an export rebuilds the frozen base from it."""
         return self.base.spec()
 
 
-def load_adapter_state(base: nn.Module, peft_config: Mapping[str, Any], state: Mapping[str, Tensor], where: str) -> nn.Module:
-    """``base`` wrapped with the adapters described by ``peft_config`` (a ``LoraConfig.to_dict()``), loaded from
-    ``state`` (keys as in the policy's ``state_dict``). Every trainable key must be in ``state``; keys it lacks
-    may only be frozen base weights (which ``base`` already holds).
+def describe_base(spec: Mapping[str, Any] | None) -> str:
+    """A base model's source in a few words: its path or hub name, else its class and arguments."""
+    if spec is None:
+        return "(source unknown)"
+    args = dict(spec.get("init_args") or {})
+    if "name_or_path" in args:
+        return repr(args["name_or_path"])
+    shown = ", ".join(f"{k}={v!r}" for k, v in args.items() if k != "config")
+    return f"{str(spec.get('class_path', '?')).rpartition('.')[2]}({shown})"
+
+
+def base_weights_digest(base: nn.Module, spec: Mapping[str, Any] | None) -> str:
+    """SHA-256 of a base model's weights as its source built them (before peft wraps it), logged with its cost."""
+    return tensors_digest(base.state_dict(), f"the LoRA base {describe_base(spec)}")
+
+
+def check_base(policy_info: Mapping[str, Any], digest: str | None, where: str) -> None:
+    """Refuse a base model whose weights' digest is not the one a LoRA checkpoint recorded (``policy_info``: the
+    checkpoint's ``"policy"`` metadata); warn when either digest is unknown (a checkpoint written before digests
+    were stored).
 
     Raises:
-        ValueError: naming ``where`` when adapter weights are missing or ``state`` has keys the model lacks.
+        ValueError: naming ``where``, the base's source and both digests.
+    """
+    base = describe_base(policy_info.get("base"))
+    saved = policy_info.get("base_digest")
+    if saved is None or digest is None:
+        rank_zero_warn(f"{where}: cannot check that the LoRA base {base} is the model its adapters were trained on "
+                       f"(no digest of the base's weights {'in the checkpoint' if saved is None else 'for the base'})")
+        return
+    if saved != digest:
+        raise ValueError(
+            f"{where}: the LoRA base {base} is not the model the adapters were trained on: its weights' sha256 is "
+            f"{digest}, the checkpoint was trained on {saved} (was the base replaced or changed?): restore the "
+            "original base, or train new adapters on this one"
+        )
+
+
+def load_adapter_state(
+    base: nn.Module, peft_config: Mapping[str, Any], state: Mapping[str, Tensor], where: str,
+    policy_info: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """``base`` wrapped with the adapters described by ``peft_config`` (a ``LoraConfig.to_dict()``), loaded from
+    ``state`` (keys as in the policy's ``state_dict``). Every trainable key must be in ``state``; keys it lacks
+    may only be frozen base weights (which ``base`` already holds). When it lacks them and ``policy_info`` (the
+    checkpoint's ``"policy"`` metadata) is given, ``base`` must have the weights the checkpoint recorded.
+
+    Raises:
+        ValueError: naming ``where`` when adapter weights are missing, ``state`` has keys the model lacks, or
+            ``base`` is not the base the adapters were trained on.
     """
     peft = _peft()
+    digest = None if policy_info is None else base_weights_digest(base, policy_info.get("base"))
     known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
     config = peft.LoraConfig(**{k: v for k, v in peft_config.items() if k in known})
     model = peft.get_peft_model(base, config)
@@ -136,6 +189,8 @@ def load_adapter_state(base: nn.Module, peft_config: Mapping[str, Any], state: M
             f"{where}: the LoRA state does not match the model: missing adapter weights {missing[:4]}, "
             f"unexpected keys {list(result.unexpected_keys)[:4]}"
         )
+    if policy_info is not None and set(result.missing_keys) - trainable:  # the base weights come from ``base``
+        check_base(policy_info, digest, where)
     return model
 
 
@@ -151,6 +206,23 @@ def drop_frozen(state_dict: dict[str, Any], policy: nn.Module, prefix: str = "po
     for key in keys:
         del state_dict[key]
     return keys
+
+
+def restore_base(checkpoint: dict[str, Any], policy: nn.Module, source: Any, where: str | None = None) -> list[str]:
+    """On resume: put back the frozen base weights a single-file LoRA checkpoint leaves out (:func:`restore_frozen`),
+    after checking that ``source`` (the policy's ``LoRA`` source) built the base the checkpoint was trained on;
+    returns the keys put back. Does nothing for a policy without adapters or a checkpoint without
+    ``state_dict`` (FSDP2's sharded load fills the model itself).
+
+    Raises:
+        ValueError: naming the checkpoint (``where``), the base's source and both digests, on another base.
+    """
+    if not is_peft_model(policy) or "state_dict" not in checkpoint:
+        return []
+    if frozen_keys(policy, "policy.") - set(checkpoint["state_dict"]):
+        where = f"checkpoint {where}" if where else "the checkpoint resumed"
+        check_base(checkpoint.get("policy") or {}, getattr(source, "base_digest", None), where)
+    return restore_frozen(checkpoint["state_dict"], policy)
 
 
 def restore_frozen(state_dict: dict[str, Any], policy: nn.Module, prefix: str = "policy.") -> list[str]:

@@ -7,6 +7,8 @@ which is what the tests and the quickstart use.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -94,14 +96,84 @@ class Pretrained(ModelSource):
             raise OSError(f"could not load a causal LM from {self.name_or_path!r} as a {where}: {err}") from err
 
 
+# Keys ``PretrainedConfig`` takes and converts instead of storing them under their own name, so that neither a
+# config class's signature nor its ``to_dict()`` lists them: ``dtype``'s former name, the label count (stored as
+# ``id2label``), the attention backend (stored privately).
+_CONVERTED_KEYS = frozenset({"torch_dtype", "num_labels", "attn_implementation"})
+# The rotary-embedding keys that transformers 5 folds into ``rope_parameters``; known only to models with RoPE.
+_ROPE_KEYS = frozenset({"rope_scaling", "rope_theta", "partial_rotary_factor"})
+
+
+def config_class(model_type: str) -> type:
+    """The ``transformers`` config class of ``model_type`` (what ``AutoConfig.for_model`` builds).
+
+    Raises:
+        ValueError: an unknown model type, naming the closest known ones.
+    """
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=5)
+        hint = f"closest model types: {', '.join(close)}" if close else "e.g. llama, gpt2, qwen2"
+        raise ValueError(f"FromConfig: unknown model_type {model_type!r} (not a transformers model type); {hint}")
+    return CONFIG_MAPPING[model_type]
+
+
+def config_keys(cls: type) -> set[str]:
+    """Every key a ``transformers`` config class knows: its ``__init__`` parameters, what a default instance
+    serialises, its ``attribute_map`` aliases (GPT-2's ``hidden_size`` for ``n_embd``) and the keys
+    ``PretrainedConfig`` converts (``torch_dtype``, ``rope_scaling``, ...)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    keys = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
+    keys |= set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | _CONVERTED_KEYS
+    if keys & {"rope_parameters", "rope_theta", "rope_scaling"}:
+        keys |= _ROPE_KEYS
+    return keys - {"model_type"}  # FromConfig's own argument: a config's would contradict it
+
+
+def check_config_keys(model_type: str, config: dict[str, Any]) -> type:
+    """The config class of ``model_type``, after checking that it knows every key of ``config``: transformers
+    config classes store any keyword as an attribute, so a misspelt size would otherwise leave the default in
+    place and carry the typo into ``config.yaml`` and the checkpoint.
+
+    Raises:
+        ValueError: naming each unknown key, the model type and the closest valid names.
+    """
+    cls = config_class(model_type)
+    unknown = [key for key in config if key not in (known := config_keys(cls))] if config else []
+    if not unknown:
+        return cls
+    public = sorted(k for k in known if not k.startswith("_"))
+    parts, all_close = [], True
+    for key in unknown:
+        if key == "model_type":
+            parts.append("'model_type' (give it as FromConfig's model_type, not inside config)")
+        elif key in _ROPE_KEYS:
+            parts.append(f"{key!r} (this model has no rotary position embeddings)")
+        else:
+            close = difflib.get_close_matches(str(key), public, n=3)
+            all_close &= bool(close)
+            parts.append(f"{key!r} (closest valid names: {', '.join(close)})" if close else f"{key!r} (no close valid name)")
+    listing = "" if all_close else f"; its keys are: {', '.join(public)}"
+    raise ValueError(
+        f"FromConfig: unknown config key{'s' if len(unknown) > 1 else ''} {'; '.join(parts)} for model_type "
+        f"{model_type!r} ({cls.__name__}){listing}"
+    )
+
+
 class FromConfig(ModelSource):
     """A randomly initialised causal LM built from a ``transformers`` config.
 
     Args:
         model_type: a ``transformers`` model type, e.g. ``llama``, ``gpt2``, ``qwen2``.
-        config: keyword arguments of that model type's config (sizes, vocabulary, ...).
+        config: keyword arguments of that model type's config (sizes, vocabulary, ...); every key must be one the
+            config class knows.
         seed: seed of the weight initialisation; the global RNG is left untouched.
         dtype: parameter dtype; ``None`` is float32.
+
+    Raises:
+        ValueError: an unknown ``model_type`` or a ``config`` key its config class does not know (each named,
+            with the closest valid names).
     """
 
     def __init__(self, model_type: str = "llama", config: dict[str, Any] | None = None, seed: int = 0, dtype: str | None = None) -> None:
@@ -110,14 +182,12 @@ class FromConfig(ModelSource):
         self.config = dict(config or {})
         self.seed = int(seed)
         self.dtype = _dtype(dtype)
+        self.config_class = check_config_keys(model_type, self.config)
 
     def build(self) -> nn.Module:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
-        try:
-            config = AutoConfig.for_model(self.model_type, **self.config)
-        except ValueError as err:
-            raise ValueError(f"FromConfig: unknown model_type {self.model_type!r}: {err}") from err
+        config = self.config_class(**self.config)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model = AutoModelForCausalLM.from_config(config)

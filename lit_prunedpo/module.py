@@ -354,10 +354,9 @@ class PrunedDPO(L.LightningModule):
             drop_frozen(checkpoint["state_dict"], self.policy)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from lit_prunedpo.lora import is_peft_model, restore_frozen
+        from lit_prunedpo.lora import restore_base
 
-        if is_peft_model(self.policy) and "state_dict" in checkpoint:
-            restore_frozen(checkpoint["state_dict"], self.policy)
+        restore_base(checkpoint, self.policy, self.policy_source, where=getattr(self._trainer, "ckpt_path", None))
         self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
         self.skipped_in_a_row = int(checkpoint.get("skipped_nonfinite_in_a_row", 0))
         state = checkpoint.get("sampler_rng")

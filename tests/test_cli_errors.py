@@ -32,3 +32,11 @@ def test_data_errors_end_the_output(tmp_path):
     bad.write_bytes(b'{"prompt": "p", "chosen": "c", "rejected": "r"}\n{"prompt": "p", "chosen": \n')
     with pytest.raises(ValueError, match=rf"^{bad}: row 1 \(0-based\): field '<row>' could not be read"):
         main(["fit", f"--trainer.default_root_dir={tmp_path}", *FAST, f"--data.init_args.path={bad}"])
+
+
+def test_a_misspelt_model_config_key_ends_the_output(tmp_path):
+    with pytest.raises(ValueError, match=r"^FromConfig: unknown config key 'hiden_size' \(closest valid names: hidden_size") as caught:
+        main(["fit", f"--trainer.default_root_dir={tmp_path}", *FAST, "--model.policy.init_args.config.hiden_size=128"])
+    error = caught.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert not list(tmp_path.rglob("config*.yaml"))  # refused before the run config is written

@@ -5,6 +5,7 @@ trip runs with the multi-process tests (tests/distributed)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -95,3 +96,55 @@ def test_lora_exports_merged_weights_or_the_adapter(tmp_path):
     assert (tmp_path / "adapter/adapter_model.safetensors").exists() and not (tmp_path / "adapter/model.safetensors").exists()
     model = PeftModel.from_pretrained(cli.model.policy_source.base.build(), tmp_path / "adapter").eval()
     torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
+
+
+def _handmade_checkpoint(path, vocab: int, tokenizer: str) -> None:
+    """A checkpoint as ``PrunedDPO`` writes it (policy weights and metadata, the data module's tokenizer), of a
+    randomly initialised Llama: its config says BOS 1, EOS 2, no PAD (``LlamaConfig``'s defaults)."""
+    from lit_prunedpo.export import policy_metadata
+    from lit_prunedpo.models import FromConfig
+
+    policy = FromConfig("llama", dict(vocab_size=vocab, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, tie_word_embeddings=True)).build()
+    assert (policy.config.bos_token_id, policy.config.eos_token_id, policy.config.pad_token_id) == (1, 2, None)
+    torch.save({"state_dict": {f"policy.{k}": v for k, v in policy.state_dict().items()},
+                "policy": policy_metadata(policy), "datamodule_hyper_parameters": {"tokenizer": tokenizer}}, path)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "vocab", "ids"),
+    [("byt5", 384, (1, 1, 0)), (str(GPT2_TOKENIZER), 50257, (50256, 50256, None))],  # ByT5 has no BOS: Llama's 1 stays
+    ids=["byt5", "gpt2"],
+)
+def test_export_writes_the_tokenizers_special_token_ids(tmp_path, capsys, tokenizer, vocab, ids):
+    from transformers import AutoConfig, GenerationConfig
+
+    _handmade_checkpoint(tmp_path / "run.ckpt", vocab, tokenizer)
+    main(["export", f"--ckpt_path={tmp_path / 'run.ckpt'}", f"--out={tmp_path / 'hf'}"])
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (tok.eos_token_id, tok.pad_token_id) == ids[1:]
+    for config in (AutoConfig.from_pretrained(tmp_path / "hf"), GenerationConfig.from_pretrained(tmp_path / "hf")):
+        assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == ids, type(config).__name__
+    said = capsys.readouterr().out
+    assert "config.json eos_token_id: 2 -> " in said and "generation_config.json eos_token_id: 2 -> " in said
+
+
+def test_export_of_what_is_not_a_checkpoint_names_the_file(trained, tmp_path):
+    _, root = trained
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes((root / "lightning_logs/version_0/checkpoints/last.ckpt").read_bytes()[:5000])
+    (tmp_path / "text.ckpt").write_text("hello\n")
+    torch.save(torch.zeros(2), tmp_path / "tensor.ckpt")
+    torch.save({"epoch": 0}, tmp_path / "nodict.ckpt")
+    (tmp_path / "shards").mkdir()
+    torch.save({"epoch": 0}, tmp_path / "shards/meta.pt")  # a meta.pt but no shards
+    cases = {"text.ckpt": "not a readable Lightning checkpoint", "cut.ckpt": "not a readable Lightning checkpoint",
+             "tensor.ckpt": r"not a Lightning checkpoint \(it holds a Tensor", "nodict.ckpt": r"not a Lightning checkpoint \(no 'state_dict' in it\)",
+             "shards": "not a readable Lightning checkpoint", "plain": "not a sharded Lightning checkpoint"}
+    (tmp_path / "plain").mkdir()
+    for name, message in cases.items():
+        with pytest.raises(ValueError, match=rf"^cannot load checkpoint {re.escape(str(tmp_path / name))}: {message}") as caught:
+            main(["export", f"--ckpt_path={tmp_path / name}", f"--out={tmp_path / 'hf'}"])
+        assert "\n" not in str(caught.value), name  # one line: the output's last
+    with pytest.raises(FileNotFoundError, match=rf"^checkpoint not found: {re.escape(str(tmp_path / 'missing.ckpt'))}$"):
+        main(["export", f"--ckpt_path={tmp_path / 'missing.ckpt'}", f"--out={tmp_path / 'hf'}"])

@@ -5,6 +5,8 @@ DDP and FSDP2 on 2 CPU processes run with the multi-process tests (tests/distrib
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -161,3 +163,63 @@ def test_an_adapted_layer_saves_only_its_input_and_the_rank_r_projection(tiny_so
         assert any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for t in saved)
         others = [t for t in saved if t.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()]
         assert [(t.numel(), t.shape[-1]) for t in others] == [(2 * 5 * r, r)], [t.shape for t in others]
+
+
+def _save_base(path, seed):
+    """A base model folder: the quickstart's tiny Llama (ByT5 vocabulary) with the weights of ``seed``."""
+    import shutil
+
+    from lit_prunedpo.models import FromConfig
+
+    shutil.rmtree(path, ignore_errors=True)
+    FromConfig("llama", dict(TINY_LLAMA, vocab_size=384), seed=seed).build().save_pretrained(path)
+
+
+def test_a_replaced_base_is_refused_by_resume_and_export(tmp_path):
+    """A single-file LoRA checkpoint holds the adapters and the base's source (a folder); the folder replaced by a
+    model of the same architecture with other weights must not be used silently, by a resume or an export (the
+    same base resumes in test_checkpoint_holds_the_adapters_only_and_resume_is_exact)."""
+    from lit_prunedpo.export import export
+
+    base = tmp_path / "base"
+    _save_base(base, seed=0)
+    pretrained = f'--model.policy.init_args.base={{"class_path": "lit_prunedpo.models.Pretrained", "init_args": {{"name_or_path": "{base}"}}}}'
+    _fit(tmp_path / "run", 1, pretrained)
+    ckpt = tmp_path / "run/lightning_logs/version_0/checkpoints/last.ckpt"
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)["policy"]["base_digest"]
+    assert re.fullmatch("[0-9a-f]{64}", saved)
+    export(str(ckpt), str(tmp_path / "same"))  # the same base: accepted
+
+    _save_base(base, seed=1)  # same architecture, other weights
+    refused = (rf"^checkpoint {re.escape(str(ckpt))}: the LoRA base '{re.escape(str(base))}' is not the model the "
+               rf"adapters were trained on: its weights' sha256 is [0-9a-f]{{64}}, the checkpoint was trained on {saved} ")
+    with pytest.raises(ValueError, match=refused):
+        export(str(ckpt), str(tmp_path / "other"))
+    with pytest.raises(ValueError, match=refused):
+        _fit(tmp_path / "resumed", 2, pretrained, f"--ckpt_path={ckpt}")
+
+
+def test_a_checkpoint_without_a_base_digest_is_exported_with_a_warning(lora, tmp_path):
+    from lit_prunedpo.export import export, policy_metadata
+
+    policy = lora.build()
+    info = policy_metadata(policy, lora)
+    assert info["base_digest"] == lora.base_digest and len(lora.base_digest) == 64
+    del info["base_digest"]  # as written before digests were stored
+    adapters = {f"policy.{n}": p.detach() for n, p in policy.named_parameters() if p.requires_grad}
+    torch.save({"state_dict": adapters, "policy": info}, tmp_path / "old.ckpt")
+    with pytest.warns(UserWarning, match=r"cannot check that the LoRA base FromConfig\(model_type='llama', seed=0, "
+                                         r"dtype=None\) is the model its adapters were trained on \(no digest"):
+        export(str(tmp_path / "old.ckpt"), str(tmp_path / "hf"))
+
+
+def test_the_base_digest_is_the_identity_of_the_weights(tiny_source):
+    from lit_prunedpo.lora import base_weights_digest
+    from lit_prunedpo.models import FromConfig
+
+    digest = lambda model: base_weights_digest(model, tiny_source.spec())  # noqa: E731
+    first, again = tiny_source.build(), tiny_source.build()
+    assert digest(first) == digest(again) != digest(FromConfig("llama", TINY_LLAMA, seed=1).build())
+    with torch.no_grad():
+        next(again.parameters()).view(-1)[0] += 1e-6  # one value of one tensor
+    assert digest(again) != digest(first) != digest(first.to(torch.bfloat16))

@@ -1,8 +1,10 @@
-"""Model sources: specs that rebuild a source (for exports), and FromConfig taking the data's vocabulary size
-when the config leaves it out (through the real CLI)."""
+"""Model sources: specs that rebuild a source (for exports), FromConfig taking the data's vocabulary size
+when the config leaves it out (through the real CLI), and FromConfig refusing config keys its config class does
+not know (transformers would store them as attributes and keep the defaults)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lit_prunedpo.cli import build_cli
@@ -51,3 +53,32 @@ def test_whole_file_training_without_validation(tmp_path):
     assert cli.trainer.global_step == 3 and len(cli.datamodule.train_dataset) == 32
     assert not any(k.startswith("val/") for k in cli.trainer.callback_metrics)
     assert (tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt").exists()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "qwen2"])
+def test_from_config_accepts_the_config_classes_own_and_common_keys(model_type):
+    common = dict(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, tie_word_embeddings=False,
+                  torch_dtype="float32", dtype="float32", pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if model_type != "gpt2":  # GPT-2 has learned positions: rotary keys are refused for it (next test)
+        common.update(intermediate_size=16, rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_theta=5e4)
+    config = FromConfig(model_type, common).build().config
+    assert (config.hidden_size, config.vocab_size, config.tie_word_embeddings) == (32, 40, False)
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "config", "message"),
+    [
+        ("llama", {"hiden_size": 128}, r"^FromConfig: unknown config key 'hiden_size' \(closest valid names: hidden_size\b.*\) "
+                                       r"for model_type 'llama' \(LlamaConfig\)$"),
+        ("gpt2", {"n_emb": 8, "zzqq": 1}, r"'n_emb' \(closest valid names: n_embd\); 'zzqq' \(no close valid name\) for "
+                                          r"model_type 'gpt2' \(GPT2Config\); its keys are: .*\bn_embd\b"),
+        ("gpt2", {"rope_theta": 1e4}, r"'rope_theta' \(this model has no rotary position embeddings\)"),
+        ("llama", {"model_type": "gpt2"}, r"give it as FromConfig's model_type"),
+        ("lama", {}, r"^FromConfig: unknown model_type 'lama' .*closest model types: llama"),
+    ],
+    ids=["typo", "two-keys", "rope-on-gpt2", "model_type-inside", "model_type"],
+)
+def test_from_config_refuses_keys_its_config_class_does_not_know(model_type, config, message):
+    with pytest.raises(ValueError, match=message):
+        FromConfig(model_type, config)
