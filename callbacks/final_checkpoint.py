@@ -35,7 +35,8 @@ class FinalCheckpoint(Callback):
 
     Args:
         dirpath: folder of the checkpoint; ``None``: the trainer's ``ModelCheckpoint`` folder (so that
-            ``--ckpt_path last`` finds it), else ``{default_root_dir}/checkpoints``.
+            ``--ckpt_path last`` finds it), else ``{default_root_dir}/checkpoints`` (``checkpoints-N`` for a run
+            without a logger when another run has that one, see ``lit_prunedpo.checkpointing``).
         filename: file name without extension; must start with ``last`` for ``--ckpt_path last`` to see it.
         export_dir: also write a Hugging Face folder (policy + tokenizer) there at the end of ``fit``.
         export_adapter: for a LoRA policy, ``merged`` writes full merged weights, ``adapter`` peft's adapter
@@ -81,7 +82,9 @@ class FinalCheckpoint(Callback):
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
             return str(checkpoint.dirpath)
-        return str(Path(trainer.default_root_dir) / "checkpoints")
+        from lit_prunedpo.checkpointing import run_checkpoint_dir
+
+        return str(run_checkpoint_dir(trainer))  # {default_root_dir}/checkpoints, or the one this run claimed
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

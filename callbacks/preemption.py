@@ -63,7 +63,9 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
             self.dirpath = str(checkpoint.dirpath)
         else:
-            self.dirpath = str(Path(trainer.default_root_dir) / "checkpoints")
+            from lit_prunedpo.checkpointing import run_checkpoint_dir
+
+            self.dirpath = str(run_checkpoint_dir(trainer))  # {default_root_dir}/checkpoints or the one claimed
         self.dirpath = trainer.strategy.broadcast(self.dirpath)
 
     # ------------------------------------------------------------------------------ the signal
