@@ -6,8 +6,9 @@ validation every 40 steps leaves the step-40 weights, and a run shorter than one
 ``max_time``, early stop; mid-epoch ends are written as mid-epoch, so that a resume continues the same data
 order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_checkpoint`` (so
 the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
-``--ckpt_path last`` resumes from the newest ``last*.ckpt`` of the ``ModelCheckpoint`` folder, which is this
-one's folder by default. With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
+Lightning's implicit resume (with an ``OnExceptionCheckpoint``) looks for ``last*.ckpt`` in the ``ModelCheckpoint``
+folder, which is this one's folder by default; ``--ckpt_path last`` finds it as the newest checkpoint of the
+previous runs (``lit_prunedpo.checkpointing.resolve_resume``). With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
 SIGTERM is saved by that callback (to the same file); this one then only reports it.
 
 The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the
