@@ -216,6 +216,11 @@ class PrunedDPO(L.LightningModule):
         optimizer and scheduler arguments where they differ from the checkpoint's (``lit_prunedpo.optim``)."""
         saved, self._resumed_setup = getattr(self, "_resumed_setup", None), None
         setup = getattr(self, "_optimizer_setup", None)
+        if saved == "unrecorded":
+            rank_zero_warn("resume: the checkpoint records no optimizer or scheduler arguments (written by an older "
+                           "lit_prunedpo): the restored optimizer and scheduler keep the checkpoint's, learning rate "
+                           "included, whatever this run's model.optimizer and model.scheduler say")
+            return
         if saved is None or setup is None or len(self.trainer.optimizers) != 1:
             return
         schedulers = self.trainer.lr_scheduler_configs
@@ -360,7 +365,7 @@ class PrunedDPO(L.LightningModule):
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
         checkpoint["skipped_nonfinite_in_a_row"] = self.skipped_in_a_row  # a resume keeps counting toward the limit
         if getattr(self, "_optimizer_setup", None) is not None:
-            checkpoint["optimizer_setup"] = self._optimizer_setup[0]  # what this run configured, for a resume to compare
+            checkpoint["optimizer_setup"] = self._optimizer_setup[0]  # this run's configuration, for a resume
         from lit_prunedpo.export import policy_metadata
         from lit_prunedpo.lora import drop_frozen, is_peft_model
 
@@ -375,7 +380,9 @@ class PrunedDPO(L.LightningModule):
             restore_frozen(checkpoint["state_dict"], self.policy)
         self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
         self.skipped_in_a_row = int(checkpoint.get("skipped_nonfinite_in_a_row", 0))
-        self._resumed_setup = checkpoint.get("optimizer_setup")  # applied once the optimizer state is restored
+        # applied (or warned about) once Lightning has restored the optimizer state
+        unrecorded = "unrecorded" if "optimizer_states" in checkpoint else None
+        self._resumed_setup = checkpoint.get("optimizer_setup", unrecorded)
         state = checkpoint.get("sampler_rng")
         if state is None:
             rank_zero_warn("checkpoint has no sampler generator state: sampler draws restart from step 0")

@@ -13,7 +13,10 @@ run's configuration says. Here:
   the state is restored, and applies every argument that differs (the rate in the optimizer's groups, the
   scheduler's ``base_lrs`` and ``initial_lr``, and its current rate), one logged line per argument. A change
   that cannot be carried over (another optimizer or scheduler class, an argument the restored objects do not
-  hold) is refused with a message.
+  hold) is refused with a message. The record is the objects' own (``optimizer.defaults``, the scheduler's
+  attributes), not the module's saved hyperparameters: ``PrunedDPO`` saves none, on purpose, since LightningCLI
+  parses a checkpoint's hyperparameters *over* the command line's (``--ckpt_path`` would then undo
+  ``--model.optimizer.init_args.lr``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import inspect
 import math
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, MultiplicativeLR, ReduceLROnPlateau
 
@@ -72,12 +75,10 @@ class WarmupCosineLR(LambdaLR):
         if self.follows_trainer:
             self.total_steps = int(run_steps)
         elif self.total_steps < run_steps:
-            from lightning.pytorch.utilities import rank_zero_warn
-
             rank_zero_warn(
                 f"model.scheduler.init_args.total_steps={self.total_steps} is less than this run's {run_steps} "
-                f"optimizer steps: the learning rate stays at min_lr_ratio={self.min_lr_ratio} times the base rate from "
-                f"step {self.total_steps} on. Leave total_steps unset to follow trainer.max_steps"
+                f"optimizer steps: the learning rate stays at min_lr_ratio={self.min_lr_ratio} times the base rate "
+                f"from step {self.total_steps} on. Leave total_steps unset to follow trainer.max_steps"
             )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -159,14 +160,15 @@ def apply_changes(saved: dict[str, Any], configured: dict[str, Any], in_effect: 
     for kind in ("optimizer", "scheduler"):
         if saved.get(kind) != configured[kind]:
             _refuse(f"the checkpoint was trained with model.{kind} {saved.get(kind) or 'none'}, this run has "
-                    f"{configured[kind] or 'none'}: the checkpoint's {kind} state cannot be carried over to another class")
+                    f"{configured[kind] or 'none'}: the checkpoint's {kind} state cannot be carried over to another "
+                    "class")
     applied = []
     old, new = saved.get("optimizer_args", {}), configured["optimizer_args"]
     changed = [k for k in new if k in old and old[k] != new[k] and k != "lr"]
     for key in changed:
         if any(key not in group for group in optimizer.param_groups):
-            _refuse(f"model.optimizer.init_args.{key} changed ({old[key]!r} -> {new[key]!r}) but the restored optimizer "
-                    "has no such setting in its parameter groups, so it cannot be applied")
+            _refuse(f"model.optimizer.init_args.{key} changed ({old[key]!r} -> {new[key]!r}) but the restored "
+                    "optimizer has no such setting in its parameter groups, so it cannot be applied")
         for group in optimizer.param_groups:
             group[key] = new[key]
     old_s, new_s = saved.get("scheduler_args", {}), configured["scheduler_args"]

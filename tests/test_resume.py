@@ -92,7 +92,8 @@ def test_changed_optimizer_and_scheduler_arguments_are_applied_on_resume(tmp_pat
         assert line in caplog.text
     group = resumed.trainer.optimizers[0].param_groups[0]
     scheduler = resumed.trainer.lr_scheduler_configs[0].scheduler
-    assert (group["initial_lr"], scheduler.base_lrs, group["weight_decay"], scheduler.min_lr_ratio) == (1e-5, [1e-5], 0.1, 0.5)
+    assert (group["initial_lr"], scheduler.base_lrs, group["weight_decay"]) == (1e-5, [1e-5], 0.1)
+    assert scheduler.min_lr_ratio == 0.5
     # step 2 of a 4-step cosine from 1e-5 down to 0.5e-5: the new rate and the new floor, not the checkpoint's
     assert _rates(tmp_path / "lightning_logs/version_1")[2] == pytest.approx(1e-5 * (0.5 + 0.5 * 0.5))
 
