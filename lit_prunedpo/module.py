@@ -203,7 +203,8 @@ class PrunedDPO(L.LightningModule):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params)
         scheduler = None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
-        configured = describe(optimizer, scheduler)  # saved in checkpoints; a resume compares it with its own
+        # saved in checkpoints; a resume compares it with its own
+        configured = describe(optimizer, scheduler, getattr(self.scheduler_factory, "keywords", None))
         if isinstance(scheduler, WarmupCosineLR):
             scheduler.fit_to(int(self.trainer.estimated_stepping_batches))
         self._optimizer_setup = (configured, describe(optimizer, scheduler))

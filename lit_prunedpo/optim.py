@@ -120,14 +120,22 @@ def _scheduler_args(scheduler: Any) -> dict[str, Any]:
     return {n: getattr(scheduler, n) for n in names if hasattr(scheduler, n) and _plain(getattr(scheduler, n))}
 
 
-def describe(optimizer: Optimizer, scheduler: Any = None) -> dict[str, Any]:
+def describe(
+    optimizer: Optimizer, scheduler: Any = None, scheduler_given: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The classes and constructor arguments of an optimizer (``defaults``: every argument, given or default) and
-    of its scheduler (``None``: none), as plain values that a checkpoint can hold."""
+    of its scheduler (``None``: none), as plain values that a checkpoint can hold.
+
+    ``scheduler_given``: the arguments the scheduler was built with (a ``functools.partial``'s ``keywords``, which
+    is what LightningCLI passes: every argument), over the ones it keeps as attributes of the same name; so that
+    a changed argument it keeps elsewhere (``OneCycleLR``'s ``max_lr``) is seen, and refused.
+    """
+    given = {k: v for k, v in (scheduler_given or {}).items() if _plain(v) and k not in _NOT_CONFIG}
     return {
         "optimizer": _qualname(optimizer),
         "optimizer_args": {k: v for k, v in optimizer.defaults.items() if _plain(v)},
         "scheduler": _qualname(scheduler),
-        "scheduler_args": _scheduler_args(scheduler),
+        "scheduler_args": {**_scheduler_args(scheduler), **given} if scheduler is not None else {},
     }
 
 
@@ -146,8 +154,8 @@ def apply_changes(saved: dict[str, Any], configured: dict[str, Any], in_effect: 
         saved: :func:`describe` of the run that wrote the checkpoint, as configured.
         configured: :func:`describe` of this run's optimizer and scheduler as configured (before
             :meth:`WarmupCosineLR.fit_to`).
-        in_effect: :func:`describe` of them as built for this run (after it), before the checkpoint's state was
-            loaded: the values to apply.
+        in_effect: :func:`describe` of them as built for this run (after it, without ``scheduler_given``: the
+            attributes), before the checkpoint's state was loaded: the values to apply.
         optimizer, scheduler: this run's, with the checkpoint's state loaded.
 
     Returns:
@@ -174,9 +182,9 @@ def apply_changes(saved: dict[str, Any], configured: dict[str, Any], in_effect: 
     old_s, new_s = saved.get("scheduler_args", {}), configured["scheduler_args"]
     changed_s = [k for k in new_s if k in old_s and old_s[k] != new_s[k]]
     for key in changed_s:
-        if not hasattr(scheduler, key):
+        if key not in in_effect["scheduler_args"]:
             _refuse(f"model.scheduler.init_args.{key} changed ({old_s[key]!r} -> {new_s[key]!r}) but the restored "
-                    "scheduler holds no such attribute, so it cannot be applied")
+                    f"{_qualname(scheduler)} keeps it in no attribute of that name, so it cannot be applied")
         setattr(scheduler, key, in_effect["scheduler_args"][key])
     lr_changed = "lr" in new and "lr" in old and old["lr"] != new["lr"]
     if lr_changed or changed_s:

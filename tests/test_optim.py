@@ -90,3 +90,21 @@ def test_a_new_learning_rate_a_scheduler_cannot_recompute_is_refused():
     with pytest.raises(ValueError, match=r"model.optimizer.init_args.lr changed \(1.0 -> 0.1\) but the current rate of "
                                          r"torch.optim.lr_scheduler.CyclicLR cannot be recomputed"):
         _resume(lambda o: CyclicLR(o, base_lr=0.01, max_lr=0.1, cycle_momentum=False), 1.0, 0.1, 3)
+
+
+def test_a_changed_scheduler_argument_it_keeps_elsewhere_is_refused():
+    from torch.optim.lr_scheduler import OneCycleLR
+
+    from lit_prunedpo.optim import apply_changes, describe
+
+    def build(max_lr):
+        opt = _sgd(0.1)
+        return opt, OneCycleLR(opt, max_lr=max_lr, total_steps=10)
+
+    opt, sched = build(1.0)
+    saved = describe(opt, sched, {"max_lr": 1.0, "total_steps": 10})
+    new_opt, new_sched = build(2.0)
+    configured = describe(new_opt, new_sched, {"max_lr": 2.0, "total_steps": 10})
+    with pytest.raises(ValueError, match=r"model.scheduler.init_args.max_lr changed \(1.0 -> 2.0\) but the restored "
+                                         r"torch.optim.lr_scheduler.OneCycleLR keeps it in no attribute of that name"):
+        apply_changes(saved, configured, describe(new_opt, new_sched), new_opt, new_sched)
