@@ -6,8 +6,9 @@ validation every 40 steps leaves the step-40 weights, and a run shorter than one
 ``max_time``, early stop; mid-epoch ends are written as mid-epoch, so that a resume continues the same data
 order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_checkpoint`` (so
 the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
-``--ckpt_path last`` resumes from the newest ``last*.ckpt`` of the ``ModelCheckpoint`` folder, which is this
-one's folder by default. With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
+Lightning's implicit resume (with an ``OnExceptionCheckpoint``) looks for ``last*.ckpt`` in the ``ModelCheckpoint``
+folder, which is this one's folder by default; ``--ckpt_path last`` finds it as the newest checkpoint of the
+previous runs (``lit_prunedpo.checkpointing.resolve_resume``). With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
 SIGTERM is saved by that callback (to the same file); this one then only reports it.
 
 The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the
@@ -35,7 +36,8 @@ class FinalCheckpoint(Callback):
 
     Args:
         dirpath: folder of the checkpoint; ``None``: the trainer's ``ModelCheckpoint`` folder (so that
-            ``--ckpt_path last`` finds it), else ``{default_root_dir}/checkpoints``.
+            ``--ckpt_path last`` finds it), else ``{default_root_dir}/checkpoints`` (``checkpoints-N`` for a run
+            without a logger when another run has that one, see ``lit_prunedpo.checkpointing``).
         filename: file name without extension; must start with ``last`` for ``--ckpt_path last`` to see it.
         export_dir: also write a Hugging Face folder (policy + tokenizer) there at the end of ``fit``.
         export_adapter: for a LoRA policy, ``merged`` writes full merged weights, ``adapter`` peft's adapter
@@ -81,7 +83,9 @@ class FinalCheckpoint(Callback):
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
             return str(checkpoint.dirpath)
-        return str(Path(trainer.default_root_dir) / "checkpoints")
+        from lit_prunedpo.checkpointing import run_checkpoint_dir
+
+        return str(run_checkpoint_dir(trainer))  # {default_root_dir}/checkpoints, or the one this run claimed
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -11,10 +11,12 @@ the end of every training batch the ranks agree on the flag (one tiny all-reduce
 ``{dirpath}/{filename}.ckpt`` together (a collective for FSDP's sharded checkpoints) and stop the fit the
 way Lightning does on SIGTERM (``SIGTERMException``, a ``SystemExit``: exit status 0).
 
-Resuming: the callback is an ``OnExceptionCheckpoint``, so ``fit`` without ``--ckpt_path`` (or with
-``--ckpt_path last``) resumes from the newest of its checkpoint and the ``ModelCheckpoint``'s ``last*.ckpt``
-files; when none exists (the first launch) Lightning warns and starts fresh. A given checkpoint that cannot
-be read raises (never a silent fresh start).
+Resuming: the callback is an ``OnExceptionCheckpoint``, so ``fit`` without ``--ckpt_path`` resumes from the
+newest readable checkpoint in this run's checkpoint folders (its own and the ``ModelCheckpoint``'s: give that
+one a fixed ``dirpath``, as the DDP/FSDP configs do, since each run gets a log version of its own); when there
+is none (the first launch) Lightning warns and starts fresh. ``--ckpt_path last`` looks in every previous run's
+checkpoint folder too, and refuses when there is nothing (``lit_prunedpo.checkpointing.resolve_resume``). A
+given checkpoint that cannot be read raises (never a silent fresh start).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
             self.dirpath = str(checkpoint.dirpath)
         else:
-            self.dirpath = str(Path(trainer.default_root_dir) / "checkpoints")
+            from lit_prunedpo.checkpointing import run_checkpoint_dir
+
+            self.dirpath = str(run_checkpoint_dir(trainer))  # {default_root_dir}/checkpoints or the one claimed
         self.dirpath = trainer.strategy.broadcast(self.dirpath)
 
     # ------------------------------------------------------------------------------ the signal

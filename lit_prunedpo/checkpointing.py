@@ -1,5 +1,5 @@
-"""Run outputs that are never torn or shared: atomic checkpoint files, a log version per run, a resume that
-skips unreadable checkpoints and says so.
+"""Run outputs that are never torn or shared: atomic checkpoint files, a log version (or, without a logger, a
+checkpoint folder) per run, a resume that finds the previous runs' newest readable checkpoint and says which.
 
 * :class:`AtomicCheckpointIO` writes to a temporary name in the same folder and renames it into place
   (``os.replace``, atomic on POSIX): a full disk or a killed process leaves no file (or a stray temporary
@@ -10,16 +10,22 @@ skips unreadable checkpoints and says so.
   by listing the folder, so two runs started together both picked ``version_0`` (one ``metrics.csv``
   interleaved, one ``config.yaml``, one checkpoint folder). Here rank 0 creates the folder with
   ``os.mkdir`` (which fails if it exists) and takes the next number when another run was first.
+* :func:`claim_checkpoint_folder` does the same for a run without a logger (``logger: false``): its config is
+  ``config-N.yaml`` and its checkpoints go to ``checkpoints-N/`` with the same ``N`` (``config.yaml`` and
+  ``checkpoints/`` for the first run), instead of every such run writing ``checkpoints/last.ckpt``.
 * :func:`lock_checkpoint_dirs` takes a lock file in each fixed ``ModelCheckpoint`` folder (``dirpath``, e.g.
   the DDP/FSDP configs'): a second run started on that folder while the first one lives is refused, instead
   of resuming from the other run's ``last.ckpt`` and writing beside it. A lock left by a dead process on this
   host is taken over.
-* :func:`resolve_resume` turns ``ckpt_path="last"`` (also Lightning's implicit one when an
-  ``OnExceptionCheckpoint`` is configured) into the newest candidate that is a readable checkpoint (a file
-  whose archive is whole, or a folder of shards holding the files a complete save writes last), names every
-  newer one it skipped and every leftover temporary of an interrupted save; when none is readable it refuses
-  instead of starting afresh.
-
+* :func:`resolve_resume` turns ``ckpt_path="last"`` into the newest readable checkpoint of the previous runs
+  in the root folder (every run's checkpoint folder, not only this run's new one, and every checkpoint there,
+  not only ``last*.ckpt``: a ``last.ckpt`` torn by a full disk falls back to the step checkpoint beside it).
+  It names every newer one it skipped and every leftover temporary of an interrupted save; when there is none
+  it refuses, naming where it looked, instead of starting afresh. Lightning's implicit ``"last"`` (``fit``
+  without ``ckpt_path`` when an ``OnExceptionCheckpoint`` is configured) looks in this run's checkpoint
+  folders only, as Lightning does, and starts afresh when they are empty (a first launch).
+* :func:`checkpoint_problem` says why a file or folder is not a readable checkpoint: an archive that is cut
+  short, or a folder of shards missing a file (every shard its ``.metadata`` names must be there).
 * :class:`SaveRunConfig` (the CLI's config callback) gives a run without a logger its own config file.
 
 :class:`~lit_prunedpo.cli.PrunedDPOCLI` applies all of them. With a plain ``Trainer``, ``PrunedDPO`` puts
@@ -32,10 +38,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import socket
 import zipfile
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
@@ -128,11 +136,15 @@ class SaveRunConfig(SaveConfigCallback):
     Without a logger the config goes to ``default_root_dir``, which every such run there shares (there is no
     ``version_N`` to claim); with ``overwrite`` the second run replaced the first one's ``config.yaml``. Here
     the first process claims the first free name of ``config.yaml``, ``config-1.yaml``, ... (``O_EXCL``: two
-    runs started together cannot both take one) and logs which.
+    runs started together cannot both take one) and logs which. A ``fit`` run's name is claimed earlier, by
+    :func:`claim_checkpoint_folder`, together with its checkpoint folder.
     """
 
+    claimed = False  # set by claim_checkpoint_folder: config_filename is this run's already
+
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
-        if not self.already_saved and self.save_to_log_dir and not trainer.loggers and trainer.is_global_zero:
+        if (not self.already_saved and not self.claimed and self.save_to_log_dir and not trainer.loggers
+                and trainer.is_global_zero):
             folder = Path(trainer.log_dir)
             if _is_local(folder):
                 wanted, self.config_filename = self.config_filename, _claim_file(folder, Path(self.config_filename))
@@ -142,17 +154,88 @@ class SaveRunConfig(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
 
+def _numbered(name: str, n: int) -> str:
+    """``name`` for the first run, ``STEM-N.SUFFIX`` for the ``N``-th one after it."""
+    if n == 0:
+        return name
+    path = Path(name)
+    return f"{path.stem}-{n}{path.suffix}"
+
+
 def _claim_file(folder: Path, name: Path) -> str:
     """Create the first of ``name``, ``STEM-1SUFFIX``, ... that does not exist in ``folder``; its name."""
     folder.mkdir(parents=True, exist_ok=True)
     n = 0
     while True:
-        candidate = name.name if n == 0 else f"{name.stem}-{n}{name.suffix}"
+        candidate = _numbered(name.name, n)
         try:
             os.close(os.open(folder / candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             return candidate
         except FileExistsError:
             n += 1
+
+
+#: The checkpoint folder each trainer without a logger claimed (claim_checkpoint_folder), on the first process.
+_CLAIMED_FOLDERS: "WeakKeyDictionary[pl.Trainer, Path]" = WeakKeyDictionary()
+DEFAULT_CHECKPOINT_FOLDER = "checkpoints"
+
+
+def run_checkpoint_dir(trainer: "pl.Trainer") -> Path:
+    """The folder for this run's checkpoints when no callback names one: ``{default_root_dir}/checkpoints``, or the
+    ``checkpoints-N`` that :func:`claim_checkpoint_folder` claimed for a run without a logger. Callbacks that call
+    it on every process broadcast rank 0's answer (only rank 0 claims)."""
+    return _CLAIMED_FOLDERS.get(trainer, Path(trainer.default_root_dir) / DEFAULT_CHECKPOINT_FOLDER)
+
+
+def claim_checkpoint_folder(trainer: "pl.Trainer") -> None:
+    """Give a run without a logger a checkpoint folder and a config file no other run has.
+
+    Without a logger Lightning puts every run's checkpoints in ``{default_root_dir}/checkpoints``: a second run
+    there overwrote the first one's ``last.ckpt`` (and resumed from it with ``--ckpt_path last``). Here the first
+    process claims the first ``N`` whose ``config-N.yaml`` (created with ``O_EXCL``) and ``checkpoints-N/`` (created
+    with ``mkdir``) are both free (``N = 0``: ``config.yaml`` and ``checkpoints/``, Lightning's names), and points
+    every ``ModelCheckpoint`` without a ``dirpath`` (and :class:`~lit_prunedpo.callbacks.FinalCheckpoint`,
+    :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint`, through :func:`run_checkpoint_dir`) at the folder.
+    A run with a logger, or whose checkpoints all go to folders the user named, is left alone.
+    """
+    if trainer.loggers or not launched_as_rank_zero():
+        return
+    root = Path(trainer.default_root_dir)
+    if not _is_local(root):
+        return
+    unnamed = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and not cb.dirpath]
+    named = isinstance(trainer.checkpoint_callback, ModelCheckpoint) and trainer.checkpoint_callback.dirpath
+    config = next((cb for cb in trainer.callbacks if isinstance(cb, SaveRunConfig) and cb.save_to_log_dir
+                   and not cb.already_saved), None)
+    if named and not unnamed:
+        return  # SaveRunConfig claims the config name alone, at set-up
+    root.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        config_name = _numbered(config.config_filename, n) if config is not None else None
+        folder = root / _numbered(DEFAULT_CHECKPOINT_FOLDER, n)
+        try:
+            if config_name is not None:
+                os.close(os.open(root / config_name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            n += 1
+            continue
+        try:
+            folder.mkdir()
+        except FileExistsError:  # a run whose config was not saved (or saved elsewhere) has this folder
+            if config_name is not None:
+                (root / config_name).unlink()
+            n += 1
+            continue
+        break
+    _CLAIMED_FOLDERS[trainer] = folder
+    for callback in unnamed:
+        callback.dirpath = os.path.realpath(folder)  # as ModelCheckpoint stores a dirpath given to it
+    if config is not None:
+        config.config_filename, config.claimed = config_name, True
+    if n > 0:
+        rank_zero_info(f"{root} holds other runs' outputs (logger: false): this run's checkpoints go to {folder}"
+                       + (f" and its config is {root / config_name}" if config_name is not None else ""))
 
 
 def checkpoint_problem(path: str | os.PathLike) -> str | None:
@@ -161,8 +244,10 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
 
     A file: checks the zip archive ``torch.save`` writes (its directory and every member's CRC) without
     unpickling it. A folder (a distributed checkpoint): checks that both files written last by a complete save
-    are there, ``torch.distributed.checkpoint``'s ``.metadata`` and Lightning's ``meta.pt`` (itself an archive).
-    A non-empty folder with neither of them and no ``.distcp`` shard is another format, accepted as is.
+    are there, ``torch.distributed.checkpoint``'s ``.metadata`` and Lightning's ``meta.pt`` (itself an archive),
+    and that every storage file the ``.metadata`` names is there and holds the bytes it records (a lost shard
+    would otherwise fail only when loading, or load part of the state). A non-empty folder with neither of them
+    and no ``.distcp`` shard is another format, accepted as is.
     """
     path = Path(path)
     if path.is_dir():
@@ -174,7 +259,7 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
             return (f"a folder of shards without {' and '.join(missing)}: torn, its save was interrupted "
                     "(or it is not a distributed checkpoint)")
         problem = checkpoint_problem(path / LIGHTNING_METADATA)
-        return None if problem is None else f"{LIGHTNING_METADATA}: {problem}"
+        return f"{LIGHTNING_METADATA}: {problem}" if problem is not None else _shards_problem(path)
     try:
         size = path.stat().st_size
         if size == 0:
@@ -190,31 +275,108 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def _last_candidates(trainer: "pl.Trainer") -> set[str]:
-    """What Lightning considers for ``ckpt_path="last"``: ``OnExceptionCheckpoint`` files and every
-    ``ModelCheckpoint``'s ``last*.ckpt``."""
-    candidates: set[str] = set()
+def _shards_problem(folder: Path) -> str | None:
+    """Why the storage files ``folder/.metadata`` names are not all there and whole (``None`` when they are).
+
+    ``.metadata`` is ``torch.distributed.checkpoint``'s pickled ``Metadata`` (what its ``FileSystemReader`` reads):
+    ``storage_data`` maps every saved item to a relative file name, an offset and a length.
+    """
+    try:
+        with open(folder / DCP_METADATA, "rb") as f:
+            metadata = pickle.load(f)
+    except Exception as err:  # a torn or foreign index: whatever unpickling raised
+        return f"{DCP_METADATA} cannot be read ({type(err).__name__}: {err})"
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        return f"{DCP_METADATA} names no storage files (not torch.distributed.checkpoint metadata)"
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if name is not None:
+            needed[name] = max(needed.get(name, 0), int(info.offset) + int(info.length))
+    missing = sorted(name for name in needed if not (folder / name).is_file())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        return f"{len(missing)} of the {len(needed)} shard files its {DCP_METADATA} names are missing: {shown}"
+    short = sorted(name for name, end in needed.items() if (folder / name).stat().st_size < end)
+    if short:
+        return f"shard file {short[0]} is shorter than its {DCP_METADATA} records (truncated)"
+    return None
+
+
+def _checkpoints_in(folder: Path) -> set[str]:
+    """Every checkpoint in ``folder``: ``*.ckpt`` files and folders of shards, not the dot-named temporaries of
+    saves in progress."""
+    if not folder.is_dir():
+        return set()
+    return {os.path.abspath(p) for p in folder.iterdir() if p.suffix == ".ckpt" and not p.name.startswith(".")}
+
+
+def _callback_folders(trainer: "pl.Trainer") -> tuple[set[Path], set[str]]:
+    """The folders this run's checkpoint callbacks write to (that exist), and the files Lightning itself
+    considers for ``ckpt_path="last"`` (``OnExceptionCheckpoint`` files, every ``ModelCheckpoint``'s
+    ``last*.ckpt``)."""
+    files: set[str] = set()
+    folders: set[Path] = set()
     for callback in trainer.callbacks:
         if isinstance(callback, OnExceptionCheckpoint):
             path = getattr(callback, "ckpt_path", None)
             if not path:  # a folder resolved at set-up (PreemptionCheckpoint): the default one
-                path = Path(trainer.default_root_dir) / "checkpoints" / f"{callback.filename}.ckpt"
-            candidates.add(os.path.normpath(path))
+                path = run_checkpoint_dir(trainer) / f"{callback.filename}.ckpt"
+            files.add(os.path.normpath(path))
+        elif type(callback).__name__ == "FinalCheckpoint" and getattr(callback, "dirpath", None):
+            folders.add(Path(callback.dirpath))
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
-            candidates |= callback._find_last_checkpoints(trainer)
-    # Absolute, so that one file reached by two routes (a relative dirpath, a listing) is one candidate.
-    return {os.path.abspath(c) for c in candidates if Path(c).exists()}
+            files |= callback._find_last_checkpoints(trainer)
+            if callback.dirpath and _is_local(callback.dirpath):
+                folders.add(Path(callback.dirpath))
+    files = {os.path.abspath(f) for f in files if _is_local(f) and Path(f).exists()}
+    folders |= {Path(f).parent for f in files}
+    return {f for f in folders if f.is_dir()}, files
 
 
-def _leftover_temporaries(trainer: "pl.Trainer") -> list[str]:
+def _previous_run_folders(trainer: "pl.Trainer") -> tuple[list[str], set[Path]]:
+    """Every run's checkpoint folder under the root: ``{save_dir}/{name}/*/checkpoints`` of the first logger
+    (where ``ModelCheckpoint`` writes by default: every version, string versions too) and
+    ``{default_root_dir}/checkpoints*`` (runs without a logger, see :func:`claim_checkpoint_folder`); the
+    patterns (for messages) and the folders that exist."""
+    import glob
+
+    root_dir = os.path.abspath(trainer.default_root_dir)
+    places = [(root_dir, DEFAULT_CHECKPOINT_FOLDER + "*")]
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        if _is_local(save_dir):
+            places.insert(0, (os.path.abspath(os.path.join(save_dir, str(logger.name or ""))),
+                              os.path.join("*", DEFAULT_CHECKPOINT_FOLDER)))
+    folders = {Path(p) for base, rest in places for p in glob.glob(os.path.join(glob.escape(base), rest))}
+    return [os.path.join(base, rest) for base, rest in places], {f for f in folders if f.is_dir()}
+
+
+def _last_candidates(trainer: "pl.Trainer", previous_runs: bool = False) -> tuple[set[str], list[str]]:
+    """The checkpoints ``ckpt_path="last"`` chooses from, and where they were looked for (for messages).
+
+    Always every checkpoint in this run's checkpoint folders (a step checkpoint beside a torn ``last.ckpt``
+    too, not only Lightning's ``last*.ckpt``); with ``previous_runs`` also every checkpoint of the other runs
+    under the root folder (:func:`_previous_run_folders`). Paths are absolute, so that one file reached by two
+    routes (a relative dirpath, a listing) is one candidate.
+    """
+    folders, candidates = _callback_folders(trainer)
+    places = [str(f) for f in sorted(folders)] + sorted(c for c in candidates if Path(c).parent not in folders)
+    if previous_runs:
+        patterns, previous = _previous_run_folders(trainer)
+        places += patterns
+        folders |= previous
+    for folder in folders:
+        candidates |= _checkpoints_in(folder)
+    return candidates, places
+
+
+def _leftover_temporaries(folders: set[Path]) -> list[str]:
     """Temporary files and folders of interrupted saves (``AtomicCheckpointIO``'s ``.NAME.PID.tmp``,
     ``FSDP2Strategy``'s ``.NAME.tmp`` and ``.NAME.old``) in the folders resume looks in."""
-    folders = {Path(c).parent for c in _last_candidates(trainer)}
-    for callback in trainer.checkpoint_callbacks:
-        dirpath = getattr(callback, "dirpath", None)
-        if isinstance(callback, ModelCheckpoint) and dirpath and _is_local(dirpath):
-            folders.add(Path(dirpath))
     return sorted(
         str(p) for folder in folders if folder.is_dir() for p in folder.iterdir()
         if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))
@@ -222,37 +384,63 @@ def _leftover_temporaries(trainer: "pl.Trainer") -> list[str]:
 
 
 def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
-    """The checkpoint a ``fit`` with ``ckpt_path`` resumes from: ``"last"`` (or ``None`` with an
-    ``OnExceptionCheckpoint``, as Lightning does) becomes the newest readable candidate; anything else is
+    """The checkpoint a ``fit`` with ``ckpt_path`` resumes from; anything but ``"last"`` (or ``None``) is
     returned unchanged.
 
+    ``"last"`` (``--ckpt_path last``) becomes the newest (by modification time) readable checkpoint of this
+    run's checkpoint folders and of every previous run's under the root folder: each run claims a log version
+    (or a checkpoint folder) of its own, so this run's own folder is new and empty. The resumed run still logs
+    into a new ``version_N`` (and writes its checkpoints there), as every Lightning run with a default logger
+    does: the previous run's ``metrics.csv`` and ``config.yaml`` are left as they were, the step numbers continue
+    from the checkpoint's, and the next ``--ckpt_path last`` finds the resumed run's checkpoints, the newest.
+    Pin ``--trainer.logger.init_args.version`` to keep one folder across relaunches.
+
+    ``None`` with an ``OnExceptionCheckpoint`` configured is Lightning's implicit ``"last"``: the same, but in
+    this run's checkpoint folders only (a fixed ``dirpath``, as the DDP/FSDP configs have), and a first launch
+    (nothing there) starts afresh.
+
+    Newer checkpoints that cannot be read (:func:`checkpoint_problem`) are skipped with a warning naming each;
+    the chosen one is named in a logged line.
+
     Raises:
+        FileNotFoundError: ``"last"`` was asked for and there is no checkpoint at all (naming where it looked).
         ValueError: there are candidates but none is readable (each named with its problem).
     """
-    if ckpt_path is None and any(isinstance(cb, OnExceptionCheckpoint) for cb in trainer.callbacks):
-        ckpt_path = "last"
-    if ckpt_path != "last":
+    implicit = ckpt_path is None and any(isinstance(cb, OnExceptionCheckpoint) for cb in trainer.callbacks)
+    if ckpt_path != "last" and not implicit:
         return ckpt_path
-    candidates = sorted(_last_candidates(trainer), key=lambda p: os.path.getmtime(p), reverse=True)
-    for leftover in _leftover_temporaries(trainer):
-        rank_zero_warn(f"resume: ignored {leftover}: the temporary output of a checkpoint save that was interrupted "
-                       "(never resumed from; the next save replaces it)")
+    candidates, places = _last_candidates(trainer, previous_runs=not implicit)
+    candidates = sorted(candidates, key=lambda p: os.path.getmtime(p), reverse=True)
     if not candidates:
-        return "last"  # Lightning warns that there is nothing to resume and starts afresh (a first launch)
-    skipped = []
+        if implicit:
+            return "last"  # Lightning warns that there is nothing to resume and starts afresh (a first launch)
+        raise FileNotFoundError(
+            f"resume (ckpt_path=last): no checkpoint of a previous run in {', '.join(places)}. Pass --ckpt_path with "
+            "a checkpoint file (or the root folder of the run to resume: --trainer.default_root_dir), or leave "
+            "--ckpt_path out to start a new run"
+        )
+    problems = {}
     for path in candidates:
-        problem = checkpoint_problem(path)
-        if problem is None:
-            for bad, why in skipped:
-                rank_zero_warn(f"resume: skipped {bad}: it cannot be read ({why}); resuming from {path}, the newest "
-                               "readable checkpoint")
-            return path
-        skipped.append((path, problem))
-    raise ValueError(
-        "resume (ckpt_path=last): no checkpoint can be read: "
-        + "; ".join(f"{p}: {why}" for p, why in skipped)
-        + ". Delete them to start afresh, or pass --ckpt_path with a readable checkpoint"
-    )
+        problems[path] = checkpoint_problem(path)
+        if problems[path] is None:
+            break
+    # temporaries beside the checkpoints looked at, and in this run's folders (where the next save replaces them)
+    for leftover in _leftover_temporaries({Path(p).parent for p in problems} | _callback_folders(trainer)[0]):
+        rank_zero_warn(f"resume: ignored {leftover}: the temporary output of a checkpoint save that was interrupted "
+                       "(never resumed from)")
+    *skipped, chosen = problems.items()
+    if chosen[1] is not None:
+        raise ValueError(
+            "resume (ckpt_path=last): no checkpoint can be read: "
+            + "; ".join(f"{p}: {why}" for p, why in problems.items())
+            + ". Delete them to start afresh, or pass --ckpt_path with a readable checkpoint"
+        )
+    for bad, why in skipped:
+        rank_zero_warn(f"resume: skipped {bad}: it cannot be read ({why}); resuming from {chosen[0]}, the newest "
+                       "readable checkpoint")
+    rank_zero_info(f"resume (ckpt_path=last): resuming from {chosen[0]}, the newest readable checkpoint in "
+                   f"{', '.join(places)}")
+    return chosen[0]
 
 
 def _alive(pid: int) -> bool:

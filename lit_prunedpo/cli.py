@@ -26,7 +26,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpointing import (
-    SaveRunConfig, claim_log_version, install_atomic_io, lock_checkpoint_dirs, resolve_resume,
+    SaveRunConfig, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
+    resolve_resume,
 )
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
@@ -39,7 +40,8 @@ def quickstart_config() -> Path:
 
 class PrunedDPOCLI(LightningCLI):
     """LightningCLI whose checkpoint errors name the checkpoint, whose checkpoint files are written atomically, whose
-    runs each get a log version of their own, and whose ``ckpt_path=last`` skips unreadable checkpoints."""
+    runs each get a log version (without a logger: a checkpoint folder) of their own, and whose ``ckpt_path=last``
+    resumes from the newest readable checkpoint of the previous runs (``lit_prunedpo.checkpointing``)."""
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads --ckpt_path itself (for saved hyperparameters) before any strategy sees it; a corrupt
@@ -77,7 +79,8 @@ class PrunedDPOCLI(LightningCLI):
 
     def before_fit(self) -> None:
         claim_log_version(self.trainer)
-        lock_checkpoint_dirs(self.trainer)
+        lock_checkpoint_dirs(self.trainer)  # the folders the user named; before the claim names the others
+        claim_checkpoint_folder(self.trainer)
         config = self.config_init["fit"]
         config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
 

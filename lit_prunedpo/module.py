@@ -32,7 +32,7 @@ from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.optim import WarmupCosineLR
+from lit_prunedpo.optim import WarmupCosineLR, apply_changes, describe
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
@@ -165,6 +165,7 @@ class PrunedDPO(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._eval_mode_warning.close()
+        self._apply_resumed_setup()
 
     def teardown(self, stage: str) -> None:
         self._eval_mode_warning.close()
@@ -201,12 +202,30 @@ class PrunedDPO(L.LightningModule):
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params)
-        if self.scheduler_factory is None:
+        scheduler = None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
+        # saved in checkpoints; a resume compares it with its own
+        configured = describe(optimizer, scheduler, getattr(self.scheduler_factory, "keywords", None))
+        if isinstance(scheduler, WarmupCosineLR):
+            scheduler.fit_to(int(self.trainer.estimated_stepping_batches))
+        self._optimizer_setup = (configured, describe(optimizer, scheduler))
+        if scheduler is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer)
-        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
-            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _apply_resumed_setup(self) -> None:
+        """After Lightning restored the optimizer and scheduler state (before the first step): apply this run's
+        optimizer and scheduler arguments where they differ from the checkpoint's (``lit_prunedpo.optim``)."""
+        saved, self._resumed_setup = getattr(self, "_resumed_setup", None), None
+        setup = getattr(self, "_optimizer_setup", None)
+        if saved == "unrecorded":
+            rank_zero_warn("resume: the checkpoint records no optimizer or scheduler arguments (written by an older "
+                           "lit_prunedpo): the restored optimizer and scheduler keep the checkpoint's, learning rate "
+                           "included, whatever this run's model.optimizer and model.scheduler say")
+            return
+        if saved is None or setup is None or len(self.trainer.optimizers) != 1:
+            return
+        schedulers = self.trainer.lr_scheduler_configs
+        apply_changes(saved, *setup, self.trainer.optimizers[0], schedulers[0].scheduler if schedulers else None)
 
     # ------------------------------------------------------------------------------------ the step
     @property
@@ -346,6 +365,8 @@ class PrunedDPO(L.LightningModule):
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
         checkpoint["skipped_nonfinite_in_a_row"] = self.skipped_in_a_row  # a resume keeps counting toward the limit
+        if getattr(self, "_optimizer_setup", None) is not None:
+            checkpoint["optimizer_setup"] = self._optimizer_setup[0]  # this run's configuration, for a resume
         from lit_prunedpo.export import policy_metadata
         from lit_prunedpo.lora import drop_frozen, is_peft_model
 
@@ -359,6 +380,9 @@ class PrunedDPO(L.LightningModule):
         restore_base(checkpoint, self.policy, self.policy_source, where=getattr(self._trainer, "ckpt_path", None))
         self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
         self.skipped_in_a_row = int(checkpoint.get("skipped_nonfinite_in_a_row", 0))
+        # applied (or warned about) once Lightning has restored the optimizer state
+        unrecorded = "unrecorded" if "optimizer_states" in checkpoint else None
+        self._resumed_setup = checkpoint.get("optimizer_setup", unrecorded)
         state = checkpoint.get("sampler_rng")
         if state is None:
             rank_zero_warn("checkpoint has no sampler generator state: sampler draws restart from step 0")

@@ -123,9 +123,17 @@ def test_resume_skips_a_truncated_last_checkpoint_and_names_it(tmp_path, monkeyp
     good.write_bytes(b"")
     # the resumed fit rewrote last.ckpt: keep the broken file the newer one whatever that fit's duration was
     os.utime(newer, (good.stat().st_mtime + 5, good.stat().st_mtime + 5))
-    with pytest.raises(ValueError, match=rf"no checkpoint can be read: .*{newer}: not a complete.*{good}: the file is "
-                                         "empty. Delete them to start afresh"):
+    step = tmp_path / "ckpt/epoch=0-step=3.ckpt"  # ModelCheckpoint's own file of the step last.ckpt held
+    with pytest.warns(UserWarning, match=rf"resume: skipped {good}: it cannot be read \(the file is empty\); resuming "
+                                         rf"from {step}, the newest readable checkpoint"):
         _fit(tmp_path, "--trainer.max_steps=4", *CHECKPOINTS, "--ckpt_path=last")
+    assert f"Restored all states from the checkpoint at {step}" in caplog.text
+    for path in (tmp_path / "ckpt").glob("*.ckpt"):
+        path.write_bytes(b"")
+    os.utime(newer, (good.stat().st_mtime + 5, good.stat().st_mtime + 5))
+    with pytest.raises(ValueError, match=rf"no checkpoint can be read: {newer}: the file is empty; .*{good}: the file is "
+                                         "empty.*Delete them to start afresh"):
+        _fit(tmp_path, "--trainer.max_steps=5", *CHECKPOINTS, "--ckpt_path=last")
 
 
 def test_resume_with_other_data_is_refused_unless_asked_for(tmp_path, monkeypatch):
@@ -180,7 +188,7 @@ def test_resume_skips_a_torn_folder_of_shards_and_names_leftover_temporaries(tmp
     leftover = folder / ".last.ckpt.tmp"  # FSDP2Strategy's temporary folder of a save that died
     leftover.mkdir()
     callback = ModelCheckpoint(dirpath=folder)
-    trainer = type("T", (), {"callbacks": [callback], "checkpoint_callbacks": [callback],
+    trainer = type("T", (), {"callbacks": [callback], "checkpoint_callbacks": [callback], "loggers": [],
                              "default_root_dir": str(tmp_path)})()
     with pytest.warns(UserWarning) as caught:
         assert resolve_resume(trainer, "last") == str(good)
@@ -192,7 +200,7 @@ def test_resume_skips_a_torn_folder_of_shards_and_names_leftover_temporaries(tmp
     (torn / "meta.pt").write_bytes(b"")
     assert checkpoint_problem(torn) == "meta.pt: the file is empty"
     AtomicCheckpointIO().save_checkpoint({"step": 1}, torn / "meta.pt")
-    assert checkpoint_problem(torn) is None
+    assert checkpoint_problem(torn).startswith(".metadata cannot be read (UnpicklingError")  # not an index of shards
 
 
 def test_a_folder_is_replaced_with_no_instant_without_a_whole_checkpoint(tmp_path):
@@ -238,8 +246,8 @@ def test_runs_without_a_logger_in_one_folder_keep_their_own_config(tmp_path, cap
     seeds = [next(line for line in (tmp_path / name).read_text().splitlines() if line.startswith("seed_everything"))
              for name in ("config.yaml", "config-1.yaml")]
     assert seeds == ["seed_everything: 1", "seed_everything: 2"]
-    assert f"{tmp_path / 'config.yaml'} belongs to another run (logger: false): this run's config is " \
-           f"{tmp_path / 'config-1.yaml'}" in caplog.text
+    assert f"{tmp_path} holds other runs' outputs (logger: false): this run's checkpoints go to " \
+           f"{tmp_path / 'checkpoints-1'} and its config is {tmp_path / 'config-1.yaml'}" in caplog.text
 
 
 def test_an_empty_folder_of_shards_is_torn_and_another_format_is_accepted(tmp_path):
@@ -248,3 +256,33 @@ def test_an_empty_folder_of_shards_is_torn_and_another_format_is_accepted(tmp_pa
     (tmp_path / "other.ckpt").mkdir()
     (tmp_path / "other.ckpt" / "model_states.pt").write_bytes(b"another tool's layout")
     assert checkpoint_problem(tmp_path / "other.ckpt") is None
+
+
+def test_a_folder_of_shards_missing_a_shard_its_metadata_names_is_torn(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_prunedpo.checkpointing import resolve_resume
+
+    folder = tmp_path / "ckpt"
+    older = folder / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, older)
+    sharded = folder / "last-v1.ckpt"
+    # one process, no process group: what FSDP2Strategy writes, one file per tensor here
+    dcp.save({"a": torch.ones(4), "b": torch.zeros(8)}, storage_writer=dcp.FileSystemWriter(sharded, single_file_per_rank=False),
+             no_dist=True)
+    torch.save({"global_step": 3}, sharded / "meta.pt")
+    shards = sorted(p.name for p in sharded.glob("*.distcp"))
+    assert len(shards) == 2 and checkpoint_problem(sharded) is None
+    os.utime(sharded, (older.stat().st_mtime + 5, older.stat().st_mtime + 5))
+    (sharded / shards[1]).unlink()
+    assert checkpoint_problem(sharded) == f"1 of the 2 shard files its .metadata names are missing: {shards[1]}"
+    callback = ModelCheckpoint(dirpath=folder)
+    trainer = type("T", (), {"callbacks": [callback], "checkpoint_callbacks": [callback], "loggers": [],
+                             "default_root_dir": str(tmp_path)})()
+    with pytest.warns(UserWarning, match=rf"resume: skipped {sharded}: it cannot be read \(1 of the 2 shard files"):
+        assert resolve_resume(trainer, "last") == str(older)
+    (sharded / shards[0]).write_bytes((sharded / shards[0]).read_bytes()[:10])
+    (sharded / shards[1]).write_bytes(b"")
+    assert "is shorter than its .metadata records" in checkpoint_problem(sharded)

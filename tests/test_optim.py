@@ -34,3 +34,77 @@ def test_bad_arguments(kwargs, name):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=name):
         WarmupCosineLR(opt, **kwargs)
+
+
+def _sgd(lr):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def test_a_total_left_to_the_trainer_follows_the_resumed_run_not_the_checkpoint():
+    first = WarmupCosineLR(_sgd(1.0))
+    first.fit_to(4)
+    rates(first, 4)
+    assert first.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)  # the end of a 4-step schedule
+    resumed = WarmupCosineLR(_sgd(1.0))
+    resumed.fit_to(8)
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())  # Lightning's order: optimizer, then scheduler
+    resumed.load_state_dict(first.state_dict())
+    assert (resumed.total_steps, resumed.last_epoch) == (8, 4)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.5)  # half-way through 8 steps, from this step
+    given = WarmupCosineLR(_sgd(1.0), total_steps=4)
+    given.load_state_dict(first.state_dict())
+    assert given.total_steps == 4 and not given.follows_trainer  # a total that was given is the user's
+
+
+def _resume(make_scheduler, lr_before, lr_after, steps):
+    """describe/apply_changes around a resume: the checkpoint's run, then this run with its state loaded."""
+    from lit_prunedpo.optim import apply_changes, describe
+
+    opt = _sgd(lr_before)
+    sched = make_scheduler(opt)
+    saved = describe(opt, sched)
+    rates(sched, steps)
+    new_opt = _sgd(lr_after)
+    new_sched = make_scheduler(new_opt)
+    configured = describe(new_opt, new_sched)
+    new_opt.load_state_dict(opt.state_dict())
+    new_sched.load_state_dict(sched.state_dict())
+    return apply_changes(saved, configured, configured, new_opt, new_sched), new_opt, new_sched
+
+
+def test_a_new_learning_rate_is_applied_over_the_restored_state():
+    from torch.optim.lr_scheduler import StepLR
+
+    applied, opt, sched = _resume(lambda o: StepLR(o, step_size=2, gamma=0.5), 1.0, 0.1, 3)
+    assert applied == ["optimizer.lr"]
+    group = opt.param_groups[0]
+    assert (group["lr"], group["initial_lr"], sched.base_lrs) == (pytest.approx(0.05), 0.1, [0.1])  # 0.1 * 0.5^(3//2)
+    opt.step()
+    sched.step()
+    assert group["lr"] == pytest.approx(0.025)  # the schedule goes on from the new rate
+
+
+def test_a_new_learning_rate_a_scheduler_cannot_recompute_is_refused():
+    from torch.optim.lr_scheduler import CyclicLR
+
+    with pytest.raises(ValueError, match=r"model.optimizer.init_args.lr changed \(1.0 -> 0.1\) but the current rate of "
+                                         r"torch.optim.lr_scheduler.CyclicLR cannot be recomputed"):
+        _resume(lambda o: CyclicLR(o, base_lr=0.01, max_lr=0.1, cycle_momentum=False), 1.0, 0.1, 3)
+
+
+def test_a_changed_scheduler_argument_it_keeps_elsewhere_is_refused():
+    from torch.optim.lr_scheduler import OneCycleLR
+
+    from lit_prunedpo.optim import apply_changes, describe
+
+    def build(max_lr):
+        opt = _sgd(0.1)
+        return opt, OneCycleLR(opt, max_lr=max_lr, total_steps=10)
+
+    opt, sched = build(1.0)
+    saved = describe(opt, sched, {"max_lr": 1.0, "total_steps": 10})
+    new_opt, new_sched = build(2.0)
+    configured = describe(new_opt, new_sched, {"max_lr": 2.0, "total_steps": 10})
+    with pytest.raises(ValueError, match=r"model.scheduler.init_args.max_lr changed \(1.0 -> 2.0\) but the restored "
+                                         r"torch.optim.lr_scheduler.OneCycleLR keeps it in no attribute of that name"):
+        apply_changes(saved, configured, describe(new_opt, new_sched), new_opt, new_sched)

@@ -1,0 +1,145 @@
+"""Resume does what the command line says (lit_prunedpo.checkpointing, lit_prunedpo.optim), through the real CLI:
+a larger max_steps extends the schedule, ``--ckpt_path last`` finds the previous run's newest readable checkpoint
+(or refuses, naming where it looked), a changed optimizer or scheduler argument is applied (or refused), a
+failed save falls back to the step checkpoint beside it, and runs without a logger never share a checkpoint folder."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_prunedpo.checkpointing import AtomicCheckpointIO
+from lit_prunedpo.cli import build_cli
+
+from helpers import REPO
+
+QUICK = ["--config", str(REPO / "configs/quickstart.yaml"), "--trainer.enable_progress_bar=false",
+         "--trainer.enable_model_summary=false", "--trainer.val_check_interval=1000", "--trainer.log_every_n_steps=1",
+         "--data.init_args.max_rows=48", "--data.init_args.batch_size=8",
+         "--model.scheduler.init_args.warmup_steps=0"]  # the cosine decay starts at once: 0 at the last step
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path_factory, monkeypatch):
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_datasets_cache"))
+
+
+def _fit(root: Path, *extra: str, logger: bool = True):
+    # the logger is chosen here: the default one depends on whether tensorboard is installed
+    chosen = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={root}",
+              "--trainer.callbacks+=LearningRateMonitor", "--trainer.callbacks.logging_interval=step"] if logger \
+        else ["--trainer.logger=false"]
+    return build_cli(["fit", *QUICK, f"--trainer.default_root_dir={root}", *chosen, *extra])
+
+
+def _rates(version: Path) -> dict[int, float]:
+    with open(version / "metrics.csv") as f:
+        return {int(row["step"]): float(row["lr-AdamW"]) for row in csv.DictReader(f) if row.get("lr-AdamW")}
+
+
+def _weights(cli) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}
+
+
+def test_resume_last_with_a_larger_max_steps_extends_the_schedule_and_trains(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    first = _fit(tmp_path, "--trainer.max_steps=3")
+    before = _weights(first)
+    logs = tmp_path / "lightning_logs"
+    assert _rates(logs / "version_0")[2] > 0
+    resumed = _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last")
+    # the resumed run logs into a version of its own; it resumed from the previous run's checkpoint, and says so
+    checkpoint = logs / "version_0/checkpoints/last.ckpt"
+    assert f"resume (ckpt_path=last): resuming from {checkpoint}, the newest readable checkpoint" in caplog.text
+    assert resumed.trainer.global_step == 6 and sorted(p.name for p in logs.iterdir()) == ["version_0", "version_1"]
+    assert "resume: WarmupCosineLR schedule extended from 3 to 6 steps" in caplog.text
+    rates = _rates(logs / "version_1")
+    assert sorted(rates) == [3, 4, 5] and all(rate > 0 for rate in rates.values()), rates  # was 0.0 at every later step
+    assert rates[3] == pytest.approx(0.002 * 0.5)  # half-way through the cosine of 6 steps
+    after = _weights(resumed)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_resume_last_with_nothing_to_resume_is_refused_naming_where_it_looked(tmp_path):
+    with pytest.raises(FileNotFoundError, match=rf"resume \(ckpt_path=last\): no checkpoint of a previous run in "
+                                                rf"{tmp_path / 'lightning_logs' / '[*]' / 'checkpoints'}, "
+                                                rf"{tmp_path / 'checkpoints[*]'}\. Pass --ckpt_path"):
+        _fit(tmp_path, "--trainer.max_steps=1", "--ckpt_path=last")
+
+
+def test_an_explicit_total_steps_shorter_than_the_run_is_kept_with_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match=r"model.scheduler.init_args.total_steps=2 is less than this run's 3 optimizer "
+                                         r"steps.*Leave total_steps unset"):
+        cli = _fit(tmp_path, "--trainer.max_steps=3", "--model.scheduler.init_args.total_steps=2")
+    assert cli.trainer.lr_scheduler_configs[0].scheduler.total_steps == 2
+
+
+def test_changed_optimizer_and_scheduler_arguments_are_applied_on_resume(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    _fit(tmp_path, "--trainer.max_steps=2")
+    resumed = _fit(tmp_path, "--trainer.max_steps=4", "--ckpt_path=last", "--model.optimizer.init_args.lr=1e-5",
+                   "--model.optimizer.init_args.weight_decay=0.1", "--model.scheduler.init_args.min_lr_ratio=0.5")
+    for line in ("resume: model.optimizer.init_args.lr is 1e-05 (the checkpoint's: 0.002): applied",
+                 "resume: model.optimizer.init_args.weight_decay is 0.1 (the checkpoint's: 0.0): applied",
+                 "resume: model.scheduler.init_args.min_lr_ratio is 0.5 (the checkpoint's: 0.0): applied"):
+        assert line in caplog.text
+    group = resumed.trainer.optimizers[0].param_groups[0]
+    scheduler = resumed.trainer.lr_scheduler_configs[0].scheduler
+    assert (group["initial_lr"], scheduler.base_lrs, group["weight_decay"]) == (1e-5, [1e-5], 0.1)
+    assert scheduler.min_lr_ratio == 0.5
+    # step 2 of a 4-step cosine from 1e-5 down to 0.5e-5: the new rate and the new floor, not the checkpoint's
+    assert _rates(tmp_path / "lightning_logs/version_1")[2] == pytest.approx(1e-5 * (0.5 + 0.5 * 0.5))
+
+
+def test_another_optimizer_class_on_resume_is_refused(tmp_path):
+    _fit(tmp_path, "--trainer.max_steps=1")
+    with pytest.raises(ValueError, match=r"resume: the checkpoint was trained with model.optimizer "
+                                         r"torch.optim.adamw.AdamW, this run has torch.optim.sgd.SGD: the checkpoint's "
+                                         r"optimizer state cannot be carried over to another class"):
+        _fit(tmp_path, "--trainer.max_steps=2", "--ckpt_path=last", "--model.optimizer=torch.optim.SGD",
+             "--model.optimizer.init_args.lr=0.01")
+
+
+def test_a_failed_save_of_last_falls_back_to_the_step_checkpoint_beside_it(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def disk_full(self, checkpoint, path, storage_options=None):
+        if Path(path).name == "last.ckpt":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return save(self, checkpoint, path, storage_options)
+
+    checkpoints = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=2",
+                   "--trainer.callbacks.save_last=true"]
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        _fit(tmp_path, "--trainer.max_steps=3", *checkpoints)
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save)
+    folder = tmp_path / "lightning_logs/version_0/checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=2.ckpt"]  # no last.ckpt: its save failed
+    resumed = _fit(tmp_path, "--trainer.max_steps=3", *checkpoints, "--ckpt_path=last")
+    assert f"Restored all states from the checkpoint at {folder / 'epoch=0-step=2.ckpt'}" in caplog.text
+    assert resumed.model.sampler_rng.step == 3  # one step trained after the two of the checkpoint, not three afresh
+
+
+def test_runs_without_a_logger_never_share_a_checkpoint_folder(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    _fit(tmp_path, "--trainer.max_steps=1", logger=False)
+    first = tmp_path / "checkpoints/last.ckpt"
+    kept = first.read_bytes()
+    second = _fit(tmp_path, "--trainer.max_steps=2", logger=False)
+    assert first.read_bytes() == kept  # was overwritten by the second run
+    assert second.trainer.checkpoint_callback.dirpath == str((tmp_path / "checkpoints-1").resolve())
+    assert (tmp_path / "checkpoints-1/last.ckpt").is_file() and (tmp_path / "config-1.yaml").is_file()
+    assert (f"{tmp_path} holds other runs' outputs (logger: false): this run's checkpoints go to "
+            f"{tmp_path / 'checkpoints-1'} and its config is {tmp_path / 'config-1.yaml'}") in caplog.text
+    third = _fit(tmp_path, "--trainer.max_steps=3", "--ckpt_path=last", logger=False)
+    assert f"resuming from {tmp_path / 'checkpoints-1/last.ckpt'}, the newest readable checkpoint" in caplog.text
+    assert third.model.sampler_rng.step == 3 and (tmp_path / "checkpoints-2/last.ckpt").is_file()
