@@ -205,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     journal = Journal(out, command) if out is not None else None
+    if journal is not None:
+        log(f"writing {journal.path} as the study goes" + (" (replacing the previous study's)" if journal.replaced else ""))
     torch.set_num_threads(args.threads)
     task = TASKS[args.task]
     for name in ("batch_size", "max_rows", "lr", "warm_start_steps"):  # checked by their argument types

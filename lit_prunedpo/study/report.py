@@ -10,7 +10,6 @@ The protocol the summary applies (target, censoring, intervals, win rule) is in 
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -37,10 +36,12 @@ def check_writable(out: Path) -> None:
 class Journal:
     """``progress.jsonl`` under the output folder: one JSON object per line, appended and flushed as each
     thing is measured (the calibration, every evaluation of the sweep and of the study, every finished run).
-    Started afresh for each study, its first line naming the command."""
+    Started afresh for each study, its first line naming the command; ``replaced`` says whether an earlier
+    study's file was there (the command logs it)."""
 
     def __init__(self, out: Path, command: str) -> None:
         self.path = Path(out) / "progress.jsonl"
+        self.replaced = self.path.exists()
         self.path.write_text("")
         self.append("study", command=command)
 

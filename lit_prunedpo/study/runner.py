@@ -324,7 +324,8 @@ def run_study(
             more = advance(run, *grids[id(run)], clock, batches, stop_on_nonfinite)
             if len(run.points) > seen:
                 p = run.points[-1]
-                log(f"turn {turn} {run.arm.name} seed {run.seed}: step {p.step} cpu {p.cpu_s:.1f}s wall {p.wall_s:.1f}s "
+                rate = "" if run.arm.lr is None else f" lr {run.arm.lr:.3g}"
+                log(f"turn {turn} {run.arm.name}{rate} seed {run.seed}: step {p.step} cpu {p.cpu_s:.1f}s wall {p.wall_s:.1f}s "
                     f"val/loss {p.loss:.4f} acc {p.accuracy:.3f}")
                 if on_point is not None:
                     on_point(run, p)
