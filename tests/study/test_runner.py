@@ -325,3 +325,25 @@ def test_a_study_step_is_the_modules_step(task, dm, monkeypatch):
     run.train_step()
     run.train_step()
     assert calls == [(run.module, ())] * 2 and run.module.sampler_rng.step == 2
+
+
+def test_a_diverged_run_stops_alone_only_when_asked(task, dm, monkeypatch):
+    """The sweep's runs may blow up at a large rate: with ``stop_on_nonfinite`` that run stops, marked, and
+    the others finish; the study itself still stops on it."""
+    import lit_prunedpo.study.runner as runner
+
+    train_step = runner.Run.train_step
+
+    def branch_blows_up(self):
+        if self.arm.mode == "branch" and self.step == 1:
+            raise FloatingPointError(f"study run {self.arm.name} seed {self.seed}: non-finite loss at step 1")
+        train_step(self)
+
+    monkeypatch.setattr(runner.Run, "train_step", branch_blows_up)
+    arms = [Arm("vanilla", 4), Arm("branch", 4)]
+    runs = run_study(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4, stop_on_nonfinite=True)
+    (vanilla, branch) = runs
+    assert branch.diverged and branch.step == 1 and all(p.step <= 1 for p in branch.points)  # stopped at the blow-up
+    assert not vanilla.diverged and vanilla.step >= 3
+    with pytest.raises(FloatingPointError, match="branch@4 seed 0"):
+        run_study(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4)
