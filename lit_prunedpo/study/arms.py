@@ -9,9 +9,14 @@ Modes mirror ``configs/modes/<mode>.yaml`` so that a study's verdict applies to 
   and ``all`` with the position draw shared by a pair's two branches (``CoupledBernoulliPositions``,
   ``CoupledStratifiedPositions``: common random numbers, same inclusion probabilities).
 
-An arm is ``same-batch`` (the task's batch) or ``compute-matched``: the batch enlarged by the FLOP cost model's
-ideal speedup of the mode on the task's own batches (:func:`matched_batch_size`), so that one step costs what
-a vanilla step costs and the arm sees more pairs per second of compute instead of taking more steps.
+An arm is ``same-batch`` (the task's batch), ``compute-matched``: a pruned mode with the batch enlarged by the
+FLOP cost model's ideal speedup of the mode on the task's own batches (:func:`matched_batch_size`), so that one
+step costs what a vanilla step costs and the arm sees more pairs per second of compute instead of taking more
+steps; or ``cost-matched``: the control every pruned mode must beat, vanilla with its batch *shrunk* so that
+one step costs what the pruned step costs (chosen from measured step costs, :mod:`lit_prunedpo.study.calibrate`).
+
+An arm also carries its own learning rate (the sweep's choice, :mod:`lit_prunedpo.study.sweep`) and the step
+count its warm-up-then-cosine schedule spans (``schedule_steps``).
 """
 
 from __future__ import annotations
@@ -66,12 +71,19 @@ class Arm:
         prune_fraction: prune only during this share of the time budget, then train exactly (the study's
             version of ``lit_prunedpo.callbacks.PruneEarly``, on the training clock instead of steps); ``None``
             prunes throughout.
+        cost_matched: True for a cost-matched vanilla arm (batch shrunk to a pruned step's cost).
+        lr: the AdamW learning rate; ``None``: the task's.
+        schedule_steps: the steps the warm-up-then-cosine schedule decays over (``WarmupCosineLR``'s
+            ``total_steps``); ``None``: constant after the warm-up.
     """
 
     mode: str
     batch_size: int
     matched: bool = False
     prune_fraction: float | None = None
+    cost_matched: bool = False
+    lr: float | None = None
+    schedule_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -80,11 +92,18 @@ class Arm:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size!r}")
         if self.prune_fraction is not None and not 0.0 <= self.prune_fraction <= 1.0:
             raise ValueError(f"prune_fraction must be in [0, 1], got {self.prune_fraction!r}")
+        if self.cost_matched and self.mode != "vanilla":
+            raise ValueError(f"a cost-matched arm is a vanilla arm, got mode {self.mode!r}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.schedule_steps is not None and self.schedule_steps < 1:
+            raise ValueError(f"schedule_steps must be >= 1, got {self.schedule_steps!r}")
 
     @property
     def name(self) -> str:
         early = f" then exact after {self.prune_fraction:g}" if self.prune_fraction is not None else ""
-        return f"{self.mode}@{self.batch_size}{early}" + (" (matched)" if self.matched else "")
+        kind = " (matched)" if self.matched else " (cost-matched)" if self.cost_matched else ""
+        return f"{self.mode}@{self.batch_size}{early}{kind}"
 
     def samplers(self) -> Samplers:
         return MODES[self.mode]()

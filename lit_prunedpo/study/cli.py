@@ -1,68 +1,172 @@
-"""``lit-prunedpo-study``: time to quality of every pruning mode against vanilla, on one task.
+"""``lit-prunedpo-study``: time to quality of every pruning mode against the honest alternatives, on one task.
 
 Examples::
 
     lit-prunedpo-study --task quickstart --quick --out study_results/quickstart-quick
-    lit-prunedpo-study --task edited --modes vanilla,branch,sequence --seeds 0,1,2 --budget 30 --steps 300 \\
-        --out docs/study/edited
-    python -m lit_prunedpo.study.cli --task hh-rlhf --modes vanilla,branch --no-matched --budget 120 --steps 40
+    lit-prunedpo-study --task edited --modes vanilla,branch,sequence --budget 30 --steps 300 --out docs/study/edited
+    python -m lit_prunedpo.study.cli --task hh-rlhf --modes vanilla,position-coupled --no-matched --budget 90 --steps 40
 
-Every arm (mode x batch) trains from each seed's initial weights on the same data; see
-:mod:`lit_prunedpo.study.runner` for the clocks and the interleaving, :mod:`lit_prunedpo.study.curves` for
-the target and the ratios. ``--quick`` is a version of a few minutes (2 s budgets, 40 steps, 64 held-out pairs).
+The protocol (issue 17), the command's default:
+
+1. **Calibration** (:mod:`lit_prunedpo.study.calibrate`): a few timed steps of every arm; vanilla at a few
+   batch sizes, a line fitted through their costs. For every pruned mode the **cost-matched vanilla** arm
+   (vanilla with its batch shrunk until a step costs what the pruned step costs, measured; the FLOP model's
+   batch recorded beside it) is added: a mandatory control. Each arm's schedule length comes from its
+   measured cost per step.
+2. **Learning-rate sweep** (:mod:`lit_prunedpo.study.sweep`): every arm at 0.5, 1 and 2 times ``--lr`` on
+   tuning seeds (100, 101) that the verdict never uses; each keeps its best rate. ``--no-sweep`` skips it.
+3. **The study** (:mod:`lit_prunedpo.study.runner`): every arm from each verdict seed's initial weights on
+   the same data (5 seeds, 0-4), warm-up then cosine decay over the steps the arm will run, exact held-out
+   evaluations at fixed points of the training clock and of the step count.
+4. **Verdict** (:mod:`lit_prunedpo.study.curves`): target = 0.8 (``--target-share``) of same-batch vanilla's
+   best improvement over the initial loss (and accuracy); per arm the time to target against the better of
+   same-batch and cost-matched vanilla, with a 95 % percentile-bootstrap interval over seeds (2000 resamples,
+   seeded); WIN only when the interval's upper end is below 1.0, LOSS when its lower end is above, TIE
+   otherwise; plus the best quality each arm reaches within the budget, with its interval.
+
+Every numeric option is checked while parsing (``argument --max-eval-pairs: must be >= 1, got 0``), and
+``--out`` is created and test-written before any training; the calibration, every evaluation and every
+finished run are appended to ``--out``/``progress.jsonl`` as they happen. ``--quick`` is a version of a few
+minutes: 2 s budgets, 40 steps, 4 evaluations, 64 held-out pairs, **3 seeds** (0-2), 1 tuning seed (100),
+2 calibration steps, unless given.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from lit_prunedpo.study.arms import MODES
 from lit_prunedpo.study.tasks import TASKS
 
-QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64}
+QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64, "seeds": [0, 1, 2], "tune_seeds": [100],
+         "calibration_steps": 2}
+DEFAULTS = {"budget": 30.0, "steps": 300, "evals": 10, "max_eval_pairs": None, "seeds": [0, 1, 2, 3, 4],
+            "tune_seeds": [100, 101], "calibration_steps": 5}
 
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+# Argument types: argparse calls them while parsing and reports an ArgumentTypeError as
+# "argument --option: <message>", so every bad number is refused before any data is read or any step trained.
+def count(minimum: int) -> Callable[[str], int]:
+    """An integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def real(low: float, high: float = math.inf, low_open: bool = True, high_open: bool = False) -> Callable[[str], float]:
+    """A finite number in the interval from ``low`` to ``high`` (each end open or closed)."""
+    if high == math.inf:
+        bounds = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bounds}, got {text!r}") from None
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+        if not math.isfinite(value) or not inside:
+            raise argparse.ArgumentTypeError(f"must be a finite number {bounds}, got {text}")
+        return value
+    return parse
+
+
+def seed_list(text: str) -> list[int]:
+    """Distinct comma-separated integers, at least one."""
+    try:
+        seeds = [int(s) for s in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"need distinct seeds, got {text!r}")
+    return seeds
+
+
+def mode_list(text: str) -> list[str]:
+    """Known modes, comma-separated, at least one."""
+    modes = _csv(text)
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"unknown or empty {bad or modes}; choose from {','.join(MODES)}")
+    return modes
+
+
+def factor_list(text: str) -> list[float]:
+    """Distinct positive finite numbers, comma-separated, at least one."""
+    try:
+        factors = [float(f) for f in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not factors or len(set(factors)) != len(factors) or not all(math.isfinite(f) and f > 0 for f in factors):
+        raise argparse.ArgumentTypeError(f"need distinct positive numbers, got {text!r}")
+    return factors
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lit-prunedpo-study",
-        description="Train every pruning mode from the same weights on the same data, for the same time and the same "
-                    "steps, over several seeds; report time to vanilla's final held-out quality.",
+        description="Train every pruning mode, vanilla and the cost-matched vanilla control from the same weights on the "
+                    "same data, each at its own swept learning rate, for the same training time and steps, over several "
+                    "seeds; report time to a share of vanilla's best improvement, with bootstrap intervals and verdicts.",
     )
-    parser.add_argument("--task", default="quickstart", choices=sorted(TASKS), help="data and model (default: quickstart)")
-    parser.add_argument("--modes", type=_csv, default=list(MODES), help=f"comma-separated, from {','.join(MODES)}; vanilla is always run")
-    parser.add_argument("--no-matched", dest="matched", action="store_false",
-                        help="skip the compute-matched arm (pruned modes with the batch enlarged to a vanilla step's cost)")
-    parser.add_argument("--prune-early", type=float, default=None, metavar="FRACTION",
-                        help="also run each pruned mode pruning only for this share of the budget, then exact (PruneEarly)")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (>= 3 for a spread; default 0,1,2)")
-    parser.add_argument("--budget", type=float, default=None, help="training seconds per run on --clock (default 30)")
-    parser.add_argument("--steps", type=int, default=None, help="the same-steps budget (default 300)")
-    parser.add_argument("--evals", type=int, default=None, help="exact evaluations per budget (default 10)")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="the clock budgets and ratios use: process CPU seconds (default; steady on a shared machine) or wall")
-    parser.add_argument("--batch-size", type=int, default=None, help="the same-batch arm's pairs per step (default: the task's)")
-    parser.add_argument("--max-rows", type=int, default=None, help="use only the first N rows of the task's data (held-out share included)")
-    parser.add_argument("--max-eval-pairs", type=int, default=None, help="evaluate on the first N held-out pairs only")
-    parser.add_argument("--lr", type=float, default=None,
-                        help="every arm's DPO learning rate (AdamW; default: the task's; the warm start keeps its own)")
-    parser.add_argument("--warm-start-steps", type=int, default=None, metavar="N",
-                        help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
-                             "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
-    parser.add_argument("--work-dir", default="study_results/work",
-                        help="where warm starts are cached (default: study_results/work)")
-    parser.add_argument("--quick", action="store_true", help=f"a minutes-long study: {QUICK} unless given")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU seconds then measure work)")
-    parser.add_argument("--out", default=None, help="directory for study.json, study.md, study.png (default: print the table)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    a = parser.add_argument
+    a("--task", default="quickstart", choices=sorted(TASKS), help="data and model (default: quickstart)")
+    a("--modes", type=mode_list, default=list(MODES), help=f"comma-separated, from {','.join(MODES)}; vanilla is always run")
+    a("--no-matched", dest="matched", action="store_false",
+      help="skip the compute-matched arm (pruned modes with the batch enlarged to a vanilla step's cost); the "
+           "cost-matched vanilla control (vanilla's batch shrunk to a pruned step's cost) is always run")
+    a("--prune-early", type=real(0.0, 1.0, low_open=False), default=None, metavar="FRACTION",
+      help="also run each pruned mode pruning only for this share of the budget, then exact (PruneEarly)")
+    a("--seeds", type=seed_list, default=None, help="comma-separated verdict seeds (default 0,1,2,3,4; --quick 0,1,2)")
+    a("--tune-seeds", type=seed_list, default=None,
+      help="seeds of the learning-rate sweep, none of them a verdict seed (default 100,101; --quick 100)")
+    a("--lr-factors", type=factor_list, default=[0.5, 1.0, 2.0], help="the sweep's multiples of --lr (default 0.5,1,2)")
+    a("--no-sweep", dest="sweep", action="store_false", help="every arm at --lr, no sweep (quick runs)")
+    a("--target-share", type=real(0.0, 1.0), default=0.8,
+      help="the target: this share of vanilla's best improvement over the initial loss / accuracy (default 0.8)")
+    a("--bootstrap", type=count(100), default=2000, help="bootstrap resamples over seeds per interval (default 2000)")
+    a("--confidence", type=real(0.0, 1.0, high_open=True), default=0.95, help="interval coverage (default 0.95)")
+    a("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap's resampling (default 0)")
+    a("--calibration-steps", type=count(1), default=None,
+      help="timed steps per arm in the calibration, after one untimed (default 5; --quick 2)")
+    a("--budget", type=real(0.0), default=None, help="training seconds per run on --clock (default 30)")
+    a("--steps", type=count(1), default=None, help="the same-steps budget (default 300)")
+    a("--evals", type=count(1), default=None, help="exact evaluations per budget (default 10)")
+    a("--clock", choices=("cpu", "wall"), default="cpu",
+      help="the clock budgets and ratios use: process CPU seconds (default; steady on a shared machine) or wall")
+    a("--batch-size", type=count(1), default=None, help="the same-batch arm's pairs per step (default: the task's)")
+    a("--max-rows", type=count(2), default=None, help="use only the first N rows of the task's data (held-out share included)")
+    a("--max-eval-pairs", type=count(1), default=None, help="evaluate on the first N held-out pairs only (default: all)")
+    a("--lr", type=real(0.0), default=None,
+      help="the base DPO learning rate (AdamW) the sweep multiplies (default: the task's; the warm start keeps its own)")
+    a("--warm-start-steps", type=count(0), default=None, metavar="N",
+      help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
+           "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
+    a("--work-dir", default="study_results/work", help="where warm starts are cached (default: study_results/work)")
+    a("--quick", action="store_true", help="a minutes-long study with fewer seeds: "
+      + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + " unless given")
+    a("--threads", type=count(1), default=1, help="torch threads (default 1: CPU seconds then measure work)")
+    a("--out", default=None, help="folder for progress.jsonl (written as the study goes), study.json, study.md, "
+                                  "study.png; created and test-written before any training (default: print the table)")
+    a("--quiet", action="store_true", help="no progress lines")
     return parser
 
 
@@ -72,77 +176,119 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    defaults = QUICK if args.quick else {"budget": 30.0, "steps": 300, "evals": 10, "max_eval_pairs": None}
-    budget = args.budget if args.budget is not None else defaults["budget"]
-    steps = args.steps if args.steps is not None else defaults["steps"]
-    evals = args.evals if args.evals is not None else defaults["evals"]
-    max_eval_pairs = args.max_eval_pairs if args.max_eval_pairs is not None else defaults["max_eval_pairs"]
-    bad = [m for m in args.modes if m not in MODES]
-    if bad or not args.modes:
-        parser.error(f"--modes: unknown or empty {bad or args.modes}; choose from {','.join(MODES)}")
-    try:
-        seeds = [int(s) for s in _csv(args.seeds)]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not seeds or len(set(seeds)) != len(seeds):
-        parser.error(f"--seeds: need distinct seeds, got {args.seeds!r}")
-    for name, value in (("--budget", budget), ("--steps", steps), ("--evals", evals), ("--threads", args.threads)):
-        if not value > 0:
-            parser.error(f"{name} must be > 0, got {value!r}")
+    defaults = QUICK if args.quick else DEFAULTS
+    opt = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in {**DEFAULTS, **defaults}.items()}
+    budget, steps, evals, seeds = opt["budget"], opt["steps"], opt["evals"], opt["seeds"]
+    if args.sweep and set(opt["tune_seeds"]) & set(seeds):
+        parser.error(f"--tune-seeds {opt['tune_seeds']} and --seeds {seeds} share {sorted(set(opt['tune_seeds']) & set(seeds))}: "
+                     "the sweep must run on seeds the verdict does not use")
+    command = "lit-prunedpo-study " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        from lit_prunedpo.study.report import check_writable
 
-    import dataclasses
+        try:
+            check_writable(out)
+        except OSError as exc:
+            parser.error(f"--out: {exc}")
 
     import torch
 
     from lit_prunedpo.bench.cost import ModelDims
     from lit_prunedpo.study.arms import Arm, ideal_speedup, matched_batch_size
-    from lit_prunedpo.study.report import payload_of, to_markdown, warm_start_summary, write_report
+    from lit_prunedpo.study.calibrate import (
+        cost_matched_batch, fit_line, flop_matched_batch, measure_step_costs, schedule_steps, vanilla_probe_sizes,
+    )
+    from lit_prunedpo.study.report import Journal, payload_of, to_markdown, warm_start_summary, write_report
     from lit_prunedpo.study.runner import eval_batches, run_study
+    from lit_prunedpo.study.sweep import sweep, window_of
 
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    journal = Journal(out, command) if out is not None else None
+    if journal is not None:
+        log(f"writing {journal.path} as the study goes" + (" (replacing the previous study's)" if journal.replaced else ""))
     torch.set_num_threads(args.threads)
     task = TASKS[args.task]
-    # task overrides: (field, option, valid, bound named in the error)
-    for name, option, valid, bound in (
-        ("batch_size", "--batch-size", lambda v: v >= 1, ">= 1"),
-        ("max_rows", "--max-rows", lambda v: v >= 2, ">= 2"),
-        ("lr", "--lr", lambda v: v > 0, "> 0"),
-        ("warm_start_steps", "--warm-start-steps", lambda v: v >= 0, ">= 0"),
-    ):
-        value = getattr(args, name)
-        if value is None:
-            continue
-        if not valid(value):
-            parser.error(f"{option} must be {bound}, got {value!r}")
-        task = dataclasses.replace(task, **{name: value})
-    out = Path(args.out) if args.out else Path("study_results") / task.name
+    for name in ("batch_size", "max_rows", "lr", "warm_start_steps"):  # checked by their argument types
+        if getattr(args, name) is not None:
+            task = dataclasses.replace(task, **{name: getattr(args, name)})
+    B = task.batch_size
     with tempfile.TemporaryDirectory(prefix="lit-prunedpo-study-") as work_dir:  # generated files, read once by setup
         dm = task.datamodule(Path(work_dir))
+    try:
+        eval_pairs = sum(b.num_pairs for b in eval_batches(dm, opt["max_eval_pairs"]))
+    except ValueError as exc:
+        parser.error(f"task {task.name}: {exc}")
+
+    # arms: vanilla, each pruned mode at the task's batch, prune-early and compute-matched variants
     modes = ["vanilla"] + [m for m in args.modes if m != "vanilla"]
-    arms = [Arm(m, task.batch_size) for m in modes]
-    if args.prune_early is not None:
-        if not 0.0 <= args.prune_early <= 1.0:
-            parser.error(f"--prune-early must be in [0, 1], got {args.prune_early!r}")
-        arms += [Arm(m, task.batch_size, prune_fraction=args.prune_early) for m in modes[1:]]
-    speedups: dict[str, float] = {}
-    if args.matched:
-        dims = ModelDims.from_model(task.policy(0).build())
-        sample = [b for _, b in zip(range(8), dm.train_dataloader())]
-        for m in modes[1:]:
-            speedups[m] = ideal_speedup(m, sample, dims)
-            size = matched_batch_size(task.batch_size, speedups[m])
-            if size > task.batch_size:
-                arms.append(Arm(m, size, matched=True))
-    log(f"arms: {', '.join(a.name for a in arms)}; seeds {seeds}; budget {budget:g} {args.clock}-s and {steps} steps")
-    runs = run_study(task, arms, seeds, budget, steps, evals, clock=args.clock, dm=dm, max_eval_pairs=max_eval_pairs, log=log,
-                     work_dir=args.work_dir)
-    eval_pairs = sum(b.num_pairs for b in eval_batches(dm, max_eval_pairs))
+    pruned = modes[1:]
+    dims = ModelDims.from_model(task.policy(0).build())
+    sample = [b for _, b in zip(range(8), dm.train_dataloader())]
+    speedups = {m: ideal_speedup(m, sample, dims) for m in pruned}
+    base = [Arm(m, B) for m in modes]
+    enlarged = [Arm(m, matched_batch_size(B, speedups[m]), matched=True) for m in pruned if args.matched]
+    enlarged = [a for a in enlarged if a.batch_size > B]
+
+    # calibration: measured step costs, the cost-matched vanilla batch per mode, each arm's schedule length
+    probes = [Arm("vanilla", b) for b in vanilla_probe_sizes(B)]
+    log(f"calibration: {opt['calibration_steps']} timed steps of {len(probes) + len(pruned) + len(enlarged)} arms")
+    costs = measure_step_costs(task, probes + base[1:] + enlarged, dm, opt["calibration_steps"], warmup=1, seed=seeds[0])
+    line = fit_line({a.batch_size: costs[a].on(args.clock) for a in probes})
+    vanilla_cost = lambda b: max(line[0] + line[1] * b, 1e-9)  # noqa: E731 - the fitted line; never 0 (it divides)
+    fitted = {b: vanilla_cost(b) for b in range(1, B + 1)}
+    controls, cost_matched, matched_info = {}, {}, {}
+    for m in pruned:
+        target = costs[Arm(m, B)].on(args.clock)
+        b = cost_matched_batch(fitted, target)
+        matched_info[m] = {"pruned_cost_s": target, "batch": b, "vanilla_cost_at_batch_s": fitted[b],
+                           "flop_speedup": speedups[m], "flop_batch": flop_matched_batch(B, speedups[m]),
+                           "measured_speedup": vanilla_cost(B) / target}
+        if b < B:  # else the pruned step is no cheaper: same-batch vanilla is its own cost-matched control
+            cost_matched.setdefault(Arm("vanilla", b, cost_matched=True), vanilla_cost(b))
+        controls[m] = Arm("vanilla", b, cost_matched=b < B).name
+    calibration = {"clock": args.clock, "steps": opt["calibration_steps"], "warmup": 1, "seed": seeds[0],
+                   "vanilla_measured": {a.batch_size: costs[a].on(args.clock) for a in probes}, "vanilla_line": list(line),
+                   "arms": {a.name: dataclasses.asdict(c) for a, c in costs.items()}, "cost_matched": matched_info}
+    for m, info in matched_info.items():
+        log(f"calibration: {m}@{B} {info['pruned_cost_s']:.4f} {args.clock}-s/step -> cost-matched vanilla batch "
+            f"{info['batch']} (FLOP model: {info['flop_batch']})")
+    if journal is not None:
+        journal.append("calibration", **calibration)
+
+    def priced(arm: Arm) -> Arm:
+        own = cost_matched.get(arm) or (costs[arm].on(args.clock) if arm in costs else costs[Arm(arm.mode, B)].on(args.clock))
+        return dataclasses.replace(arm, schedule_steps=schedule_steps(arm, own, vanilla_cost(arm.batch_size), budget, steps))
+
+    early = [Arm(m, B, prune_fraction=args.prune_early) for m in pruned] if args.prune_early is not None else []
+    arms = [priced(a) for a in base + [a for a in cost_matched if a not in base] + early + enlarged]
+    log(f"arms: {', '.join(f'{a.name} ({a.schedule_steps} scheduled steps)' for a in arms)}; seeds {seeds}; "
+        f"budget {budget:g} {args.clock}-s and {steps} steps")
+    study = dict(task=task, budget_s=budget, steps=steps, clock=args.clock, dm=dm, max_eval_pairs=opt["max_eval_pairs"],
+                 log=log, work_dir=args.work_dir)
+
+    def journaled(phase: str) -> dict:
+        if journal is None:
+            return {}
+        return {"on_point": lambda r, p: journal.point(phase, r, p), "on_done": lambda r: journal.run(phase, r)}
+
+    swept = None
+    if args.sweep:
+        log(f"learning-rate sweep: {args.lr_factors} x {task.lr:g} on tuning seeds {opt['tune_seeds']}")
+        arms, rows = sweep(arms, task.lr, args.lr_factors, opt["tune_seeds"], evals, **study, **journaled("sweep"))
+        swept = {"factors": args.lr_factors, "seeds": opt["tune_seeds"], "window": window_of(evals), "rows": rows}
+        if journal is not None:
+            journal.append("sweep", **swept)
+        log("chosen learning rates: " + ", ".join(f"{a.name} {a.lr:.3g}" for a in arms))
+    runs = run_study(arms=arms, seeds=seeds, evals=evals, **study, **journaled("study"))
     payload = payload_of(
-        runs, task.describe(), args.clock, budget, steps, evals, seeds, eval_pairs, "lit-prunedpo-study " + " ".join(sys.argv[1:] if argv is None else argv),
+        runs, task.describe(), args.clock, budget, steps, evals, seeds, eval_pairs, command,
         extra={"torch_threads": args.threads, "ideal_speedups": speedups, "torch": torch.__version__,
-               "warm_start": warm_start_summary(runs)},
+               "warm_start": warm_start_summary(runs), "calibration": calibration, "sweep": swept},
+        protocol={"share": args.target_share, "resamples": args.bootstrap, "confidence": args.confidence,
+                  "seed": args.bootstrap_seed, "controls": controls},
     )
-    if args.out:
+    if out is not None:
         for path in write_report(payload, out):
             log(f"wrote {path}")
     print(to_markdown(payload))

@@ -1,18 +1,43 @@
-"""From evaluation points to the study's verdict: mean curves over seeds and time to target.
+"""From evaluation points to the study's verdict: the target, time to target, intervals over seeds, the win rule.
 
-The target is vanilla's quality at the end of the budget: the mean over seeds of vanilla's final held-out
-loss (lower is better) and accuracy (higher is better; reaching it within ``tolerance`` counts, the issue's
-"within 1 point"). An arm's time to target is the first time its mean curve reaches it, linearly interpolated
-between the two evaluations around the crossing; the ratio divides that by vanilla's own time on its mean
-curve (at most the budget, by construction). The spread is the range of the per-seed ratios (each seed's own
-curve against vanilla's mean time); a seed that never reaches the target within the budget is counted, not
-dropped.
+The protocol (issue 17), in the order :mod:`lit_prunedpo.study.report` applies it:
+
+* **Target.** A fixed share (``--target-share``, default 0.8) of the same-batch vanilla arm's *best*
+  improvement over the initial quality, on its mean curve over seeds (:func:`improvement_target`): for the
+  loss ``L0 - share * (L0 - min L)``, for the accuracy ``A0 + share * (max A - A0)``. Where vanilla's noisy
+  curve ends (it may fall, then rise) no longer moves the target; the share below 1 keeps it reachable by
+  a curve that only touches its best once.
+* **Time to target, per seed.** The first time a seed's curve reaches the target, linearly interpolated
+  between the two evaluations around the crossing (:func:`time_to_target`); ``None`` when it never does
+  within the budget.
+* **Ratio and censoring.** An arm's time ratio to a reference (a vanilla arm) is the ratio of the summed
+  per-seed times over the same seeds (seeds are paired: a seed gives every arm the same initial weights and
+  data order). A time that was not measured always counts *against the arm being judged*: a seed where the
+  arm never reaches the target counts as infinitely slow (the ratio is then "not reached"); a seed where
+  only the reference misses counts the reference at the budget (less than its real time, so the ratio can
+  only be too high); a seed where both miss counts both at the budget (a tie on that seed). A WIN is
+  therefore never claimed on a time that was not measured.
+* **Better vanilla.** A pruned arm is judged against the better of its references (same-batch vanilla and
+  cost-matched vanilla): the statistic is the *largest* of its ratios to them, on the whole sample and on
+  each bootstrap resample, so choosing the better reference is inside the interval.
+* **Interval.** Percentile bootstrap over seeds (``--bootstrap`` resamples, default 2000, seeded; 95 %):
+  the seeds are drawn with replacement, the statistic recomputed, and the interval is the
+  ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` order statistics (no interpolation, so an infinite
+  ratio stays infinite).
+* **Verdict** (:func:`verdict`): ``WIN`` when the interval's upper end is below 1.0, ``LOSS`` when its lower
+  end is above 1.0, otherwise ``TIE`` (undecided at this number of seeds).
+* **Best quality within the budget**: per seed the best held-out value over the evaluations of the time
+  grid, reported as the mean with a bootstrap interval (:func:`mean_interval`).
 """
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def time_to_target(times: Sequence[float], values: Sequence[float], target: float, lower_is_better: bool = True) -> float | None:
@@ -48,54 +73,138 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
     return sum(values) / len(values), min(values), max(values)
 
 
+def improvement_target(curve: Sequence[float], share: float, lower_is_better: bool = True) -> float:
+    """The value ``share`` of the way from ``curve[0]`` to the curve's best value (its minimum for a loss, its
+    maximum for an accuracy). A curve that never improves gives its initial value.
+
+    Raises:
+        ValueError: on an empty curve or a share outside (0, 1].
+    """
+    if not curve:
+        raise ValueError("improvement_target needs a non-empty curve")
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    best = min(curve) if lower_is_better else max(curve)
+    return curve[0] + share * (best - curve[0])
+
+
+def censored_pairs(arm: Sequence[float | None], reference: Sequence[float | None], budget: float) -> list[tuple[float, float]]:
+    """Per seed, (arm's time, reference's time) with the module's censoring rule: arm missed -> ``inf``;
+    only the reference missed -> the reference at ``budget``; both missed -> both at ``budget``."""
+    if len(arm) != len(reference):
+        raise ValueError(f"paired seeds: the arm has {len(arm)} times, the reference {len(reference)}")
+    pairs = []
+    for a, r in zip(arm, reference):
+        if a is None and r is None:
+            pairs.append((budget, budget))
+        else:
+            pairs.append((math.inf if a is None else a, budget if r is None else r))
+    return pairs
+
+
+def ratio_of_sums(pairs: Sequence[tuple[float, float]]) -> float:
+    """``sum(arm) / sum(reference)``; both 0 (the target held at the start) is 1.0, an arm time over a zero
+    reference is ``inf``."""
+    a, r = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    if r == 0:
+        return 1.0 if a == 0 else math.inf
+    return a / r
+
+
+def bootstrap_interval(samples: Sequence[T], statistic: Callable[[list[T]], float], resamples: int = 2000,
+                       confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap: resample ``samples`` with replacement ``resamples`` times (a ``random.Random(seed)``
+    stream, so the same call gives the same interval), and return the ``(1 - confidence) / 2`` and
+    ``(1 + confidence) / 2`` order statistics of ``statistic`` (no interpolation: infinities are kept).
+
+    Raises:
+        ValueError: on no samples, ``resamples < 1`` or a confidence outside (0, 1).
+    """
+    if not samples:
+        raise ValueError("bootstrap_interval needs at least one sample")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    rng = random.Random(seed)
+    n = len(samples)
+    values = sorted(statistic([samples[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    k = math.floor((1.0 - confidence) / 2 * resamples)
+    return values[k], values[resamples - 1 - k]
+
+
+def verdict(low: float, high: float) -> str:
+    """``WIN`` when the interval lies below 1.0 (faster), ``LOSS`` when above, else ``TIE`` (undecided)."""
+    if high < 1.0:
+        return "WIN"
+    if low > 1.0:
+        return "LOSS"
+    return "TIE"
+
+
 @dataclass(frozen=True)
 class Ratio:
-    """Time to target as a ratio to vanilla's. ``mean`` comes from the mean curves; ``low``/``high`` from the
-    seeds that reached the target; ``reached`` of ``seeds`` did. ``mean`` is None when the mean curve never
-    reaches the target in the budget (then the arm is slower than vanilla, by more than ``budget/vanilla``)."""
+    """Time to target as a ratio to the better reference, with its bootstrap interval and verdict.
 
-    mean: float | None
-    low: float | None
-    high: float | None
+    Attributes:
+        value: the ratio on every seed (``inf``: some seed of the arm never reached the target).
+        low, high: the bootstrap interval.
+        reference: the reference the ratio is largest against on every seed (the better vanilla).
+        reached: seeds on which the arm reached the target, of ``seeds``.
+    """
+
+    value: float
+    low: float
+    high: float
+    reference: str
     reached: int
     seeds: int
 
+    @property
+    def verdict(self) -> str:
+        return verdict(self.low, self.high)
+
+    def interval_text(self) -> str:
+        def x(v: float) -> str:
+            return "not reached" if math.isinf(v) else f"{v:.2f}x"
+
+        return f"{x(self.value)} [{x(self.low)}-{x(self.high)}]"
+
     def __str__(self) -> str:
-        if self.mean is None:
-            return f"not reached ({self.reached}/{self.seeds} seeds)"
-        rng = f" [{self.low:.2f}-{self.high:.2f}]" if self.low is not None else ""
-        return f"{self.mean:.2f}x{rng} ({self.reached}/{self.seeds} seeds)"
+        return f"{self.interval_text()} {self.verdict} ({self.reached}/{self.seeds} seeds)"
+
+    def as_dict(self) -> dict:
+        # JSON has no infinity: an unmeasured ratio is written as null
+        clean = lambda v: None if math.isinf(v) else v  # noqa: E731
+        return {"value": clean(self.value), "low": clean(self.low), "high": clean(self.high), "reference": self.reference,
+                "reached": self.reached, "seeds": self.seeds, "verdict": self.verdict, "text": str(self),
+                "interval_text": self.interval_text()}
 
 
-def ratio_to_vanilla(
-    grid: Sequence[float],
-    arm_curves: Sequence[Sequence[float]],
-    arm_seed_times: Sequence[Sequence[float]],
-    vanilla_curves: Sequence[Sequence[float]],
-    target: float,
-    lower_is_better: bool = True,
-) -> Ratio:
-    """Time to ``target`` of an arm relative to vanilla's.
+def time_ratio(arm: Sequence[float | None], references: Mapping[str, Sequence[float | None]], budget: float,
+               resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> Ratio:
+    """The arm's time to target against the better of ``references`` (each a per-seed time list paired with
+    ``arm``'s seeds), with the bootstrap interval over seeds; see the module docstring for the rules.
 
-    Args:
-        grid: the nominal evaluation times (the same for every run).
-        arm_curves: per seed, the arm's values at ``grid``.
-        arm_seed_times: per seed, the times actually recorded at those evaluations.
-        vanilla_curves: per seed, vanilla's values at ``grid``.
-        target: the value to reach.
-        lower_is_better: True for a loss, False for an accuracy.
+    Raises:
+        ValueError: with no reference, or a reference whose seeds do not pair with the arm's.
     """
-    # Vanilla's mean curve ends at the target, so it reaches it within the budget; only an untrained-looking
-    # curve (already at the target at time 0) has no positive time: the budget is then the fair denominator.
-    vanilla_time = time_to_target(grid, mean_curve(vanilla_curves), target, lower_is_better) or grid[-1]
-    arm_time = time_to_target(grid, mean_curve(arm_curves), target, lower_is_better)
-    per_seed = [time_to_target(t, v, target, lower_is_better) for t, v in zip(arm_seed_times, arm_curves, strict=True)]
-    reached = [t / vanilla_time for t in per_seed if t is not None]
-    return Ratio(
-        mean=None if arm_time is None else arm_time / vanilla_time,
-        low=min(reached) if reached else None,
-        high=max(reached) if reached else None,
-        reached=len(reached),
-        seeds=len(per_seed),
-    )
+    if not references:
+        raise ValueError("time_ratio needs at least one reference")
+    names = list(references)
+    per_ref = [censored_pairs(arm, references[name], budget) for name in names]
+    per_seed = list(zip(*per_ref))  # per seed: one (arm, reference) pair per reference
 
+    def statistic(seeds: list[tuple[tuple[float, float], ...]]) -> float:
+        return max(ratio_of_sums([s[i] for s in seeds]) for i in range(len(names)))
+
+    ratios = [ratio_of_sums(pairs) for pairs in per_ref]
+    worst = max(range(len(names)), key=lambda i: ratios[i])  # the better reference: the arm's largest ratio
+    low, high = bootstrap_interval(per_seed, statistic, resamples, confidence, seed)
+    return Ratio(ratios[worst], low, high, names[worst], sum(t is not None for t in arm), len(arm))
+
+
+def mean_interval(values: Sequence[float], resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean over seeds and its percentile-bootstrap interval."""
+    low, high = bootstrap_interval(list(values), lambda vs: sum(vs) / len(vs), resamples, confidence, seed)
+    return sum(values) / len(values), low, high

@@ -1,61 +1,143 @@
-"""The study's outputs: ``study.json`` (every evaluation of every run, and the summary), ``study.md`` (the
-table) and ``study.png`` (held-out loss and accuracy against training seconds and against steps, mean over
-seeds with the min-max band; needs matplotlib, the ``[bench]`` extra)."""
+"""The study's outputs: ``study.json`` (every evaluation of every run, the calibration, the sweep and the
+summary), ``study.md`` (the tables and the verdicts), ``study.png`` (held-out loss and accuracy against
+training seconds and against steps, mean over seeds with the min-max band; needs matplotlib, the ``[bench]``
+extra), and ``progress.jsonl``, written as the study goes (:class:`Journal`): a study stopped late keeps what
+it measured. :func:`check_writable` proves the output folder usable before any training starts.
+
+The protocol the summary applies (target, censoring, intervals, win rule) is in :mod:`lit_prunedpo.study.curves`.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from lit_prunedpo.study.curves import Ratio, mean_curve, ratio_to_vanilla, spread
+from lit_prunedpo.study.curves import improvement_target, mean_curve, mean_interval, spread, time_ratio, time_to_target
 from lit_prunedpo.study.runner import Clock, Run
 
 
-def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, tolerance: float = 0.01) -> dict[str, Any]:
-    """Per arm: final quality at the time budget and at the step budget, and time to vanilla's final quality.
+def check_writable(out: Path) -> None:
+    """Create ``out`` (and its parents) and write and delete a probe file in it.
 
     Raises:
-        ValueError: if no run is a same-batch ``vanilla`` arm (the reference every ratio needs).
+        OSError: naming the folder, if it cannot be created or written.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise OSError(f"output folder {str(out)!r} cannot be created or written: {exc.strerror or exc}") from exc
+
+
+class Journal:
+    """``progress.jsonl`` under the output folder: one JSON object per line, appended and flushed as each
+    thing is measured (the calibration, every evaluation of the sweep and of the study, every finished run).
+    Started afresh for each study, its first line naming the command; ``replaced`` says whether an earlier
+    study's file was there (the command logs it)."""
+
+    def __init__(self, out: Path, command: str) -> None:
+        self.path = Path(out) / "progress.jsonl"
+        self.replaced = self.path.exists()
+        self.path.write_text("")
+        self.append("study", command=command)
+
+    def append(self, kind: str, **record: Any) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"kind": kind, **record}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def point(self, phase: str, run: Run, point: Any) -> None:
+        self.append("point", phase=phase, arm=run.arm.name, seed=run.seed, lr=run.optimizer.param_groups[0]["initial_lr"],
+                    **vars(point))
+
+    def run(self, phase: str, run: Run) -> None:
+        self.append("run", phase=phase, **run.summary())
+
+
+def _by_seed(runs: Sequence[Run]) -> dict[int, Run]:
+    return {r.seed: r for r in runs}
+
+
+def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, share: float = 0.8, resamples: int = 2000,
+              confidence: float = 0.95, seed: int = 0, controls: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Per arm: best and final quality within the budget, quality at the step budget, and the time to the
+    improvement targets as a ratio to the better vanilla arm, with bootstrap intervals and verdicts.
+
+    Args:
+        controls: per pruned mode, the name of its cost-matched vanilla arm; every arm of that mode is judged
+            against the better of it and the same-batch vanilla arm (only the latter without one).
+
+    Raises:
+        ValueError: if no run is a same-batch ``vanilla`` arm (the reference every ratio needs), or a control
+            arm or a seed is missing.
     """
     arms: dict[str, list[Run]] = {}
     for run in runs:
         arms.setdefault(run.arm.name, []).append(run)
-    vanilla = [r for r in runs if r.arm.mode == "vanilla" and not r.arm.matched]
+    vanilla = [r for r in runs if r.arm.mode == "vanilla" and not r.arm.matched and not r.arm.cost_matched]
     if not vanilla:
         raise ValueError("a study summary needs the vanilla arm")
+    vanilla_name = vanilla[0].arm.name
+    seeds = [r.seed for r in vanilla]
+    controls = dict(controls or {})
+    for mode, name in controls.items():
+        if name not in arms:
+            raise ValueError(f"the cost-matched control {name!r} of mode {mode!r} has no runs")
     grid = [0.0] + [budget_s * k / evals for k in range(1, evals + 1)]
-
-    def curves(rs: list[Run], what: str, on: str = "time") -> list[list[float]]:
-        return [[getattr(p, what) for p in r.on_grid(on)] for r in rs]
-
     clock_attr = f"{clock}_s"
-    target_loss = mean_curve(curves(vanilla, "loss"))[-1]
-    target_acc = mean_curve(curves(vanilla, "accuracy"))[-1]
+
+    def curve(r: Run, what: str, on: str = "time") -> list[float]:
+        return [getattr(p, what) for p in r.on_grid(on)]
+
+    def seed_times(rs: list[Run], what: str, target: float) -> list[float | None]:
+        by = _by_seed(rs)
+        if set(by) != set(seeds):
+            raise ValueError(f"arm {rs[0].arm.name} ran seeds {sorted(by)}, vanilla {sorted(seeds)}: they must pair")
+        return [time_to_target([getattr(p, clock_attr) for p in by[s].on_grid("time")], curve(by[s], what), target,
+                               what == "loss") for s in seeds]
+
+    targets = {
+        "loss": improvement_target(mean_curve([curve(r, "loss") for r in vanilla]), share, True),
+        "accuracy": improvement_target(mean_curve([curve(r, "accuracy") for r in vanilla]), share, False),
+    }
+    times = {what: {name: seed_times(rs, what, targets[what]) for name, rs in arms.items()} for what in targets}
     rows = []
     for name, rs in arms.items():
-        times = [[getattr(p, clock_attr) for p in r.on_grid("time")] for r in rs]
-        loss_ratio = ratio_to_vanilla(grid, curves(rs, "loss"), times, curves(vanilla, "loss"), target_loss, True)
-        acc_ratio = ratio_to_vanilla(grid, curves(rs, "accuracy"), times, curves(vanilla, "accuracy"),
-                                     target_acc - tolerance, False)
-        final_loss = spread([c[-1] for c in curves(rs, "loss")])
-        final_acc = spread([c[-1] for c in curves(rs, "accuracy")])
-        step_loss = spread([c[-1] for c in curves(rs, "loss", "steps")])
-        step_acc = spread([c[-1] for c in curves(rs, "accuracy", "steps")])
-        step_clock = spread([r.on_grid("steps")[-1].__dict__[clock_attr] for r in rs])
-        per_step = spread([r.summary()[f"median_step_{clock}_s"] for r in rs])
-        rows.append({
-            "arm": name, "mode": rs[0].arm.mode, "batch_size": rs[0].arm.batch_size, "matched": rs[0].arm.matched,
+        arm = rs[0].arm
+        refs = [vanilla_name]
+        if arm.mode != "vanilla" and controls.get(arm.mode, vanilla_name) != vanilla_name:
+            refs.append(controls[arm.mode])
+        row: dict[str, Any] = {
+            "arm": name, "mode": arm.mode, "batch_size": arm.batch_size, "matched": arm.matched,
+            "cost_matched": arm.cost_matched, "lr": rs[0].summary()["lr"], "schedule_steps": arm.schedule_steps,
             "seeds": [r.seed for r in rs],
-            "median_step_s": per_step[0],
+            "median_step_s": spread([r.summary()[f"median_step_{clock}_s"] for r in rs])[0],
             "steps_in_budget": spread([r.on_grid("time")[-1].step for r in rs])[0],
-            "final_loss": final_loss, "final_accuracy": final_acc,
-            "loss_time_ratio": vars(loss_ratio), "accuracy_time_ratio": vars(acc_ratio),
-            "loss_time_ratio_text": str(loss_ratio), "accuracy_time_ratio_text": str(acc_ratio),
-            "at_steps_loss": step_loss, "at_steps_accuracy": step_acc, "at_steps_clock_s": step_clock,
-        })
-    return {"target_loss": target_loss, "target_accuracy": target_acc, "accuracy_tolerance": tolerance,
-            "time_grid": grid, "arms": rows}
+            "final_loss": spread([curve(r, "loss")[-1] for r in rs]),
+            "final_accuracy": spread([curve(r, "accuracy")[-1] for r in rs]),
+            "best_loss": mean_interval([min(curve(r, "loss")) for r in rs], resamples, confidence, seed),
+            "best_accuracy": mean_interval([max(curve(r, "accuracy")) for r in rs], resamples, confidence, seed),
+            "at_steps_loss": spread([curve(r, "loss", "steps")[-1] for r in rs]),
+            "at_steps_accuracy": spread([curve(r, "accuracy", "steps")[-1] for r in rs]),
+            "at_steps_clock_s": spread([getattr(r.on_grid("steps")[-1], clock_attr) for r in rs]),
+            "references": refs,
+        }
+        for what in targets:
+            ratio = time_ratio(times[what][name], {ref: times[what][ref] for ref in refs}, budget_s, resamples, confidence, seed)
+            row[f"{what}_time_ratio"] = ratio.as_dict()
+            row[f"{what}_seed_times"] = times[what][name]
+            if len(refs) > 1:
+                same = time_ratio(times[what][name], {vanilla_name: times[what][vanilla_name]}, budget_s, resamples, confidence, seed)
+                row[f"{what}_time_ratio_same_batch"] = same.as_dict()
+        rows.append(row)
+    return {"target_share": share, "target_loss": targets["loss"], "target_accuracy": targets["accuracy"],
+            "reference": vanilla_name, "controls": controls, "resamples": resamples, "confidence": confidence,
+            "bootstrap_seed": seed, "time_grid": grid, "arms": rows}
 
 
 def _pm(triple: Sequence[float], fmt: str = ".4f") -> str:
@@ -63,9 +145,25 @@ def _pm(triple: Sequence[float], fmt: str = ".4f") -> str:
     return f"{mean:{fmt}} [{lo:{fmt}}-{hi:{fmt}}]"
 
 
+def verdict_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per arm other than the same-batch vanilla: the verdict on each target and the reference."""
+    lines = []
+    for r in summary["arms"]:
+        if r["arm"] == summary["reference"]:
+            continue
+        parts = []
+        for what in ("loss", "accuracy"):
+            ratio = r[f"{what}_time_ratio"]
+            parts.append(f"{what} {ratio['verdict']}: {ratio['interval_text']} of {ratio['reference']}'s time "
+                         f"({ratio['reached']}/{ratio['seeds']} seeds)")
+        lines.append(f"verdict {r['arm']}: " + "; ".join(parts))
+    return lines
+
+
 def to_markdown(payload: dict[str, Any]) -> str:
     s, task = payload["summary"], payload["task"]
     clock = payload["clock"]
+    conf = f"{s['confidence'] * 100:g} %"
     lines = [
         f"# Study: {task['name']}",
         "",
@@ -73,23 +171,47 @@ def to_markdown(payload: dict[str, Any]) -> str:
         "",
         f"Budget: {payload['budget_s']:g} s of training on the **{clock}** clock (evaluation excluded) and "
         f"{payload['steps']} steps; {len(payload['seeds'])} seeds {payload['seeds']}; {payload['evals']} exact evaluations "
-        f"per budget on {payload['eval_pairs']} held-out pairs; 1 torch thread; runs interleaved round-robin. "
+        f"per budget on {payload['eval_pairs']} held-out pairs; 1 torch thread; runs interleaved round-robin; warm-up then "
+        f"cosine decay over each arm's estimated steps. "
         f"Best achievable held-out accuracy: {task['best_accuracy'] if task['best_accuracy'] is not None else 'unknown'}.",
         "",
-        f"Target = vanilla's final mean: val/loss {s['target_loss']:.4f}, val/accuracy {s['target_accuracy']:.3f} "
-        f"(reached within {s['accuracy_tolerance']:g}). Ratios: time to target / vanilla's time, mean curve "
-        f"[range over seeds that reached it]; < 1 is faster than vanilla. Values: mean [min-max] over seeds.",
+        f"Targets = {s['target_share']:g} of {s['reference']}'s best improvement on its mean curve: val/loss "
+        f"{s['target_loss']:.4f}, val/accuracy {s['target_accuracy']:.3f}. Time ratios: summed time to target over seeds "
+        f"/ the better vanilla's (largest ratio over the arm's references), {conf} percentile bootstrap over seeds "
+        f"({s['resamples']} resamples, seed {s['bootstrap_seed']}); a seed that never reaches the target counts against "
+        f"the arm. WIN: upper end < 1; LOSS: lower end > 1; TIE: undecided. Best: mean [{conf} interval] over seeds of "
+        f"the best evaluation within the budget; other values: mean [min-max].",
         "",
-        f"| arm | step ({clock} s) | steps in budget | loss at budget | accuracy at budget | time to loss target | "
-        f"time to accuracy target | loss at {payload['steps']} steps | {clock} s for {payload['steps']} steps |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| arm | lr | step ({clock} s) | steps in budget | best loss | best accuracy | loss at budget | "
+        f"time to loss target | time to accuracy target | loss at {payload['steps']} steps |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in s["arms"]:
+        ref = lambda what: "" if r[f"{what}_time_ratio"]["reference"] == s["reference"] else f" vs {r[f'{what}_time_ratio']['reference']}"  # noqa: E731
         lines.append(
-            f"| {r['arm']} | {r['median_step_s']:.4f} | {r['steps_in_budget']:.0f} | {_pm(r['final_loss'])} | "
-            f"{_pm(r['final_accuracy'], '.3f')} | {r['loss_time_ratio_text']} | {r['accuracy_time_ratio_text']} | "
-            f"{_pm(r['at_steps_loss'])} | {r['at_steps_clock_s'][0]:.1f} |"
+            f"| {r['arm']} | {r['lr']:.3g} | {r['median_step_s']:.4f} | {r['steps_in_budget']:.0f} | {_pm(r['best_loss'])} | "
+            f"{_pm(r['best_accuracy'], '.3f')} | {_pm(r['final_loss'])} | {r['loss_time_ratio']['text']}{ref('loss')} | "
+            f"{r['accuracy_time_ratio']['text']}{ref('accuracy')} | {_pm(r['at_steps_loss'])} |"
         )
+    verdicts = verdict_lines(s)
+    if verdicts:
+        lines += ["", "Verdicts:", ""] + [f"- {v.removeprefix('verdict ')}" for v in verdicts]
+    cal = payload.get("calibration")
+    if cal:
+        lines += ["", f"Calibration (median of {cal['steps']} timed steps per arm after {cal['warmup']} untimed, seed {cal['seed']}): "
+                  f"vanilla step cost {cal['vanilla_line'][0]:.4f} + {cal['vanilla_line'][1]:.4f} x batch {clock}-s (fitted on "
+                  f"batches {', '.join(str(b) for b in cal['vanilla_measured'])})."]
+        for mode, m in cal.get("cost_matched", {}).items():
+            lines.append(f"- {mode}: pruned step {m['pruned_cost_s']:.4f} {clock}-s -> cost-matched vanilla batch "
+                         f"**{m['batch']}** (measured); the FLOP model's ideal speedup {m['flop_speedup']:.2f}x gives {m['flop_batch']}.")
+    sw = payload.get("sweep")
+    if sw:
+        chosen = [row for row in sw["rows"] if row["chosen"]]
+        lines += ["", f"Learning rates: each arm's best of {', '.join(f'{f:g}' for f in sw['factors'])} x the base on tuning "
+                  f"seeds {sw['seeds']} (lowest mean held-out loss over the last {sw['window']} evaluations): "
+                  + ", ".join(f"{row['arm']} {row['lr']:.3g}" for row in chosen) + "."]
+    elif payload.get("sweep") is None and "sweep" in payload:
+        lines += ["", "No learning-rate sweep (`--no-sweep`): every arm at the base rate."]
     warm = payload.get("warm_start")
     if warm:
         cpu = [w["cpu_s"] for w in warm.values()]
@@ -162,10 +284,12 @@ def write_report(payload: dict[str, Any], out: Path) -> list[Path]:
 
 
 def payload_of(runs: Sequence[Run], task: dict[str, Any], clock: Clock, budget_s: float, steps: int, evals: int,
-               seeds: Sequence[int], eval_pairs: int, command: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+               seeds: Sequence[int], eval_pairs: int, command: str, extra: dict[str, Any] | None = None,
+               protocol: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole report; ``protocol`` holds :func:`summarise`'s keyword arguments (share, bootstrap, controls)."""
     return {
         "task": task, "clock": clock, "budget_s": budget_s, "steps": steps, "evals": evals, "seeds": list(seeds),
         "eval_pairs": eval_pairs, "command": command, **(extra or {}),
-        "summary": summarise(runs, clock, budget_s, evals),
+        "summary": summarise(runs, clock, budget_s, evals, **(protocol or {})),
         "runs": [r.summary() for r in runs],
     }

@@ -1,12 +1,14 @@
 """Train every arm and seed of a study, interleaved, with honest clocks and exact held-out evaluation.
 
 A :class:`Run` is one (arm, seed): a real :class:`~lit_prunedpo.PrunedDPO` (its own ``step``, the one
-``training_step`` runs in ``lit-prunedpo fit``), AdamW, a warm-up then constant learning rate, and the data
+``training_step`` runs in ``lit-prunedpo fit``), AdamW at the arm's learning rate, the package's
+``WarmupCosineLR`` (the quickstart's schedule: linear warm-up over the task's ``warmup_steps``, then cosine
+decay to 0 over the arm's ``schedule_steps``; constant after the warm-up when the arm has none), and the data
 module's length-grouped training order seeded by the run's seed.
 The Lightning Trainer is not used: its loop would interleave logging and validation with the timed work,
-and it cannot hand the processor to another run between two steps. What differs from ``fit``: no learning
-rate decay (a time budget has no known step count to decay over) and no gradient clipping (the quickstart
-uses none).
+and it cannot hand the processor to another run between two steps. What differs from ``fit``: a time
+budget has no step count known in advance, so the study's command sets ``schedule_steps`` from a measured
+cost per step (:mod:`lit_prunedpo.study.calibrate`); no gradient clipping (the quickstart uses none).
 
 Clocks. Only the training steps are timed (plan, execute, estimate, backward, optimizer), by the wall clock
 (``time.perf_counter``) and the process's CPU clock (``time.process_time``); evaluation is timed apart and
@@ -19,6 +21,9 @@ Evaluation is the module's exact, unpruned objective (every position of both who
 held-out pair, at fixed points of the training clock (``k * budget / evals``) and of the step count
 (``k * steps / evals``): one run serves the same-time and the same-steps comparisons. A run ends when it has
 passed both the time budget and the step budget.
+
+Every evaluation can be handed to ``on_point`` and every finished run to ``on_done`` as they happen (the
+command appends them to ``progress.jsonl``, so a study stopped late keeps what it measured).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.module import PrunedDPO
+from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.plan import exact_plan
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
@@ -81,6 +87,7 @@ class Run:
     initial_checksum: float = 0.0
     exact_after_s: float | None = None  # training seconds (on `clock`) after which the samplers are exact
     clock_name: Clock = "cpu"
+    diverged: bool = False  # a non-finite training loss stopped the run (only with ``stop_on_nonfinite``)
     warm_start: dict[str, Any] | None = None  # the seed's warm-start record (its cost is not in this run's clocks)
     _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
@@ -138,7 +145,8 @@ class Run:
         steps = max(1, len(self.step_cpu))
         return {
             "arm": self.arm.name, "mode": self.arm.mode, "batch_size": self.arm.batch_size, "matched": self.arm.matched,
-            "seed": self.seed, "steps": self.step, "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
+            "cost_matched": self.arm.cost_matched, "lr": self.optimizer.param_groups[0]["initial_lr"],
+            "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step, "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
             "eval_wall_s": self.eval_wall_s,
             "median_step_wall_s": sorted(self.step_wall)[steps // 2] if self.step_wall else None,
             "median_step_cpu_s": sorted(self.step_cpu)[steps // 2] if self.step_cpu else None,
@@ -174,27 +182,24 @@ def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch]) -> tuple[f
     return losses / pairs, hits / pairs
 
 
-def _warmup_constant(warmup_steps: int) -> Callable[[int], float]:
-    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
-
-
 def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
              clock: Clock = "cpu", policy: ModelSource | None = None) -> Run:
     """A fresh run: the task's initial weights for ``seed`` (the same for every arm; ``policy`` overrides them,
     e.g. a warm start), the arm's samplers and batch size, a training order and sampler stream seeded by
-    ``seed``. The reference is the initial policy. An arm with a ``prune_fraction`` needs the ``budget_s`` it
-    is a fraction of."""
+    ``seed``. The reference is the initial policy. The learning rate is the arm's (the task's if it has none),
+    the schedule spans the arm's ``schedule_steps``. An arm with a ``prune_fraction`` needs the ``budget_s``
+    it is a fraction of."""
     if arm.prune_fraction is not None and budget_s is None:
         raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
     prefix, position, branch = arm.samplers()
     module = PrunedDPO(
         policy=policy if policy is not None else task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
-        optimizer=partial(torch.optim.AdamW, lr=task.lr, weight_decay=0.0),
+        optimizer=partial(torch.optim.AdamW, lr=arm.lr if arm.lr is not None else task.lr, weight_decay=0.0),
     )
     module.sampler_rng = SamplerRNG(seed=seed)
     module.train()
     optimizer = module.configure_optimizers()
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_constant(task.warmup_steps))
+    scheduler = WarmupCosineLR(optimizer, warmup_steps=task.warmup_steps, total_steps=arm.schedule_steps)
     data = copy.copy(dm)  # the same tokenized splits; only the batch size and the order's seed differ
     data.batch_size, data.seed = arm.batch_size, seed
     run = Run(arm, seed, module, optimizer, scheduler, data.train_dataloader())
@@ -206,13 +211,21 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
 
 
 def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list[PreferenceBatch]:
-    """The held-out batches every evaluation runs: all of them, or whole batches up to ``max_pairs`` pairs."""
+    """The held-out batches every evaluation runs: all of them, or whole batches up to ``max_pairs`` pairs.
+
+    Raises:
+        ValueError: if ``max_pairs`` < 1 or no held-out pair is left.
+    """
+    if max_pairs is not None and max_pairs < 1:
+        raise ValueError(f"max_eval_pairs must be >= 1 (or None: all), got {max_pairs!r}")
     kept, total = [], 0
     for batch in dm.val_dataloader():
         if max_pairs is not None and total >= max_pairs:
             break
         kept.append(batch)
         total += batch.num_pairs
+    if total == 0:
+        raise ValueError("the study needs held-out pairs to evaluate on, and the data module's validation split has none")
     return kept
 
 
@@ -220,12 +233,22 @@ def _events(budget_s: float, steps: int, evals: int) -> tuple[list[float], list[
     return [budget_s * k / evals for k in range(1, evals + 1)], [round(steps * k / evals) for k in range(1, evals + 1)]
 
 
-def advance(run: Run, time_grid: list[float], step_grid: list[int], clock: Clock, batches: Sequence[PreferenceBatch]) -> bool:
-    """Train ``run`` to its next grid point (of either grid), evaluate there; False once both grids are done."""
+def advance(run: Run, time_grid: list[float], step_grid: list[int], clock: Clock, batches: Sequence[PreferenceBatch],
+            stop_on_nonfinite: bool = False) -> bool:
+    """Train ``run`` to its next grid point (of either grid), evaluate there; False once both grids are done,
+    or (with ``stop_on_nonfinite``) once a non-finite loss marked the run ``diverged``."""
     if not time_grid and not step_grid:
         return False
     while (not time_grid or run.clock(clock) < time_grid[0]) and (not step_grid or run.step < step_grid[0]):
-        run.train_step()
+        try:
+            run.train_step()
+        except FloatingPointError:
+            if not stop_on_nonfinite:
+                raise
+            run.diverged = True
+            time_grid.clear()
+            step_grid.clear()
+            return False
     grids = []
     while time_grid and run.clock(clock) >= time_grid[0]:
         time_grid.pop(0)
@@ -249,14 +272,22 @@ def run_study(
     max_eval_pairs: int | None = None,
     dm: PreferenceDataModule | None = None,
     log: Callable[[str], None] | None = None,
+    on_point: Callable[[Run, Point], None] | None = None,
+    on_done: Callable[[Run], None] | None = None,
+    stop_on_nonfinite: bool = False,
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
     and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. With
     ``task.warm_start_steps`` > 0 every seed first gets its warm start (:mod:`lit_prunedpo.study.warm_start`,
     cached under ``work_dir``), which all of that seed's arms start from, policy and reference alike.
 
+    ``on_point(run, point)`` is called after every evaluation and ``on_done(run)`` when a run is finished.
+    With ``stop_on_nonfinite`` a run whose training loss turns non-finite stops there, marked ``diverged``
+    (the learning-rate sweep), instead of stopping the study with ``FloatingPointError``.
+
     Raises:
-        ValueError: on an empty arm or seed list, repeated seeds, or a non-positive budget, step or eval count.
+        ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count,
+            or no held-out pair to evaluate on.
     """
     if not arms or not seeds:
         raise ValueError("a study needs at least one arm and one seed")
@@ -280,18 +311,29 @@ def run_study(
         run.warm_start = records[run.seed]
     grids = {id(r): _events(budget_s, steps, evals) for r in runs}
     for run in runs:
-        run.evaluate(batches, ["time", "steps"])
+        point = run.evaluate(batches, ["time", "steps"])
+        if on_point is not None:
+            on_point(run, point)
     active = list(runs)
     turn = 0
     while active:
         turn += 1
         still = []
         for run in active:
-            more = advance(run, *grids[id(run)], clock, batches)
-            p = run.points[-1]
-            log(f"turn {turn} {run.arm.name} seed {run.seed}: step {p.step} cpu {p.cpu_s:.1f}s wall {p.wall_s:.1f}s "
-                f"val/loss {p.loss:.4f} acc {p.accuracy:.3f}")
+            seen = len(run.points)
+            more = advance(run, *grids[id(run)], clock, batches, stop_on_nonfinite)
+            if len(run.points) > seen:
+                p = run.points[-1]
+                rate = "" if run.arm.lr is None else f" lr {run.arm.lr:.3g}"
+                log(f"turn {turn} {run.arm.name}{rate} seed {run.seed}: step {p.step} cpu {p.cpu_s:.1f}s wall {p.wall_s:.1f}s "
+                    f"val/loss {p.loss:.4f} acc {p.accuracy:.3f}")
+                if on_point is not None:
+                    on_point(run, p)
+            if run.diverged:
+                log(f"turn {turn} {run.arm.name} seed {run.seed}: non-finite training loss at step {run.step}: stopped")
             if more:
                 still.append(run)
+            elif on_done is not None:
+                on_done(run)
         active = still
     return runs

@@ -1,9 +1,12 @@
 """The study's bookkeeping on a tiny real run: equal budgets, same initial weights per seed, seeds that differ,
-evaluation kept off the training clock and equal to the module's own validation, and the compute-matched batch."""
+evaluation kept off the training clock and equal to the module's own validation, the compute-matched batch, each
+arm's learning rate and schedule, the summary's targets and controls, and the command: its argument checks, its
+output folder check and its progress file."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import lightning as L
 import pytest
@@ -13,6 +16,8 @@ from lit_prunedpo.bench.cost import ModelDims
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.study.arms import Arm, ideal_speedup, matched_batch_size
 from lit_prunedpo.study.cli import main
+from lit_prunedpo.optim import WarmupCosineLR
+from lit_prunedpo.study.curves import improvement_target, mean_curve
 from lit_prunedpo.study.report import summarise
 from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run, run_study
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
@@ -34,12 +39,12 @@ def dm(task, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(task, dm):
     torch.set_num_threads(1)
-    arms = [Arm("vanilla", 4), Arm("all", 4), Arm("branch", 6, matched=True)]
+    arms = [Arm("vanilla", 4), Arm("all", 4), Arm("branch", 6, matched=True), Arm("vanilla", 2, cost_matched=True)]
     return run_study(task, arms, seeds=[0, 1], budget_s=BUDGET, steps=STEPS, evals=EVALS, dm=dm, max_eval_pairs=8)
 
 
 def test_every_run_gets_both_budgets_and_the_same_grid(runs):
-    assert len(runs) == 6
+    assert len(runs) == 8
     for run in runs:
         time_points, step_points = run.on_grid("time"), run.on_grid("steps")
         assert len(time_points) == len(step_points) == EVALS + 1
@@ -90,15 +95,41 @@ def test_exact_eval_is_the_modules_validation(task, dm):
     assert accuracy == pytest.approx(metrics["val/rewards/accuracies"], abs=1e-6)
 
 
-def test_summary_targets_vanilla_and_reports_every_arm(runs):
-    s = summarise(runs, "cpu", BUDGET, EVALS)
-    vanilla_final = [r.on_grid("time")[-1].loss for r in runs if r.arm.name == "vanilla@4"]
-    assert s["target_loss"] == pytest.approx(sum(vanilla_final) / 2)
+def test_summary_targets_a_share_of_vanillas_best_improvement_and_judges_against_the_better_vanilla(runs):
+    s = summarise(runs, "cpu", BUDGET, EVALS, share=0.8, resamples=200, controls={"all": "vanilla@2 (cost-matched)"})
+    vanilla = [[p.loss for p in r.on_grid("time")] for r in runs if r.arm.name == "vanilla@4"]
+    assert s["target_loss"] == pytest.approx(improvement_target(mean_curve(vanilla), 0.8))
     names = [row["arm"] for row in s["arms"]]
-    assert names == ["vanilla@4", "all@4", "branch@6 (matched)"]
-    assert s["arms"][0]["loss_time_ratio"]["mean"] == pytest.approx(1.0)
+    assert names == ["vanilla@4", "all@4", "branch@6 (matched)", "vanilla@2 (cost-matched)"]
+    rows = {row["arm"]: row for row in s["arms"]}
+    same = rows["vanilla@4"]["loss_time_ratio"]
+    assert (same["value"], same["low"], same["high"], same["verdict"]) == (1.0, 1.0, 1.0, "TIE")
+    # `all` is judged against both vanillas, `branch` (no control given) against the same batch only
+    assert rows["all@4"]["references"] == ["vanilla@4", "vanilla@2 (cost-matched)"]
+    assert "loss_time_ratio_same_batch" in rows["all@4"]
+    assert rows["branch@6 (matched)"]["references"] == ["vanilla@4"]
+    assert rows["vanilla@2 (cost-matched)"]["references"] == ["vanilla@4"]
+    for row in s["arms"]:
+        mean, low, high = row["best_loss"]
+        assert low <= mean <= high and len(row["loss_seed_times"]) == 2
+        assert row["loss_time_ratio"]["verdict"] in ("WIN", "TIE", "LOSS")
     with pytest.raises(ValueError, match="vanilla"):
         summarise([r for r in runs if r.arm.mode != "vanilla"], "cpu", BUDGET, EVALS)
+    with pytest.raises(ValueError, match="control"):
+        summarise(runs, "cpu", BUDGET, EVALS, controls={"all": "vanilla@3 (cost-matched)"})
+
+
+def test_each_arm_trains_at_its_own_rate_on_a_warm_up_then_cosine_schedule(task, dm):
+    run = make_run(task, Arm("branch", 4, lr=0.01, schedule_steps=60), 0, dm)
+    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 / (task.warmup_steps + 1))  # warming up
+    scheduler = run.scheduler
+    assert isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps == 60
+    assert scheduler.warmup_steps == task.warmup_steps == 20
+    factor = scheduler.lr_lambdas[0]
+    assert factor(20) == pytest.approx(1.0) and factor(40) == pytest.approx(0.5) and factor(60) == pytest.approx(0.0)
+    assert run.summary()["lr"] == 0.01 and run.summary()["schedule_steps"] == 60
+    plain = make_run(task, Arm("branch", 4), 0, dm)  # no schedule length: constant after the warm-up, the task's rate
+    assert plain.scheduler.lr_lambdas[0](1000) == 1.0 and plain.summary()["lr"] == task.lr
 
 
 def test_compute_matched_batch(task, dm):
@@ -118,25 +149,127 @@ def test_bad_study_arguments_are_refused(task, dm):
         run_study(task, [Arm("vanilla", 4)], [0, 0], 1.0, 2, 1, dm=dm)
     with pytest.raises(ValueError, match="budget_s"):
         run_study(task, [Arm("vanilla", 4)], [0], 0.0, 2, 1, dm=dm)
+    with pytest.raises(ValueError, match="max_eval_pairs must be >= 1"):  # was a ZeroDivisionError at the first evaluation
+        run_study(task, [Arm("vanilla", 4)], [0], 1.0, 2, 1, dm=dm, max_eval_pairs=0)
+    with pytest.raises(ValueError, match="cost-matched arm is a vanilla arm"):
+        Arm("branch", 4, cost_matched=True)
 
 
-def test_cli_writes_the_report(tmp_path, capsys):
+TINY_CLI = ["--task", "quickstart", "--max-rows", "120", "--batch-size", "4", "--seeds", "0,1", "--budget", "0.1",
+            "--steps", "2", "--evals", "1", "--lr", "0.003", "--calibration-steps", "1", "--bootstrap", "200", "--quiet"]
+
+
+def test_cli_runs_the_protocol_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "study"
-    code = main(["--task", "quickstart", "--max-rows", "120", "--batch-size", "4", "--modes", "vanilla,branch", "--seeds", "0,1",
-                 "--budget", "0.1", "--steps", "2", "--evals", "1", "--lr", "0.003", "--out", str(out), "--quiet"])
+    code = main(TINY_CLI + ["--modes", "vanilla,branch", "--tune-seeds", "100", "--lr-factors", "0.5,2", "--out", str(out)])
     assert code == 0
     payload = json.loads((out / "study.json").read_text())
-    assert payload["task"]["lr"] == 0.003  # --lr replaces the task's learning rate for every arm
+    assert payload["task"]["lr"] == 0.003  # --lr is the base rate the sweep multiplies
     matched = round(4 * payload["ideal_speedups"]["branch"])
-    assert [a["arm"] for a in payload["summary"]["arms"]] == ["vanilla@4", "branch@4", f"branch@{matched} (matched)"]
-    assert payload["clock"] == "cpu" and payload["seeds"] == [0, 1] and len(payload["runs"]) == 6
+    cal = payload["calibration"]
+    control = cal["cost_matched"]["branch"]["batch"]  # measured, so it depends on the machine: between 1 and 4
+    assert 1 <= control <= 4 and cal["cost_matched"]["branch"]["flop_batch"] == round(4 / payload["ideal_speedups"]["branch"])
+    assert sorted(cal["vanilla_measured"]) == ["1", "2", "4"]
+    names = [a["arm"] for a in payload["summary"]["arms"]]
+    expected = ["vanilla@4", "branch@4"] + ([f"vanilla@{control} (cost-matched)"] if control < 4 else []) + [f"branch@{matched} (matched)"]
+    assert names == expected
+    rows = {r["arm"]: r for r in payload["summary"]["arms"]}
+    assert rows["branch@4"]["references"] == ["vanilla@4"] + ([f"vanilla@{control} (cost-matched)"] if control < 4 else [])
+    # every arm at its own rate from the sweep on the tuning seed, over the sweep's factors
+    sweep = payload["sweep"]
+    assert sweep["seeds"] == [100] and len(sweep["rows"]) == 2 * len(names)
+    assert all(rows[r["arm"]]["lr"] == r["lr"] for r in sweep["rows"] if r["chosen"])
+    assert {r["lr"] for r in sweep["rows"]} == {0.0015, 0.006}
+    assert all(r["schedule_steps"] >= 2 for r in payload["summary"]["arms"])
+    assert payload["clock"] == "cpu" and payload["seeds"] == [0, 1] and len(payload["runs"]) == 2 * len(names)
     assert payload["task"]["max_rows"] == 120 and payload["eval_pairs"] == 6  # 5% of 120 rows held out
-    assert "time to loss target" in (out / "study.md").read_text()
+    md = (out / "study.md").read_text()
+    assert "time to loss target" in md and "Verdicts:" in md and "- branch@4: loss " in md
     assert "| vanilla@4 |" in capsys.readouterr().out
+    # the progress file: the command, the calibration, every evaluation of the sweep and the study, every run
+    lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    kinds = [line["kind"] for line in lines]
+    assert kinds[:2] == ["study", "calibration"] and kinds.count("sweep") == 1
+    assert sum(1 for line in lines if line["kind"] == "point" and line["phase"] == "study") == sum(len(r["points"]) for r in payload["runs"])
+    assert sum(1 for line in lines if line["kind"] == "run" and line["phase"] == "study") == len(payload["runs"])
+    assert sum(1 for line in lines if line["kind"] == "run" and line["phase"] == "sweep") == 2 * len(names)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-eval-pairs", "0"], "argument --max-eval-pairs: must be >= 1, got 0"),
+    (["--budget", "0"], "argument --budget: must be a finite number > 0, got 0"),
+    (["--budget", "inf"], "argument --budget: must be a finite number > 0, got inf"),
+    (["--steps", "-3"], "argument --steps: must be >= 1, got -3"),
+    (["--evals", "two"], "argument --evals: expected an integer >= 1, got 'two'"),
+    (["--threads", "0"], "argument --threads: must be >= 1"),
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["--max-rows", "1"], "argument --max-rows: must be >= 2"),
+    (["--lr", "0"], "argument --lr: must be a finite number > 0"),
+    (["--lr", "nan"], "argument --lr: must be a finite number > 0"),
+    (["--warm-start-steps", "-1"], "argument --warm-start-steps: must be >= 0"),
+    (["--prune-early", "1.5"], "argument --prune-early: must be a finite number in [0, 1]"),
+    (["--seeds", "0,0"], "argument --seeds: need distinct seeds"),
+    (["--seeds", "a"], "argument --seeds: expected comma-separated integers"),
+    (["--tune-seeds", ""], "argument --tune-seeds: need distinct seeds"),
+    (["--lr-factors", "1,-1"], "argument --lr-factors: need distinct positive numbers"),
+    (["--target-share", "0"], "argument --target-share: must be a finite number in (0, 1]"),
+    (["--confidence", "1"], "argument --confidence: must be a finite number in (0, 1)"),
+    (["--bootstrap", "10"], "argument --bootstrap: must be >= 100"),
+    (["--calibration-steps", "0"], "argument --calibration-steps: must be >= 1"),
+    (["--modes", "vanilla,nope"], "argument --modes: unknown or empty ['nope']"),
+    (["--seeds", "0,100", "--tune-seeds", "100,101"], "--tune-seeds [100, 101] and --seeds [0, 100] share [100]"),
+])
+def test_cli_refuses_bad_numbers_while_parsing(argv, message, capsys, monkeypatch):
+    import lit_prunedpo.study.tasks as tasks
+
+    monkeypatch.setattr(tasks.QuickstartTask, "datamodule", lambda *a: pytest.fail("read data after a bad argument"))
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_cli_checks_the_output_folder_before_training(tmp_path, capsys, monkeypatch):
+    import lit_prunedpo.study.tasks as tasks
+
+    monkeypatch.setattr(tasks.QuickstartTask, "datamodule", lambda *a: pytest.fail("read data before checking --out"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
     with pytest.raises(SystemExit):
-        main(["--modes", "vanilla,nope"])
-    with pytest.raises(SystemExit):
-        main(["--lr", "0"])
+        main(TINY_CLI + ["--out", str(blocker / "study")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--out: output folder '{blocker / 'study'}' cannot be created or written" in last
+    if os.geteuid() != 0:  # root writes through permissions
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        with pytest.raises(SystemExit):
+            main(TINY_CLI + ["--out", str(locked)])
+        assert f"output folder '{locked}' cannot be created or written" in capsys.readouterr().err
+
+
+def test_a_study_stopped_late_keeps_what_it_measured(tmp_path, monkeypatch):
+    """The study is killed at its 7th evaluation of at least 8 (2 seeds x step 0 and 3 per grid), after the
+    calibration: progress.jsonl holds the 6 before."""
+    import lit_prunedpo.study.runner as runner
+
+    evaluations, exact = [], runner.exact_eval
+
+    def dies_at_the_seventh(module, batches):
+        evaluations.append(1)
+        if len(evaluations) == 7:
+            raise KeyboardInterrupt
+        return exact(module, batches)
+
+    monkeypatch.setattr(runner, "exact_eval", dies_at_the_seventh)
+    out = tmp_path / "study"
+    with pytest.raises(KeyboardInterrupt):
+        main(TINY_CLI + ["--modes", "vanilla", "--no-sweep", "--evals", "3", "--steps", "3", "--out", str(out)])
+    lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    points = [line for line in lines if line["kind"] == "point"]
+    assert [line["kind"] for line in lines[:2]] == ["study", "calibration"] and len(points) == 6
+    assert {(p["arm"], p["seed"]) for p in points} == {("vanilla@4", 0), ("vanilla@4", 1)}
+    assert all(set(p) >= {"step", "cpu_s", "wall_s", "loss", "accuracy", "lr", "phase"} for p in points)
+    assert not (out / "study.json").exists()
 
 
 def test_prune_early_arm_switches_to_exact_at_its_share_of_the_budget(task, dm):
@@ -192,3 +325,25 @@ def test_a_study_step_is_the_modules_step(task, dm, monkeypatch):
     run.train_step()
     run.train_step()
     assert calls == [(run.module, ())] * 2 and run.module.sampler_rng.step == 2
+
+
+def test_a_diverged_run_stops_alone_only_when_asked(task, dm, monkeypatch):
+    """The sweep's runs may blow up at a large rate: with ``stop_on_nonfinite`` that run stops, marked, and
+    the others finish; the study itself still stops on it."""
+    import lit_prunedpo.study.runner as runner
+
+    train_step = runner.Run.train_step
+
+    def branch_blows_up(self):
+        if self.arm.mode == "branch" and self.step == 1:
+            raise FloatingPointError(f"study run {self.arm.name} seed {self.seed}: non-finite loss at step 1")
+        train_step(self)
+
+    monkeypatch.setattr(runner.Run, "train_step", branch_blows_up)
+    arms = [Arm("vanilla", 4), Arm("branch", 4)]
+    runs = run_study(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4, stop_on_nonfinite=True)
+    (vanilla, branch) = runs
+    assert branch.diverged and branch.step == 1 and all(p.step <= 1 for p in branch.points)  # stopped at the blow-up
+    assert not vanilla.diverged and vanilla.step >= 3
+    with pytest.raises(FloatingPointError, match="branch@4 seed 0"):
+        run_study(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4)
