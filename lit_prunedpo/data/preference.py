@@ -32,11 +32,12 @@ from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template, token
 class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     """Preference pairs (prompt, chosen, rejected) for DPO, batched as :class:`~lit_prunedpo.batch.PreferenceBatch`.
 
-    Reads TRL's three formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
+    Reads TRL's formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
     prompt ``{"chosen", "rejected"}`` full dialogues whose prompt is their shared prefix up to and
     including the last ``"\\n\\nAssistant:"`` (HH-RLHF); conversational, with message lists rendered by the
     tokenizer's chat template (roles system, developer, user, assistant, tool; each response starts with the
-    assistant's message). The format is detected from the column types.
+    assistant's message), with a ``prompt`` column or without one: then the prompt is the run of whole messages
+    both conversations start with (TRL's ``extract_prompt``). The format is detected from the column types.
 
     Tokenization runs once in a ``datasets.map`` cached by fingerprint. Prompts keep their end
     (left-truncated to ``max_prompt_length``) and get BOS in front when the tokenizer has one; a prompt
@@ -78,8 +79,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         max_rows: Keep only the first N rows of each loaded split (for quick runs), before the hold-out.
         add_bos: Put the tokenizer's BOS in front of every prompt (default). ``False`` is TRL's layout for
             decoder-only models, where ``max_length`` then holds one more real token.
-        truncation: "keep_start" (default) cuts responses to fit ``max_length``; "keep_end" (TRL's default
-            ``truncation_mode``) first cuts the prompt's beginning so that prompt + the longer response fit.
+        truncation: "keep_start" (default; also TRL's default ``truncation_mode`` since TRL 0.29) cuts the
+            responses' ends to fit ``max_length``; "keep_end" (TRL's default before 0.29, deprecated there since
+            1.1) first cuts the prompt's beginning so that prompt + the longer response fit.
         resume_with_changed_data: Resume from a checkpoint even though its data (by content fingerprint)
             differs from this run's; the data position then counts batches of other pairs. Off: such a resume
             is refused (:mod:`~lit_prunedpo.data.resumable`).

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
+from lit_prunedpo.data.formats import BAD_ROW_KINDS, CHAT_FORMATS, Columns, count_kinds, detect_format
 from lit_prunedpo.data.generated import generated_pairs
 from lit_prunedpo.data.readable import line_of_row
 from lit_prunedpo.data.sources import is_single_split, load_split
@@ -169,7 +169,7 @@ class SplitBuilder:
         if len(raw) == 0:
             raise ValueError(f"{source}: no rows")
         fmt = detect_format(raw.features, self.columns, source)
-        if fmt == CONVERSATIONAL and not self.tokenizer.chat_template:
+        if fmt in CHAT_FORMATS and not self.tokenizer.chat_template:
             name = self.tokenizer.name_or_path or type(self.tokenizer).__name__
             raise ValueError(
                 f"{source} is conversational, but tokenizer {name!r} has no chat template to render it; "

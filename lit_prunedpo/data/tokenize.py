@@ -12,11 +12,14 @@ Layout rules (what :func:`build_pair_ids` does):
   the chat template closes the turn itself;
 * responses keep their **start**, cut so that prompt + response <= ``max_length``.
 
-TRL's layout is an option (``add_bos=False``, ``truncation="keep_end"``): TRL adds no BOS to a decoder-only
-prompt (so the default here spends one token of ``max_length`` more on the prompt than TRL does), and its default
-``truncation_mode="keep_end"`` cuts prompt + response jointly from the start, so the prompt loses its beginning
-before a response loses its end. TRL cuts each batch by its longest row; here a pair is cut by its own longer
-response (prompt and responses share one prompt per pair), which is TRL's cut for a batch of that one pair.
+TRL adds no BOS to a decoder-only prompt (``add_bos=False`` here; the default spends one token of ``max_length``
+more on the prompt than TRL does). TRL's default ``truncation_mode="keep_start"`` (since TRL 0.29) cuts each
+prompt + response to ``max_length`` keeping its start, as ``truncation="keep_start"`` does here, except that TRL has
+no ``max_prompt_length`` (it dropped it in 0.29, and drops a pair whose prompt alone fills ``max_length``).
+TRL's former default ``truncation_mode="keep_end"`` (deprecated since TRL 1.1) is ``truncation="keep_end"``: prompt
++ response are cut jointly from the start, so the prompt loses its beginning before a response loses its end. TRL
+cuts each sequence on its own; here a pair is cut by its own longer response (prompt and responses share one
+prompt per pair).
 
 The map writes every row, bad ones included (with empty ids and their ``bad_kind``/``bad_field``), so
 the cached result does not depend on the bad-row policy; the data module filters afterwards.
@@ -32,7 +35,7 @@ import datasets
 from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 
-from lit_prunedpo.data.formats import CONVERSATIONAL, BadRow, Columns, TextPair, extract_pair
+from lit_prunedpo.data.formats import CHAT_FORMATS, BadRow, Columns, TextPair, extract_pair
 
 #: Bump when the map's output changes, so old caches are not reused.
 ENCODING_VERSION = "3"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles checked
@@ -192,8 +195,9 @@ def build_pair_ids(
         eos_id: appended to each response when not None (pass None for chat-rendered responses).
         fallback_id: the single prompt token when the prompt is empty and there is no BOS.
         add_bos: put ``bos_id`` in front of the prompt (``False``: TRL's decoder-only layout).
-        truncation: ``keep_start`` cuts responses to fit ``max_length``; ``keep_end`` (TRL's default) first
-            cuts the prompt's beginning (down to one token) so that prompt + the longer response fit.
+        truncation: ``keep_start`` (TRL's default) cuts responses to fit ``max_length``; ``keep_end`` (TRL's
+            former default, deprecated there) first cuts the prompt's beginning (down to one token) so that prompt +
+            the longer response fit.
 
     Returns:
         The ids; a response may come back empty (the caller drops and counts such pairs).
@@ -298,7 +302,7 @@ class PairEncoder:
             kind = field = detail = ""
             try:
                 pair = extract_pair(row, self.fmt, self.columns)
-                if self.fmt == CONVERSATIONAL:
+                if self.fmt in CHAT_FORMATS:
                     texts.append(self._render(pair))
                 else:
                     texts.append((pair.prompt, pair.chosen, pair.rejected))  # type: ignore[arg-type]
@@ -320,7 +324,7 @@ class PairEncoder:
             self.tokenizer([t[k] for t in texts], add_special_tokens=False)["input_ids"] for k in range(3)
         ]
         tok = self.tokenizer
-        eos = tok.eos_token_id if self.fmt != CONVERSATIONAL else None
+        eos = tok.eos_token_id if self.fmt not in CHAT_FORMATS else None
         fallback = prompt_fallback_id(tok)
         for j, position in enumerate(good):
             pair = build_pair_ids(

@@ -17,7 +17,14 @@ from lit_prunedpo.data import tokenize as tokenize_module
 from lit_prunedpo.data.length_grouped import LengthGroupedSampler
 from lit_prunedpo.data.preference import PreferenceDataModule
 
-from .pairs_factory import SIMPLE_TEMPLATE, conversational_rows, explicit_rows, implicit_rows, write_rows
+from .pairs_factory import (
+    SIMPLE_TEMPLATE,
+    conversational_rows,
+    explicit_rows,
+    implicit_conversational_rows,
+    implicit_rows,
+    write_rows,
+)
 
 
 def _module(path: Path | str, **kwargs) -> PreferenceDataModule:
@@ -54,6 +61,17 @@ def test_jsonargparse_resolves_the_signature() -> None:
         parser.parse_args(["--data.path", "x", "--data.tokenizer", "byt5", "--data.on_bad_row", "ignore"])
     # The Google-style docstring is the --data.help text.
     assert "Keep only the first N rows" in parser.format_help()
+
+
+def test_help_states_trls_current_truncation_default() -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(PreferenceDataModule, "data")
+    text = " ".join(parser.format_help().split())
+    # TRL's DPOConfig defaults to truncation_mode="keep_start" since 0.29 and deprecates "keep_end" since 1.1.
+    assert "also TRL's default ``truncation_mode`` since TRL 0.29" in text
+    assert "TRL's default before 0.29, deprecated there since 1.1" in text
 
 
 @pytest.mark.parametrize(
@@ -144,6 +162,26 @@ def test_conversational_with_chat_template(tmp_path: Path) -> None:
     assert _decode(dm, batch.prompt_ids[0], batch.prompt_mask[0]) == f"<user>{prompt}</user>\n<assistant>"
     # The template closes the turn itself, so no EOS is appended to conversational responses.
     assert _decode(dm, batch.response_ids[0, 1], batch.response_mask[0, 1]) == f"{rejected}</assistant>\n"
+
+
+def test_implicit_prompt_conversations_read_as_their_explicit_form(tmp_path: Path) -> None:
+    implicit = _module(write_rows(tmp_path / "whole.jsonl", implicit_conversational_rows(20)), chat_template=SIMPLE_TEMPLATE)
+    explicit = _module(write_rows(tmp_path / "split.jsonl", conversational_rows(20)), chat_template=SIMPLE_TEMPLATE)
+    assert implicit.stats["format"] == "implicit_conversational"
+    for split in ("train_dataset", "val_dataset"):
+        ours, theirs = getattr(implicit, split), getattr(explicit, split)
+        for column in ("prompt_ids", "chosen_ids", "rejected_ids", "index"):
+            assert ours[column] == theirs[column]
+
+
+def test_implicit_prompt_conversation_without_shared_prompt_names_row_and_field(tmp_path: Path) -> None:
+    rows = implicit_conversational_rows(10)
+    rows[3]["rejected"][0] = {"role": "user", "content": "another question"}
+    path = write_rows(tmp_path / "whole.jsonl", rows)
+    with pytest.raises(ValueError, match=rf"^{path}: row 3 \(0-based, line 4\): field 'rejected' does not share a prompt "
+                                         r"with the other response \(kind 'prompt_not_prefix'\): its message 0 differs "
+                                         r"from message 0 of 'chosen'"):
+        _module(path, chat_template=SIMPLE_TEMPLATE)
 
 
 def test_conversational_template_from_a_file(tmp_path: Path) -> None:
