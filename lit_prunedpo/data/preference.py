@@ -17,7 +17,7 @@ from typing import Any, Iterator, Literal
 import datasets
 import numpy as np
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
@@ -216,6 +216,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
         self.stats, self._content = built.stats, built.content
         rank_zero_info(format_stats(self.stats))
+        for warning in self.stats["warnings"]:
+            rank_zero_warn(warning)
 
     # -- lit_prunedpo.reference.ReferenceData, for a reference-logprob cache ------------------------------
 

@@ -28,7 +28,7 @@ from lit_prunedpo.data.formats import BAD_ROW_KINDS, CHAT_FORMATS, Columns, coun
 from lit_prunedpo.data.generated import generated_pairs
 from lit_prunedpo.data.readable import line_of_row
 from lit_prunedpo.data.sources import is_single_split, load_split
-from lit_prunedpo.data.stats import format_stats, summarize
+from lit_prunedpo.data.stats import format_stats, summarize, truncation_warnings
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split
 from lit_prunedpo.fingerprint import content_digest
 
@@ -44,7 +44,8 @@ class Splits:
         train: training pairs (``BATCH_COLUMNS``).
         val: validation pairs (possibly empty with ``val_fraction=0``).
         train_lengths: tokens each training pair executes with a shared prompt (prompt + both responses).
-        stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split.
+        stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split; ``warnings``: the
+            messages of a large share of cut prompts or responses (:func:`~lit_prunedpo.data.stats.truncation_warnings`).
         content: split -> content digest of its source (or its ``datasets`` fingerprint).
     """
 
@@ -132,6 +133,14 @@ class SplitBuilder:
             if kept.size == 0 and not (split == "val" and self.no_validation):
                 raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
         train_kept = train_rows[keep[train_rows]]
+        val_kept = val_rows[val_keep[val_rows]]
+        both = {name: np.concatenate([cols[name][train_kept], val_cols[name][val_kept]])
+                for name in ("prompt_truncated", "prompt_length", "response_truncated", "response_length")}
+        stats["warnings"] = truncation_warnings(
+            self.source_name(self.train_split), both["prompt_truncated"], both["prompt_length"],
+            both["response_truncated"], both["response_length"], max_length=self.max_length,
+            max_prompt_length=self.max_prompt_length, truncation=self.truncation,
+        )
         return Splits(
             train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
             val=val,
@@ -208,6 +217,8 @@ def _columns(encoded: datasets.Dataset) -> dict[str, np.ndarray]:
     cols["bad_kind"] = np.asarray(table.column("bad_kind").to_pylist(), dtype=object)
     for flag in ("prompt_truncated", "response_truncated"):
         cols[flag] = table.column(flag).to_numpy(zero_copy_only=False).astype(bool)
+    for length in ("prompt_length", "response_length"):
+        cols[length] = table.column(length).to_numpy(zero_copy_only=False)
     return cols
 
 

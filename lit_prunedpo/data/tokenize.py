@@ -38,7 +38,8 @@ from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 from lit_prunedpo.data.formats import CHAT_FORMATS, BadRow, Columns, TextPair, extract_pair
 
 #: Bump when the map's output changes, so old caches are not reused.
-ENCODING_VERSION = "3"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles checked
+ENCODING_VERSION = "4"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles
+# checked; 4: lengths before truncation recorded
 
 OUTPUT_FEATURES = datasets.Features(
     {
@@ -48,6 +49,9 @@ OUTPUT_FEATURES = datasets.Features(
         "rejected_ids": datasets.List(datasets.Value("int32")),
         "prompt_truncated": datasets.Value("bool"),
         "response_truncated": datasets.Value("bool"),
+        # lengths before truncation (prompt with its BOS, the longer response with its EOS): what a too-small limit cut
+        "prompt_length": datasets.Value("int32"),
+        "response_length": datasets.Value("int32"),
         "bad_kind": datasets.Value("string"),
         "bad_field": datasets.Value("string"),
         "bad_detail": datasets.Value("string"),
@@ -168,6 +172,8 @@ class EncodedPair:
     rejected_ids: list[int]
     prompt_truncated: bool
     response_truncated: bool
+    prompt_length: int = 0  # before truncation, BOS included
+    response_length: int = 0  # the longer response before truncation, EOS included
 
 
 def build_pair_ids(
@@ -209,7 +215,8 @@ def build_pair_ids(
         prompt.insert(0, bos_id)
     if not prompt:
         prompt = [fallback_id]
-    prompt_truncated = len(prompt) > max_prompt_length
+    prompt_length = len(prompt)
+    prompt_truncated = prompt_length > max_prompt_length
     if prompt_truncated:
         # Keep the end (the turn being answered) and a leading BOS, which models are trained to see first.
         head = prompt[:1] if bos_id is not None and prompt[0] == bos_id and max_prompt_length > 1 else []
@@ -227,7 +234,8 @@ def build_pair_ids(
     for response in full:
         response_truncated |= len(response) > room
         responses.append(response[:room])
-    return EncodedPair(prompt, responses[0], responses[1], prompt_truncated, response_truncated)
+    return EncodedPair(prompt, responses[0], responses[1], prompt_truncated, response_truncated,
+                       prompt_length, max(len(r) for r in full))
 
 
 class PairEncoder:
@@ -317,6 +325,8 @@ class PairEncoder:
                 out[name].append([])
             out["prompt_truncated"].append(False)
             out["response_truncated"].append(False)
+            out["prompt_length"].append(0)
+            out["response_length"].append(0)
         if not texts:
             return out
         # One tokenizer call per column and batch: fast tokenizers parallelize inside it.
@@ -352,6 +362,8 @@ class PairEncoder:
             out["rejected_ids"][position] = pair.rejected_ids
             out["prompt_truncated"][position] = pair.prompt_truncated
             out["response_truncated"][position] = pair.response_truncated
+            out["prompt_length"][position] = pair.prompt_length
+            out["response_length"][position] = pair.response_length
         return out
 
 

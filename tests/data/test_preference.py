@@ -254,6 +254,32 @@ def test_long_prompt_keeps_its_end_and_long_response_its_start(tmp_path: Path) -
     assert total == sum(len(r["prompt"].encode()) > 16 for r in rows)  # ByT5: one token per byte, no BOS
 
 
+def test_conversational_prompts_mostly_cut_warn_with_their_lengths(tmp_path: Path) -> None:
+    # The quickstart's limits (byte-level tokens, max_prompt_length 24) cut every chat-rendered prompt: the stats line
+    # alone showed lengths after the cut; the warning says how long the prompts were and what to raise.
+    rows = conversational_rows(20)
+    for i, row in enumerate(rows):
+        row["prompt"][0]["content"] = f"Question {i}: " + "tell me more " * (1 + i % 4)
+    rendered = [f"<user>{r['prompt'][0]['content']}</user>\n<assistant>" for r in rows]  # ByT5: a token per byte
+    lengths = sorted(len(text.encode()) for text in rendered)
+    median = (lengths[9] + lengths[10]) / 2
+    with pytest.warns(UserWarning, match=rf"^{tmp_path / 'chat.jsonl'}: 20 of 20 pairs \(100%\) had their prompt cut to "
+                                         rf"max_prompt_length 24; prompt lengths before the cut: median {median:.0f}, "
+                                         rf"max {lengths[-1]} tokens; raise data.init_args.max_prompt_length"):
+        dm = _module(write_rows(tmp_path / "chat.jsonl", rows), chat_template=SIMPLE_TEMPLATE, max_length=64,
+                     max_prompt_length=24, val_fraction=0.2)
+    assert dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"] == 20
+    # The cut keeps the prompt's end, the generation prompt included, once.
+    batch = _all_batches(dm.val_dataloader())[0]
+    assert _decode(dm, batch.prompt_ids[0], batch.prompt_mask[0]) == rendered[int(batch.index[0])][-24:]
+
+
+def test_few_cut_prompts_are_no_warning(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    dm = _module(write_rows(tmp_path / "p.jsonl", explicit_rows(20)), max_length=200, max_prompt_length=40)
+    assert dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"] == 2  # of 20: no warning
+    assert dm.stats["warnings"] == [] and not [w for w in recwarn if "had their" in str(w.message)]
+
+
 def test_pair_with_response_cut_to_nothing_is_dropped_and_counted(tmp_path: Path) -> None:
     # This template renders no assistant turn whose content starts with "SILENT": the response has no tokens.
     template = (
