@@ -24,7 +24,7 @@ from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.data.formats import Columns
 from lit_prunedpo.data.loaders import pair_loader, shortest_first, training_sampler
 from lit_prunedpo.data.resumable import ResumableDataMixin
-from lit_prunedpo.data.splits import SplitBuilder
+from lit_prunedpo.data.splits import SplitBuilder, single_source_val_split
 from lit_prunedpo.data.stats import format_stats
 from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template, tokenizer_fingerprint
 
@@ -56,7 +56,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         tokenizer: Tokenizer name or path for ``AutoTokenizer.from_pretrained``; ``"byt5"`` builds the
             byte-level ``ByT5Tokenizer()``, which needs no files.
         train_split: Split to train on. A single file or saved ``Dataset`` has no splits and is used whole.
-        val_split: Split to validate on; None holds out ``val_fraction`` of the training split instead.
+        val_split: Split to validate on; None holds out ``val_fraction`` of the training split instead. A single
+            file or saved ``Dataset`` has no splits: a ``val_split`` set for it is replaced by the held-out
+            ``val_fraction``, with a warning (``configs/hh_rlhf.yaml``'s ``test`` with a local file).
         val_fraction: Share of the training split held out for validation (seeded) when ``val_split`` is None;
             in [0, 1). ``0`` trains on every row and validates on nothing (no validation runs).
         seed: Seed of the validation hold-out and of the training order (with the epoch).
@@ -143,7 +145,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self.save_hyperparameters()
         self.path = path
         self.train_split = train_split
-        self.val_split = val_split
+        self.val_split, single_source = single_source_val_split(path, val_split, val_fraction)
+        if single_source:
+            rank_zero_warn(single_source)
         self.val_fraction = val_fraction
         self.seed = seed
         self.batch_size = batch_size

@@ -10,6 +10,10 @@ collisions: a training pair's index is its row number in the training split, cou
 dropped (and after ``max_rows``); a validation share held out of the training split keeps the training split's
 numbering; a separate ``val_split`` is numbered after the training split, its row number plus the training
 split's row count (before drops).
+
+A single file, a saved ``Dataset`` or the generated task has no split names: ``train_split`` names nothing there
+and ``val_split`` is replaced by a held-out ``val_fraction``, with a warning (:func:`single_source_val_split`), so
+that a config written for a hub dataset with a test split reads a local file as it is.
 """
 
 from __future__ import annotations
@@ -34,6 +38,29 @@ from lit_prunedpo.fingerprint import content_digest
 
 BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
 GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
+
+
+def single_source_val_split(path: str | None, val_split: str | None, val_fraction: float) -> tuple[str | None, str]:
+    """The validation split a source can give, and the warning when that is not ``val_split``.
+
+    A source without split names (one file, a saved ``Dataset``, the generated task) cannot have ``val_split``; a
+    config written for a hub dataset names one all the same (``configs/hh_rlhf.yaml``: ``test``). Its rows are then
+    split as with ``val_split: null``: ``val_fraction`` held out (seeded), said in a warning naming the override.
+
+    Returns:
+        ``(val_split, "")`` when the source can have it (or it is None), else ``(None, warning)``.
+    """
+    if val_split is None or (path is not None and not is_single_split(path)):
+        return val_split, ""
+    what = ("the generated task" if path is None else
+            f"{path} is a single file" if Path(path).expanduser().is_file() else f"{path} is a saved Dataset")
+    instead = (f"validating on val_fraction {val_fraction} of its rows instead (held out of training, seeded)"
+               if val_fraction > 0 else "training on all of its rows without validation (val_fraction 0)")
+    return None, (
+        f"data.init_args.val_split is {val_split!r}, but {what} with no named splits: {instead}. Pass "
+        "--data.init_args.val_split null to choose this without the warning; to validate on a split of its own, "
+        f"give a DatasetDict folder (DatasetDict.save_to_disk) or a hub dataset that has split {val_split!r}"
+    )
 
 
 @dataclass
@@ -168,8 +195,9 @@ class SplitBuilder:
         """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
         if split == self.val_split and self._single_split():
             raise ValueError(
-                f"{self.source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; leave "
-                "val_split unset to hold out val_fraction of it, or save a DatasetDict with that split"
+                f"{self.source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; pass "
+                "val_split=None (--data.init_args.val_split null) to hold out val_fraction of it, or save a DatasetDict "
+                "with that split"
             )
         source = self.source_name(split)
         raw = self._load(split)

@@ -141,10 +141,31 @@ def test_save_to_disk_dataset_dict_with_val_split(tmp_path: Path) -> None:
     assert sorted(train_index.tolist()) == list(range(20))
 
 
-def test_single_file_has_no_val_split(tmp_path: Path) -> None:
-    path = write_rows(tmp_path / "p.jsonl", explicit_rows(10))
-    with pytest.raises(ValueError, match=f"{path} holds a single split"):
-        _module(path, val_split="test")
+def test_single_file_val_split_is_a_held_out_share_with_a_warning(tmp_path: Path) -> None:
+    path = write_rows(tmp_path / "p.jsonl", explicit_rows(20))
+    with pytest.warns(UserWarning, match=rf"^data.init_args.val_split is 'test', but {path} is a single file with no "
+                                         r"named splits: validating on val_fraction 0.1 of its rows instead \(held out "
+                                         r"of training, seeded\)\. Pass --data.init_args.val_split null to choose this "
+                                         r"without the warning; to validate on a split of its own, give a DatasetDict"):
+        dm = _module(path, val_split="test", val_fraction=0.1)
+    assert (dm.stats["train"]["rows"], dm.stats["val"]["rows"]) == (18, 2)
+    # The same pairs as asked for directly.
+    assert dm.val_dataset["index"] == _module(path, val_fraction=0.1).val_dataset["index"]
+    with pytest.warns(UserWarning, match="training on all of its rows without validation"):
+        assert _module(path, val_split="test", val_fraction=0).stats["val"]["rows"] == 0
+
+
+def test_hh_rlhf_config_reads_a_single_local_file(hh_rlhf_path: Path, gpt2_path: Path) -> None:
+    import yaml
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "hh_rlhf.yaml"
+    init = yaml.safe_load(config.read_text())["data"]["init_args"]
+    assert init["val_split"] == "test"  # the hub dataset's split, which one file does not have
+    init.update(tokenizer=str(gpt2_path), max_rows=100)
+    del init["path"]
+    with pytest.warns(UserWarning, match=r"val_split is 'test', but .*harmless-base-test.jsonl.gz is a single file"):
+        dm = _module(hh_rlhf_path, **init)
+    assert (dm.stats["train"]["rows"], dm.stats["val"]["rows"]) == (95, 5)
 
 
 def test_missing_path_is_named(tmp_path: Path) -> None:
