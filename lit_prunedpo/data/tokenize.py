@@ -36,6 +36,7 @@ from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 
 from lit_prunedpo.data.formats import CHAT_FORMATS, BadRow, Columns, TextPair, extract_pair
+from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint
 
 #: Bump when the map's output changes, so old caches are not reused.
 ENCODING_VERSION = "4"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles
@@ -110,6 +111,8 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     Raises:
         ValueError: nothing loads from ``name``, saying whether it was read as a local path or a hub name; a local
             folder holds no tokenizer files; or what loaded has no vocabulary beyond its special tokens.
+        HubUnreachable: ``name`` is a hub name, the hub does not answer and the cache does not hold it
+            (:mod:`lit_prunedpo.hub`).
     """
     if name == "byt5":
         return ByT5Tokenizer()
@@ -123,14 +126,16 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         )
     if looks_local:
         _check_folder(name, local)
+    # A hub that does not answer is said at once (HubUnreachable), not after transformers' retries.
+    cache_only = not looks_local and hub_or_cache(name, "data.init_args.tokenizer", cached=lambda: in_hub_cache(name))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=cache_only)
     except Exception as err:  # transformers raises OSError, ValueError, HFValidationError... name the argument once
         origin = (f"the local directory (its files: {', '.join(sorted(p.name for p in local.iterdir()))})"
                   if looks_local else "a hub name (no local directory has this path)")
         raise ValueError(
             f"tokenizer {name!r} (argument data.init_args.tokenizer): could not load it from {origin}: "
-            f"{type(err).__name__}: {err}"
+            f"{type(err).__name__}: {err}{'' if looks_local else offline_hint(name)}"
         ) from err
     _check_vocabulary(name, tokenizer)
     return tokenizer
