@@ -76,7 +76,9 @@ def truncation_warnings(
         (prompt_cut, prompt_length, "prompt", f"cut to max_prompt_length {max_prompt_length}"
          + (f" or, under truncation keep_end, to fit max_length {max_length} with the longer response"
             if truncation == "keep_end" else ""),
-         "raise data.init_args.max_prompt_length (it must stay below max_length: raise that too if needed)"),
+         "raise data.init_args.max_prompt_length (it must stay below max_length: raise that too if needed)"
+         if truncation != "keep_end" else
+         "raise data.init_args.max_length, and max_prompt_length where the prompts pass it"),
         (response_cut, response_length, "longer response",
          f"cut to fit max_length {max_length} together with its prompt",
          "raise data.init_args.max_length"),

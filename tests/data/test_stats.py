@@ -34,6 +34,8 @@ def test_cut_responses_name_max_length() -> None:
 def test_keep_end_names_max_length_for_prompts_too() -> None:
     (message,) = _warnings([True] * 10, [50] * 10, truncation="keep_end")
     assert "or, under truncation keep_end, to fit max_length 64 with the longer response" in message
+    assert message.endswith("raise data.init_args.max_length, and max_prompt_length where the prompts pass it to keep "
+                            "more of it")
 
 
 def test_no_pairs_no_warning() -> None:
