@@ -23,8 +23,8 @@ def test_unreachable_hub_without_a_cached_copy_fails_naming_name_argument_and_re
     online: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hub, "probe_hub", lambda timeout=hub.PROBE_TIMEOUT_S: "ConnectError: no route")
-    with pytest.raises(hub.HubUnreachable, match=r"^'gpt2' \(data.init_args.tokenizer\) is not a local path, so it is a "
-                                                 r"Hugging Face Hub name, but the hub \(.*\) does not answer "
+    with pytest.raises(hub.HubUnreachable, match=r"^'gpt2' \(data.init_args.tokenizer\) is not a local path, so it is "
+                                                 r"a Hugging Face Hub name, but the hub \(.*\) does not answer "
                                                  r"\(ConnectError: no route\) and the local cache \(.*\) does not hold "
                                                  r"it: give a local path .* or set HF_HUB_OFFLINE=1 with a cache"):
         hub.hub_or_cache("gpt2", "data.init_args.tokenizer", cached=lambda: False)

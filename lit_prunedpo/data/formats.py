@@ -279,7 +279,8 @@ def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair
             for column, messages in ((columns.chosen, chosen), (columns.rejected, rejected)):
                 _require_response_turn(messages, column, columns.prompt)
         else:
-            whole_chosen, whole_rejected = _require_messages(row, columns.chosen), _require_messages(row, columns.rejected)
+            whole_chosen = _require_messages(row, columns.chosen)
+            whole_rejected = _require_messages(row, columns.rejected)
             if whole_chosen == whole_rejected:
                 raise BadRow(columns.rejected, "identical")
             split = split_implicit_messages(whole_chosen, whole_rejected, columns)

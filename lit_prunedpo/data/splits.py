@@ -72,7 +72,8 @@ class Splits:
         val: validation pairs (possibly empty with ``val_fraction=0``).
         train_lengths: tokens each training pair executes with a shared prompt (prompt + both responses).
         stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split; ``warnings``: the
-            messages of a large share of cut prompts or responses (:func:`~lit_prunedpo.data.stats.truncation_warnings`).
+            messages of a large share of cut prompts or responses
+            (:func:`~lit_prunedpo.data.stats.truncation_warnings`).
         content: split -> content digest of its source (or its ``datasets`` fingerprint).
     """
 
@@ -196,8 +197,8 @@ class SplitBuilder:
         if split == self.val_split and self._single_split():
             raise ValueError(
                 f"{self.source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; pass "
-                "val_split=None (--data.init_args.val_split null) to hold out val_fraction of it, or save a DatasetDict "
-                "with that split"
+                "val_split=None (--data.init_args.val_split null) to hold out val_fraction of it, or save a "
+                "DatasetDict with that split"
             )
         source = self.source_name(split)
         raw = self._load(split)

@@ -173,9 +173,10 @@ def test_implicit_conversation_prompt_is_the_shared_messages() -> None:
 def test_implicit_conversation_parting_inside_a_turn_keeps_whole_messages() -> None:
     # Both answers start with the same words: the prompt holds whole messages only, so "Sure" stays in both.
     user = [_msg("user", "q")]
-    pair = extract_pair({"chosen": user + [_msg("assistant", "Sure, yes")], "rejected": user + [_msg("assistant", "Sure, no")]},
-                        IMPLICIT_CONVERSATIONAL, COLS)
-    assert pair.prompt == user and pair.chosen[0]["content"] == "Sure, yes" and pair.rejected[0]["content"] == "Sure, no"
+    row = {"chosen": user + [_msg("assistant", "Sure, yes")], "rejected": user + [_msg("assistant", "Sure, no")]}
+    pair = extract_pair(row, IMPLICIT_CONVERSATIONAL, COLS)
+    assert pair.prompt == user
+    assert pair.chosen[0]["content"] == "Sure, yes" and pair.rejected[0]["content"] == "Sure, no"
 
 
 @pytest.mark.parametrize(

@@ -186,7 +186,8 @@ def test_conversational_with_chat_template(tmp_path: Path) -> None:
 
 
 def test_implicit_prompt_conversations_read_as_their_explicit_form(tmp_path: Path) -> None:
-    implicit = _module(write_rows(tmp_path / "whole.jsonl", implicit_conversational_rows(20)), chat_template=SIMPLE_TEMPLATE)
+    implicit = _module(write_rows(tmp_path / "whole.jsonl", implicit_conversational_rows(20)),
+                       chat_template=SIMPLE_TEMPLATE)
     explicit = _module(write_rows(tmp_path / "split.jsonl", conversational_rows(20)), chat_template=SIMPLE_TEMPLATE)
     assert implicit.stats["format"] == "implicit_conversational"
     for split in ("train_dataset", "val_dataset"):
@@ -199,9 +200,9 @@ def test_implicit_prompt_conversation_without_shared_prompt_names_row_and_field(
     rows = implicit_conversational_rows(10)
     rows[3]["rejected"][0] = {"role": "user", "content": "another question"}
     path = write_rows(tmp_path / "whole.jsonl", rows)
-    with pytest.raises(ValueError, match=rf"^{path}: row 3 \(0-based, line 4\): field 'rejected' does not share a prompt "
-                                         r"with the other response \(kind 'prompt_not_prefix'\): its message 0 differs "
-                                         r"from message 0 of 'chosen'"):
+    with pytest.raises(ValueError, match=rf"^{path}: row 3 \(0-based, line 4\): field 'rejected' does not share a "
+                                         r"prompt with the other response \(kind 'prompt_not_prefix'\): its message 0 "
+                                         r"differs from message 0 of 'chosen'"):
         _module(path, chat_template=SIMPLE_TEMPLATE)
 
 
@@ -284,9 +285,10 @@ def test_conversational_prompts_mostly_cut_warn_with_their_lengths(tmp_path: Pat
     rendered = [f"<user>{r['prompt'][0]['content']}</user>\n<assistant>" for r in rows]  # ByT5: a token per byte
     lengths = sorted(len(text.encode()) for text in rendered)
     median = (lengths[9] + lengths[10]) / 2
-    with pytest.warns(UserWarning, match=rf"^{tmp_path / 'chat.jsonl'}: 20 of 20 pairs \(100%\) had their prompt cut to "
-                                         rf"max_prompt_length 24; prompt lengths before the cut: median {median:.0f}, "
-                                         rf"max {lengths[-1]} tokens; raise data.init_args.max_prompt_length"):
+    with pytest.warns(UserWarning, match=rf"^{tmp_path / 'chat.jsonl'}: 20 of 20 pairs \(100%\) had their prompt cut "
+                                         rf"to max_prompt_length 24; prompt lengths before the cut: median "
+                                         rf"{median:.0f}, max {lengths[-1]} tokens; raise "
+                                         r"data.init_args.max_prompt_length"):
         dm = _module(write_rows(tmp_path / "chat.jsonl", rows), chat_template=SIMPLE_TEMPLATE, max_length=64,
                      max_prompt_length=24, val_fraction=0.2)
     assert dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"] == 20

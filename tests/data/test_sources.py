@@ -58,8 +58,8 @@ def test_hub_dataset_fails_at_once_when_the_hub_is_silent(monkeypatch: pytest.Mo
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hub, "probe_hub", lambda timeout=hub.PROBE_TIMEOUT_S: "ConnectError: no route")
     monkeypatch.setattr(sources.datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets' retries started"))
-    with pytest.raises(hub.HubUnreachable, match=r"^'some-org/pairs' \(data.init_args.path\) is not a local path, so it "
-                                                 r"is a Hugging Face Hub name, but the hub .* does not answer "
+    with pytest.raises(hub.HubUnreachable, match=r"^'some-org/pairs' \(data.init_args.path\) is not a local path, so "
+                                                 r"it is a Hugging Face Hub name, but the hub .* does not answer "
                                                  r"\(ConnectError: no route\)"):
         load_split("some-org/pairs", "train")
 
