@@ -1,6 +1,6 @@
 """Preference-row formats (TRL's) and the checks that turn a raw row into a prompt and two responses.
 
-Three formats are read, detected once from the dataset's column types (Arrow columns hold one type, so
+Four formats are read, detected once from the dataset's column types (Arrow columns hold one type, so
 this is the first row's shape, but a bad first row cannot mislead it):
 
 * ``explicit``: ``{"prompt": str, "chosen": str, "rejected": str}``;
@@ -10,7 +10,12 @@ this is the first row's shape, but a bad first row cannot mislead it):
 * ``conversational``: ``prompt`` a list of ``{"role", "content"}`` messages, ``chosen``/``rejected``
   lists of messages that start with the assistant's, later rendered with the tokenizer's chat template.
   Every role is one of :data:`ROLES`; a response that starts with another role's message is a bad row, since
-  the prompt is rendered up to the assistant's turn (the generation prompt).
+  the prompt is rendered up to the assistant's turn (the generation prompt);
+* ``implicit_conversational``: ``{"chosen": [messages], "rejected": [messages]}`` whole conversations without a
+  ``prompt`` column (TRL's implicit-prompt conversational format). As TRL's ``extract_prompt`` does, the prompt is
+  the longest run of whole messages both conversations start with, and each response is the rest; then the rules
+  of ``conversational`` apply: the two conversations must part at the assistant's answer. A pair whose
+  conversations share no first message, or part at another role's message, is a bad row.
 
 A row that cannot be used raises :class:`BadRow` naming the field and one of :data:`BAD_ROW_KINDS`;
 the data module decides whether that stops the run or skips the row (and counts it).
@@ -22,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, Union
 
 EXPLICIT, IMPLICIT, CONVERSATIONAL = "explicit", "implicit", "conversational"
+IMPLICIT_CONVERSATIONAL = "implicit_conversational"
+#: Formats of message lists, rendered with the tokenizer's chat template.
+CHAT_FORMATS = (CONVERSATIONAL, IMPLICIT_CONVERSATIONAL)
 ASSISTANT_MARKER = "\n\nAssistant:"
 
 #: Every way a row can be bad, with the phrase an error message uses for it.
@@ -106,7 +114,7 @@ def detect_format(features: Mapping[str, Any], columns: Columns, source: str) ->
         source: the file or dataset name, for error messages.
 
     Returns:
-        One of ``"explicit"``, ``"implicit"``, ``"conversational"``.
+        One of ``"explicit"``, ``"implicit"``, ``"conversational"``, ``"implicit_conversational"``.
 
     Raises:
         ValueError: a response column is absent, or the columns have types no format uses.
@@ -128,10 +136,7 @@ def detect_format(features: Mapping[str, Any], columns: Columns, source: str) ->
             "or lists of {'role', 'content'} messages (conversational)"
         )
     if _is_list_feature(features[columns.chosen]):
-        raise ValueError(
-            f"{source}: conversational rows without a {columns.prompt!r} column (implicit-prompt conversations) "
-            "are not supported; split the prompt messages into their own column"
-        )
+        return IMPLICIT_CONVERSATIONAL
     return IMPLICIT
 
 
@@ -173,17 +178,55 @@ def _require_messages(row: Mapping[str, Any], column: str) -> Messages:
     return messages
 
 
-def _require_response_turn(messages: Messages, column: str, prompt_column: str) -> None:
+def _require_response_turn(messages: Messages, column: str, prompt_column: str, first: int = 0) -> None:
     """A response starts the assistant's turn: the prompt is rendered up to it (the generation prompt), so a
-    response opening with another role's message would teach the model to write that role's turn."""
+    response opening with another role's message would teach the model to write that role's turn.
+
+    ``first`` is the response's first message in the row: 0 with a prompt column, else the number of messages both
+    conversations share (implicit prompt)."""
     role = messages[0]["role"]
     if role != "assistant":
+        where = (f"messages before the assistant's answer belong in {prompt_column!r}" if first == 0 else
+                 f"the two conversations share messages 0-{first - 1} (the prompt) and part at this one, so the "
+                 "responses must start with the assistant's answer there")
         raise BadRow(
             column,
             "bad_role",
-            f"message 0 has role {role!r}, but a response starts with the assistant's message; messages before the "
-            f"assistant's answer belong in {prompt_column!r}",
+            f"message {first} has role {role!r}, but a response starts with the assistant's message; {where}",
         )
+
+
+def split_implicit_messages(chosen: Messages, rejected: Messages, columns: Columns) -> TextPair:
+    """Cut two whole conversations into their shared prompt and the two responses, as TRL's ``extract_prompt``:
+    the prompt is the longest run of whole messages both start with.
+
+    Raises:
+        BadRow: the conversations share no first message, or one is the other's start (an empty response), or a
+            response does not start with the assistant's message.
+    """
+    shared = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        shared += 1
+    if shared == 0:
+        raise BadRow(
+            columns.rejected,
+            "prompt_not_prefix",
+            f"its message 0 differs from message 0 of {columns.chosen!r}, so the two conversations share no prompt "
+            f"(without a {columns.prompt!r} column the prompt is the messages both start with)",
+        )
+    for column, messages, other in ((columns.chosen, chosen, columns.rejected),
+                                    (columns.rejected, rejected, columns.chosen)):
+        if shared == len(messages):
+            raise BadRow(
+                column,
+                "empty",
+                f"all its {shared} messages also start {other!r}, so nothing of it is left after the shared prompt",
+            )
+    for column, messages in ((columns.chosen, chosen), (columns.rejected, rejected)):
+        _require_response_turn(messages[shared:], column, columns.prompt, first=shared)
+    return TextPair(chosen[:shared], chosen[shared:], rejected[shared:])
 
 
 def split_implicit_prompt(chosen: str, rejected: str, columns: Columns) -> TextPair:
@@ -228,12 +271,21 @@ def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair
     """
     if row.get(UNREADABLE_COLUMN) is not None:
         raise BadRow(ROW, "unreadable", row[UNREADABLE_COLUMN])
-    if fmt == CONVERSATIONAL:
-        prompt: Text = _require_messages(row, columns.prompt)
-        chosen: Text = _require_messages(row, columns.chosen)
-        rejected: Text = _require_messages(row, columns.rejected)
+    if fmt in CHAT_FORMATS:
+        if fmt == CONVERSATIONAL:
+            prompt: Text = _require_messages(row, columns.prompt)
+            chosen: Text = _require_messages(row, columns.chosen)
+            rejected: Text = _require_messages(row, columns.rejected)
+            for column, messages in ((columns.chosen, chosen), (columns.rejected, rejected)):
+                _require_response_turn(messages, column, columns.prompt)
+        else:
+            whole_chosen = _require_messages(row, columns.chosen)
+            whole_rejected = _require_messages(row, columns.rejected)
+            if whole_chosen == whole_rejected:
+                raise BadRow(columns.rejected, "identical")
+            split = split_implicit_messages(whole_chosen, whole_rejected, columns)
+            prompt, chosen, rejected = split.prompt, split.chosen, split.rejected
         for column, messages in ((columns.chosen, chosen), (columns.rejected, rejected)):
-            _require_response_turn(messages, column, columns.prompt)
             if not any(m["content"] for m in messages):
                 raise BadRow(column, "empty", "every message has empty content")
     elif fmt == EXPLICIT:

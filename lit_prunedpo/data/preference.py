@@ -17,14 +17,14 @@ from typing import Any, Iterator, Literal
 import datasets
 import numpy as np
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.data.formats import Columns
 from lit_prunedpo.data.loaders import pair_loader, shortest_first, training_sampler
 from lit_prunedpo.data.resumable import ResumableDataMixin
-from lit_prunedpo.data.splits import SplitBuilder
+from lit_prunedpo.data.splits import SplitBuilder, single_source_val_split
 from lit_prunedpo.data.stats import format_stats
 from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template, tokenizer_fingerprint
 
@@ -32,11 +32,12 @@ from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template, token
 class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     """Preference pairs (prompt, chosen, rejected) for DPO, batched as :class:`~lit_prunedpo.batch.PreferenceBatch`.
 
-    Reads TRL's three formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
+    Reads TRL's formats: explicit prompt ``{"prompt", "chosen", "rejected"}`` strings; implicit
     prompt ``{"chosen", "rejected"}`` full dialogues whose prompt is their shared prefix up to and
     including the last ``"\\n\\nAssistant:"`` (HH-RLHF); conversational, with message lists rendered by the
     tokenizer's chat template (roles system, developer, user, assistant, tool; each response starts with the
-    assistant's message). The format is detected from the column types.
+    assistant's message), with a ``prompt`` column or without one: then the prompt is the run of whole messages
+    both conversations start with (TRL's ``extract_prompt``). The format is detected from the column types.
 
     Tokenization runs once in a ``datasets.map`` cached by fingerprint. Prompts keep their end
     (left-truncated to ``max_prompt_length``) and get BOS in front when the tokenizer has one; a prompt
@@ -55,7 +56,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         tokenizer: Tokenizer name or path for ``AutoTokenizer.from_pretrained``; ``"byt5"`` builds the
             byte-level ``ByT5Tokenizer()``, which needs no files.
         train_split: Split to train on. A single file or saved ``Dataset`` has no splits and is used whole.
-        val_split: Split to validate on; None holds out ``val_fraction`` of the training split instead.
+        val_split: Split to validate on; None holds out ``val_fraction`` of the training split instead. A single
+            file or saved ``Dataset`` has no splits: a ``val_split`` set for it is replaced by the held-out
+            ``val_fraction``, with a warning (``configs/hh_rlhf.yaml``'s ``test`` with a local file).
         val_fraction: Share of the training split held out for validation (seeded) when ``val_split`` is None;
             in [0, 1). ``0`` trains on every row and validates on nothing (no validation runs).
         seed: Seed of the validation hold-out and of the training order (with the epoch).
@@ -78,8 +81,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         max_rows: Keep only the first N rows of each loaded split (for quick runs), before the hold-out.
         add_bos: Put the tokenizer's BOS in front of every prompt (default). ``False`` is TRL's layout for
             decoder-only models, where ``max_length`` then holds one more real token.
-        truncation: "keep_start" (default) cuts responses to fit ``max_length``; "keep_end" (TRL's default
-            ``truncation_mode``) first cuts the prompt's beginning so that prompt + the longer response fit.
+        truncation: "keep_start" (default; also TRL's default ``truncation_mode`` since TRL 0.29) cuts the
+            responses' ends to fit ``max_length``; "keep_end" (TRL's default before 0.29, deprecated there since
+            1.1) first cuts the prompt's beginning so that prompt + the longer response fit.
         resume_with_changed_data: Resume from a checkpoint even though its data (by content fingerprint)
             differs from this run's; the data position then counts batches of other pairs. Off: such a resume
             is refused (:mod:`~lit_prunedpo.data.resumable`).
@@ -141,7 +145,9 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self.save_hyperparameters()
         self.path = path
         self.train_split = train_split
-        self.val_split = val_split
+        self.val_split, single_source = single_source_val_split(path, val_split, val_fraction)
+        if single_source:
+            rank_zero_warn(single_source)
         self.val_fraction = val_fraction
         self.seed = seed
         self.batch_size = batch_size
@@ -214,6 +220,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         self.train_dataset, self.val_dataset, self._train_lengths = built.train, built.val, built.train_lengths
         self.stats, self._content = built.stats, built.content
         rank_zero_info(format_stats(self.stats))
+        for warning in self.stats["warnings"]:
+            rank_zero_warn(warning)
 
     # -- lit_prunedpo.reference.ReferenceData, for a reference-logprob cache ------------------------------
 

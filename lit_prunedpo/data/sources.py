@@ -13,9 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
+from datasets.naming import camelcase_to_snakecase
 
 from lit_prunedpo.data.readable import readable_copy
 from lit_prunedpo.fingerprint import content_digest
+from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint
 
 #: Local file endings and the ``datasets`` builder that reads each (``.gz`` is decompressed by datasets).
 FILE_BUILDERS: dict[str, str] = {
@@ -64,6 +66,8 @@ def load_split(path: str, split: str, digest: str | None = None, on_bad_row: str
 
     Raises:
         FileNotFoundError: ``path`` looks like a local path but does not exist, or the hub load failed.
+        HubUnreachable: ``path`` is a hub name, the hub does not answer and the cache does not hold it
+            (:mod:`lit_prunedpo.hub`).
         ValueError: the file ending is unknown, empty or unreadable (naming the line), or the split is not in a
             saved ``DatasetDict``.
     """
@@ -97,10 +101,20 @@ def load_split(path: str, split: str, digest: str | None = None, on_bad_row: str
         return loaded
     if _looks_local(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
+    # A hub that does not answer is said at once (HubUnreachable), not after datasets' retries.
+    hub_or_cache(path, "data.init_args.path", cached=lambda: _dataset_in_cache(path))
     try:
         return datasets.load_dataset(path, split=split)
     except Exception as err:  # offline, unknown name, unknown split: all end here with the name in front.
         raise FileNotFoundError(
             f"{path}: no local file or directory has this path, and loading it as a hub dataset "
-            f"(split {split!r}) failed: {err}"
+            f"(split {split!r}) failed: {err}{offline_hint(path)}"
         ) from err
+
+
+def _dataset_in_cache(name: str) -> bool:
+    """Whether a hub dataset's files (``HF_HUB_CACHE``) or its prepared Arrow tables (``HF_DATASETS_CACHE``, the
+    folder ``datasets`` falls back to without the hub) are cached."""
+    parts = name.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    return in_hub_cache(name, "dataset") or (Path(datasets.config.HF_DATASETS_CACHE) / "___".join(parts)).is_dir()

@@ -10,6 +10,10 @@ collisions: a training pair's index is its row number in the training split, cou
 dropped (and after ``max_rows``); a validation share held out of the training split keeps the training split's
 numbering; a separate ``val_split`` is numbered after the training split, its row number plus the training
 split's row count (before drops).
+
+A single file, a saved ``Dataset`` or the generated task has no split names: ``train_split`` names nothing there
+and ``val_split`` is replaced by a held-out ``val_fraction``, with a warning (:func:`single_source_val_split`), so
+that a config written for a hub dataset with a test split reads a local file as it is.
 """
 
 from __future__ import annotations
@@ -24,16 +28,39 @@ import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-from lit_prunedpo.data.formats import BAD_ROW_KINDS, CONVERSATIONAL, Columns, count_kinds, detect_format
+from lit_prunedpo.data.formats import BAD_ROW_KINDS, CHAT_FORMATS, Columns, count_kinds, detect_format
 from lit_prunedpo.data.generated import generated_pairs
 from lit_prunedpo.data.readable import line_of_row
 from lit_prunedpo.data.sources import is_single_split, load_split
-from lit_prunedpo.data.stats import format_stats, summarize
+from lit_prunedpo.data.stats import format_stats, summarize, truncation_warnings
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split
 from lit_prunedpo.fingerprint import content_digest
 
 BATCH_COLUMNS = ["prompt_ids", "chosen_ids", "rejected_ids", "index"]
 GENERATED_ROWS = 4096  # pairs of the generated task when max_rows is not set
+
+
+def single_source_val_split(path: str | None, val_split: str | None, val_fraction: float) -> tuple[str | None, str]:
+    """The validation split a source can give, and the warning when that is not ``val_split``.
+
+    A source without split names (one file, a saved ``Dataset``, the generated task) cannot have ``val_split``; a
+    config written for a hub dataset names one all the same (``configs/hh_rlhf.yaml``: ``test``). Its rows are then
+    split as with ``val_split: null``: ``val_fraction`` held out (seeded), said in a warning naming the override.
+
+    Returns:
+        ``(val_split, "")`` when the source can have it (or it is None), else ``(None, warning)``.
+    """
+    if val_split is None or (path is not None and not is_single_split(path)):
+        return val_split, ""
+    what = ("the generated task" if path is None else
+            f"{path} is a single file" if Path(path).expanduser().is_file() else f"{path} is a saved Dataset")
+    instead = (f"validating on val_fraction {val_fraction} of its rows instead (held out of training, seeded)"
+               if val_fraction > 0 else "training on all of its rows without validation (val_fraction 0)")
+    return None, (
+        f"data.init_args.val_split is {val_split!r}, but {what} with no named splits: {instead}. Pass "
+        "--data.init_args.val_split null to choose this without the warning; to validate on a split of its own, "
+        f"give a DatasetDict folder (DatasetDict.save_to_disk) or a hub dataset that has split {val_split!r}"
+    )
 
 
 @dataclass
@@ -44,7 +71,9 @@ class Splits:
         train: training pairs (``BATCH_COLUMNS``).
         val: validation pairs (possibly empty with ``val_fraction=0``).
         train_lengths: tokens each training pair executes with a shared prompt (prompt + both responses).
-        stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split.
+        stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split; ``warnings``: the
+            messages of a large share of cut prompts or responses
+            (:func:`~lit_prunedpo.data.stats.truncation_warnings`).
         content: split -> content digest of its source (or its ``datasets`` fingerprint).
     """
 
@@ -132,6 +161,14 @@ class SplitBuilder:
             if kept.size == 0 and not (split == "val" and self.no_validation):
                 raise ValueError(f"{source}: no usable pairs left for {split} ({format_stats(stats)})")
         train_kept = train_rows[keep[train_rows]]
+        val_kept = val_rows[val_keep[val_rows]]
+        both = {name: np.concatenate([cols[name][train_kept], val_cols[name][val_kept]])
+                for name in ("prompt_truncated", "prompt_length", "response_truncated", "response_length")}
+        stats["warnings"] = truncation_warnings(
+            self.source_name(self.train_split), both["prompt_truncated"], both["prompt_length"],
+            both["response_truncated"], both["response_length"], max_length=self.max_length,
+            max_prompt_length=self.max_prompt_length, truncation=self.truncation,
+        )
         return Splits(
             train=encoded.select_columns(BATCH_COLUMNS).select(train_kept),
             val=val,
@@ -159,8 +196,9 @@ class SplitBuilder:
         """Load a split and run the cached tokenizing map; returns (encoded rows, format, source name)."""
         if split == self.val_split and self._single_split():
             raise ValueError(
-                f"{self.source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; leave "
-                "val_split unset to hold out val_fraction of it, or save a DatasetDict with that split"
+                f"{self.source_name(split)} holds a single split, so val_split={split!r} cannot be read from it; pass "
+                "val_split=None (--data.init_args.val_split null) to hold out val_fraction of it, or save a "
+                "DatasetDict with that split"
             )
         source = self.source_name(split)
         raw = self._load(split)
@@ -169,7 +207,7 @@ class SplitBuilder:
         if len(raw) == 0:
             raise ValueError(f"{source}: no rows")
         fmt = detect_format(raw.features, self.columns, source)
-        if fmt == CONVERSATIONAL and not self.tokenizer.chat_template:
+        if fmt in CHAT_FORMATS and not self.tokenizer.chat_template:
             name = self.tokenizer.name_or_path or type(self.tokenizer).__name__
             raise ValueError(
                 f"{source} is conversational, but tokenizer {name!r} has no chat template to render it; "
@@ -208,6 +246,8 @@ def _columns(encoded: datasets.Dataset) -> dict[str, np.ndarray]:
     cols["bad_kind"] = np.asarray(table.column("bad_kind").to_pylist(), dtype=object)
     for flag in ("prompt_truncated", "response_truncated"):
         cols[flag] = table.column(flag).to_numpy(zero_copy_only=False).astype(bool)
+    for length in ("prompt_length", "response_length"):
+        cols[length] = table.column(length).to_numpy(zero_copy_only=False)
     return cols
 
 

@@ -12,11 +12,14 @@ Layout rules (what :func:`build_pair_ids` does):
   the chat template closes the turn itself;
 * responses keep their **start**, cut so that prompt + response <= ``max_length``.
 
-TRL's layout is an option (``add_bos=False``, ``truncation="keep_end"``): TRL adds no BOS to a decoder-only
-prompt (so the default here spends one token of ``max_length`` more on the prompt than TRL does), and its default
-``truncation_mode="keep_end"`` cuts prompt + response jointly from the start, so the prompt loses its beginning
-before a response loses its end. TRL cuts each batch by its longest row; here a pair is cut by its own longer
-response (prompt and responses share one prompt per pair), which is TRL's cut for a batch of that one pair.
+TRL adds no BOS to a decoder-only prompt (``add_bos=False`` here; the default spends one token of ``max_length``
+more on the prompt than TRL does). TRL's default ``truncation_mode="keep_start"`` (since TRL 0.29) cuts each
+prompt + response to ``max_length`` keeping its start, as ``truncation="keep_start"`` does here, except that TRL has
+no ``max_prompt_length`` (it dropped it in 0.29, and drops a pair whose prompt alone fills ``max_length``).
+TRL's former default ``truncation_mode="keep_end"`` (deprecated since TRL 1.1) is ``truncation="keep_end"``: prompt
++ response are cut jointly from the start, so the prompt loses its beginning before a response loses its end. TRL
+cuts each sequence on its own; here a pair is cut by its own longer response (prompt and responses share one
+prompt per pair).
 
 The map writes every row, bad ones included (with empty ids and their ``bad_kind``/``bad_field``), so
 the cached result does not depend on the bad-row policy; the data module filters afterwards.
@@ -32,10 +35,12 @@ import datasets
 from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 
-from lit_prunedpo.data.formats import CONVERSATIONAL, BadRow, Columns, TextPair, extract_pair
+from lit_prunedpo.data.formats import CHAT_FORMATS, BadRow, Columns, TextPair, extract_pair
+from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint
 
 #: Bump when the map's output changes, so old caches are not reused.
-ENCODING_VERSION = "3"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles checked
+ENCODING_VERSION = "4"  # 2: pairs identical after tokenization and truncation are bad rows; 3: message roles
+# checked; 4: lengths before truncation recorded
 
 OUTPUT_FEATURES = datasets.Features(
     {
@@ -45,6 +50,9 @@ OUTPUT_FEATURES = datasets.Features(
         "rejected_ids": datasets.List(datasets.Value("int32")),
         "prompt_truncated": datasets.Value("bool"),
         "response_truncated": datasets.Value("bool"),
+        # lengths before truncation (prompt with its BOS, the longer response with its EOS): what a too-small limit cut
+        "prompt_length": datasets.Value("int32"),
+        "response_length": datasets.Value("int32"),
         "bad_kind": datasets.Value("string"),
         "bad_field": datasets.Value("string"),
         "bad_detail": datasets.Value("string"),
@@ -103,6 +111,8 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     Raises:
         ValueError: nothing loads from ``name``, saying whether it was read as a local path or a hub name; a local
             folder holds no tokenizer files; or what loaded has no vocabulary beyond its special tokens.
+        HubUnreachable: ``name`` is a hub name, the hub does not answer and the cache does not hold it
+            (:mod:`lit_prunedpo.hub`).
     """
     if name == "byt5":
         return ByT5Tokenizer()
@@ -116,14 +126,16 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         )
     if looks_local:
         _check_folder(name, local)
+    # A hub that does not answer is said at once (HubUnreachable), not after transformers' retries.
+    cache_only = not looks_local and hub_or_cache(name, "data.init_args.tokenizer", cached=lambda: in_hub_cache(name))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=cache_only)
     except Exception as err:  # transformers raises OSError, ValueError, HFValidationError... name the argument once
         origin = (f"the local directory (its files: {', '.join(sorted(p.name for p in local.iterdir()))})"
                   if looks_local else "a hub name (no local directory has this path)")
         raise ValueError(
             f"tokenizer {name!r} (argument data.init_args.tokenizer): could not load it from {origin}: "
-            f"{type(err).__name__}: {err}"
+            f"{type(err).__name__}: {err}{'' if looks_local else offline_hint(name)}"
         ) from err
     _check_vocabulary(name, tokenizer)
     return tokenizer
@@ -165,6 +177,8 @@ class EncodedPair:
     rejected_ids: list[int]
     prompt_truncated: bool
     response_truncated: bool
+    prompt_length: int = 0  # before truncation, BOS included
+    response_length: int = 0  # the longer response before truncation, EOS included
 
 
 def build_pair_ids(
@@ -192,8 +206,9 @@ def build_pair_ids(
         eos_id: appended to each response when not None (pass None for chat-rendered responses).
         fallback_id: the single prompt token when the prompt is empty and there is no BOS.
         add_bos: put ``bos_id`` in front of the prompt (``False``: TRL's decoder-only layout).
-        truncation: ``keep_start`` cuts responses to fit ``max_length``; ``keep_end`` (TRL's default) first
-            cuts the prompt's beginning (down to one token) so that prompt + the longer response fit.
+        truncation: ``keep_start`` (TRL's default) cuts responses to fit ``max_length``; ``keep_end`` (TRL's
+            former default, deprecated there) first cuts the prompt's beginning (down to one token) so that prompt +
+            the longer response fit.
 
     Returns:
         The ids; a response may come back empty (the caller drops and counts such pairs).
@@ -205,7 +220,8 @@ def build_pair_ids(
         prompt.insert(0, bos_id)
     if not prompt:
         prompt = [fallback_id]
-    prompt_truncated = len(prompt) > max_prompt_length
+    prompt_length = len(prompt)
+    prompt_truncated = prompt_length > max_prompt_length
     if prompt_truncated:
         # Keep the end (the turn being answered) and a leading BOS, which models are trained to see first.
         head = prompt[:1] if bos_id is not None and prompt[0] == bos_id and max_prompt_length > 1 else []
@@ -223,7 +239,8 @@ def build_pair_ids(
     for response in full:
         response_truncated |= len(response) > room
         responses.append(response[:room])
-    return EncodedPair(prompt, responses[0], responses[1], prompt_truncated, response_truncated)
+    return EncodedPair(prompt, responses[0], responses[1], prompt_truncated, response_truncated,
+                       prompt_length, max(len(r) for r in full))
 
 
 class PairEncoder:
@@ -298,7 +315,7 @@ class PairEncoder:
             kind = field = detail = ""
             try:
                 pair = extract_pair(row, self.fmt, self.columns)
-                if self.fmt == CONVERSATIONAL:
+                if self.fmt in CHAT_FORMATS:
                     texts.append(self._render(pair))
                 else:
                     texts.append((pair.prompt, pair.chosen, pair.rejected))  # type: ignore[arg-type]
@@ -313,6 +330,8 @@ class PairEncoder:
                 out[name].append([])
             out["prompt_truncated"].append(False)
             out["response_truncated"].append(False)
+            out["prompt_length"].append(0)
+            out["response_length"].append(0)
         if not texts:
             return out
         # One tokenizer call per column and batch: fast tokenizers parallelize inside it.
@@ -320,7 +339,7 @@ class PairEncoder:
             self.tokenizer([t[k] for t in texts], add_special_tokens=False)["input_ids"] for k in range(3)
         ]
         tok = self.tokenizer
-        eos = tok.eos_token_id if self.fmt != CONVERSATIONAL else None
+        eos = tok.eos_token_id if self.fmt not in CHAT_FORMATS else None
         fallback = prompt_fallback_id(tok)
         for j, position in enumerate(good):
             pair = build_pair_ids(
@@ -348,6 +367,8 @@ class PairEncoder:
             out["rejected_ids"][position] = pair.rejected_ids
             out["prompt_truncated"][position] = pair.prompt_truncated
             out["response_truncated"][position] = pair.response_truncated
+            out["prompt_length"][position] = pair.prompt_length
+            out["response_length"][position] = pair.response_length
         return out
 
 

@@ -61,6 +61,13 @@ def conversational_rows(n: int) -> list[dict[str, Any]]:
     ]
 
 
+def implicit_conversational_rows(n: int) -> list[dict[str, Any]]:
+    """The pairs of :func:`conversational_rows` as whole conversations without a prompt column (TRL's
+    implicit-prompt conversational format)."""
+    return [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]}
+            for r in conversational_rows(n)]
+
+
 #: A minimal chat template: each message on its own line, tagged with its role.
 SIMPLE_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>\n{% endfor %}"

@@ -9,6 +9,7 @@ from lit_prunedpo.data.formats import (
     CONVERSATIONAL,
     EXPLICIT,
     IMPLICIT,
+    IMPLICIT_CONVERSATIONAL,
     BadRow,
     Columns,
     count_kinds,
@@ -36,6 +37,7 @@ def test_detects_each_format() -> None:
     assert detect_format(_features([{"chosen": "a", "rejected": "b"}]), COLS, "x") == IMPLICIT
     msg = [{"role": "user", "content": "hi"}]
     assert detect_format(_features([{"prompt": msg, "chosen": msg, "rejected": msg}]), COLS, "x") == CONVERSATIONAL
+    assert detect_format(_features([{"chosen": msg, "rejected": msg}]), COLS, "x") == IMPLICIT_CONVERSATIONAL
 
 
 def test_detect_names_missing_column_and_source() -> None:
@@ -154,3 +156,51 @@ def test_empty_explicit_prompt_is_allowed() -> None:
 def test_count_kinds_lists_every_kind() -> None:
     counts = count_kinds(["", "empty", "empty", "missing"])
     assert counts["empty"] == 2 and counts["missing"] == 1 and counts["identical"] == 0
+
+
+# -- implicit-prompt conversations (TRL's extract_prompt) ---------------------------------------------
+
+
+def test_implicit_conversation_prompt_is_the_shared_messages() -> None:
+    shared = [_msg("system", "s"), _msg("user", "q"), _msg("assistant", "a"), _msg("user", "and?")]
+    chosen = shared + [_msg("assistant", "Yes."), _msg("user", "ok"), _msg("assistant", "Bye.")]
+    rejected = shared + [_msg("assistant", "No.")]
+    pair = extract_pair({"chosen": chosen, "rejected": rejected}, IMPLICIT_CONVERSATIONAL, COLS)
+    assert pair.prompt == shared
+    assert pair.chosen == chosen[4:] and pair.rejected == [_msg("assistant", "No.")]
+
+
+def test_implicit_conversation_parting_inside_a_turn_keeps_whole_messages() -> None:
+    # Both answers start with the same words: the prompt holds whole messages only, so "Sure" stays in both.
+    user = [_msg("user", "q")]
+    row = {"chosen": user + [_msg("assistant", "Sure, yes")], "rejected": user + [_msg("assistant", "Sure, no")]}
+    pair = extract_pair(row, IMPLICIT_CONVERSATIONAL, COLS)
+    assert pair.prompt == user
+    assert pair.chosen[0]["content"] == "Sure, yes" and pair.rejected[0]["content"] == "Sure, no"
+
+
+@pytest.mark.parametrize(
+    "chosen, rejected, field, kind, detail",
+    [
+        ([_msg("user", "q1"), _msg("assistant", "a")], [_msg("user", "q2"), _msg("assistant", "b")], "rejected",
+         "prompt_not_prefix", "its message 0 differs from message 0 of 'chosen', so the two conversations share no "
+         "prompt"),
+        ([_msg("user", "q"), _msg("assistant", "a")], [_msg("user", "q"), _msg("assistant", "a"), _msg("user", "more")],
+         "chosen", "empty", "all its 2 messages also start 'rejected'"),
+        ([_msg("user", "q"), _msg("assistant", "a"), _msg("user", "x"), _msg("assistant", "b")],
+         [_msg("user", "q"), _msg("assistant", "a"), _msg("user", "y"), _msg("assistant", "c")], "chosen", "bad_role",
+         "message 2 has role 'user', but a response starts with the assistant's message; the two conversations share "
+         "messages 0-1 (the prompt) and part at this one"),
+        ([_msg("user", "q"), _msg("assistant", "a")], [_msg("user", "q"), _msg("assistant", "a")], "rejected",
+         "identical", ""),
+        ([_msg("user", "q"), _msg("assistant", "")], [_msg("user", "q"), _msg("assistant", "b")], "chosen", "empty",
+         "every message has empty content"),
+        ([_msg("human", "q"), _msg("assistant", "a")], [_msg("user", "q"), _msg("assistant", "b")], "chosen",
+         "bad_role", "message 0 has role 'human' (write 'user')"),
+    ],
+)
+def test_implicit_conversation_bad_rows(chosen, rejected, field, kind, detail) -> None:
+    with pytest.raises(BadRow) as caught:
+        extract_pair({"chosen": chosen, "rejected": rejected}, IMPLICIT_CONVERSATIONAL, COLS)
+    assert (caught.value.field, caught.value.kind) == (field, kind)
+    assert detail in caught.value.detail

@@ -17,7 +17,14 @@ from lit_prunedpo.data import tokenize as tokenize_module
 from lit_prunedpo.data.length_grouped import LengthGroupedSampler
 from lit_prunedpo.data.preference import PreferenceDataModule
 
-from .pairs_factory import SIMPLE_TEMPLATE, conversational_rows, explicit_rows, implicit_rows, write_rows
+from .pairs_factory import (
+    SIMPLE_TEMPLATE,
+    conversational_rows,
+    explicit_rows,
+    implicit_conversational_rows,
+    implicit_rows,
+    write_rows,
+)
 
 
 def _module(path: Path | str, **kwargs) -> PreferenceDataModule:
@@ -54,6 +61,17 @@ def test_jsonargparse_resolves_the_signature() -> None:
         parser.parse_args(["--data.path", "x", "--data.tokenizer", "byt5", "--data.on_bad_row", "ignore"])
     # The Google-style docstring is the --data.help text.
     assert "Keep only the first N rows" in parser.format_help()
+
+
+def test_help_states_trls_current_truncation_default() -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(PreferenceDataModule, "data")
+    text = " ".join(parser.format_help().split())
+    # TRL's DPOConfig defaults to truncation_mode="keep_start" since 0.29 and deprecates "keep_end" since 1.1.
+    assert "also TRL's default ``truncation_mode`` since TRL 0.29" in text
+    assert "TRL's default before 0.29, deprecated there since 1.1" in text
 
 
 @pytest.mark.parametrize(
@@ -123,10 +141,31 @@ def test_save_to_disk_dataset_dict_with_val_split(tmp_path: Path) -> None:
     assert sorted(train_index.tolist()) == list(range(20))
 
 
-def test_single_file_has_no_val_split(tmp_path: Path) -> None:
-    path = write_rows(tmp_path / "p.jsonl", explicit_rows(10))
-    with pytest.raises(ValueError, match=f"{path} holds a single split"):
-        _module(path, val_split="test")
+def test_single_file_val_split_is_a_held_out_share_with_a_warning(tmp_path: Path) -> None:
+    path = write_rows(tmp_path / "p.jsonl", explicit_rows(20))
+    with pytest.warns(UserWarning, match=rf"^data.init_args.val_split is 'test', but {path} is a single file with no "
+                                         r"named splits: validating on val_fraction 0.1 of its rows instead \(held out "
+                                         r"of training, seeded\)\. Pass --data.init_args.val_split null to choose this "
+                                         r"without the warning; to validate on a split of its own, give a DatasetDict"):
+        dm = _module(path, val_split="test", val_fraction=0.1)
+    assert (dm.stats["train"]["rows"], dm.stats["val"]["rows"]) == (18, 2)
+    # The same pairs as asked for directly.
+    assert dm.val_dataset["index"] == _module(path, val_fraction=0.1).val_dataset["index"]
+    with pytest.warns(UserWarning, match="training on all of its rows without validation"):
+        assert _module(path, val_split="test", val_fraction=0).stats["val"]["rows"] == 0
+
+
+def test_hh_rlhf_config_reads_a_single_local_file(hh_rlhf_path: Path, gpt2_path: Path) -> None:
+    import yaml
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "hh_rlhf.yaml"
+    init = yaml.safe_load(config.read_text())["data"]["init_args"]
+    assert init["val_split"] == "test"  # the hub dataset's split, which one file does not have
+    init.update(tokenizer=str(gpt2_path), max_rows=100)
+    del init["path"]
+    with pytest.warns(UserWarning, match=r"val_split is 'test', but .*harmless-base-test.jsonl.gz is a single file"):
+        dm = _module(hh_rlhf_path, **init)
+    assert (dm.stats["train"]["rows"], dm.stats["val"]["rows"]) == (95, 5)
 
 
 def test_missing_path_is_named(tmp_path: Path) -> None:
@@ -144,6 +183,27 @@ def test_conversational_with_chat_template(tmp_path: Path) -> None:
     assert _decode(dm, batch.prompt_ids[0], batch.prompt_mask[0]) == f"<user>{prompt}</user>\n<assistant>"
     # The template closes the turn itself, so no EOS is appended to conversational responses.
     assert _decode(dm, batch.response_ids[0, 1], batch.response_mask[0, 1]) == f"{rejected}</assistant>\n"
+
+
+def test_implicit_prompt_conversations_read_as_their_explicit_form(tmp_path: Path) -> None:
+    implicit = _module(write_rows(tmp_path / "whole.jsonl", implicit_conversational_rows(20)),
+                       chat_template=SIMPLE_TEMPLATE)
+    explicit = _module(write_rows(tmp_path / "split.jsonl", conversational_rows(20)), chat_template=SIMPLE_TEMPLATE)
+    assert implicit.stats["format"] == "implicit_conversational"
+    for split in ("train_dataset", "val_dataset"):
+        ours, theirs = getattr(implicit, split), getattr(explicit, split)
+        for column in ("prompt_ids", "chosen_ids", "rejected_ids", "index"):
+            assert ours[column] == theirs[column]
+
+
+def test_implicit_prompt_conversation_without_shared_prompt_names_row_and_field(tmp_path: Path) -> None:
+    rows = implicit_conversational_rows(10)
+    rows[3]["rejected"][0] = {"role": "user", "content": "another question"}
+    path = write_rows(tmp_path / "whole.jsonl", rows)
+    with pytest.raises(ValueError, match=rf"^{path}: row 3 \(0-based, line 4\): field 'rejected' does not share a "
+                                         r"prompt with the other response \(kind 'prompt_not_prefix'\): its message 0 "
+                                         r"differs from message 0 of 'chosen'"):
+        _module(path, chat_template=SIMPLE_TEMPLATE)
 
 
 def test_conversational_template_from_a_file(tmp_path: Path) -> None:
@@ -214,6 +274,33 @@ def test_long_prompt_keeps_its_end_and_long_response_its_start(tmp_path: Path) -
     assert _decode(dm, batch.response_ids[i, 0], batch.response_mask[i, 0]) == ("yes " * 40)[:32]
     total = dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"]
     assert total == sum(len(r["prompt"].encode()) > 16 for r in rows)  # ByT5: one token per byte, no BOS
+
+
+def test_conversational_prompts_mostly_cut_warn_with_their_lengths(tmp_path: Path) -> None:
+    # The quickstart's limits (byte-level tokens, max_prompt_length 24) cut every chat-rendered prompt: the stats line
+    # alone showed lengths after the cut; the warning says how long the prompts were and what to raise.
+    rows = conversational_rows(20)
+    for i, row in enumerate(rows):
+        row["prompt"][0]["content"] = f"Question {i}: " + "tell me more " * (1 + i % 4)
+    rendered = [f"<user>{r['prompt'][0]['content']}</user>\n<assistant>" for r in rows]  # ByT5: a token per byte
+    lengths = sorted(len(text.encode()) for text in rendered)
+    median = (lengths[9] + lengths[10]) / 2
+    with pytest.warns(UserWarning, match=rf"^{tmp_path / 'chat.jsonl'}: 20 of 20 pairs \(100%\) had their prompt cut "
+                                         rf"to max_prompt_length 24; prompt lengths before the cut: median "
+                                         rf"{median:.0f}, max {lengths[-1]} tokens; raise "
+                                         r"data.init_args.max_prompt_length"):
+        dm = _module(write_rows(tmp_path / "chat.jsonl", rows), chat_template=SIMPLE_TEMPLATE, max_length=64,
+                     max_prompt_length=24, val_fraction=0.2)
+    assert dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"] == 20
+    # The cut keeps the prompt's end, the generation prompt included, once.
+    batch = _all_batches(dm.val_dataloader())[0]
+    assert _decode(dm, batch.prompt_ids[0], batch.prompt_mask[0]) == rendered[int(batch.index[0])][-24:]
+
+
+def test_few_cut_prompts_are_no_warning(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    dm = _module(write_rows(tmp_path / "p.jsonl", explicit_rows(20)), max_length=200, max_prompt_length=40)
+    assert dm.stats["train"]["truncated_prompts"] + dm.stats["val"]["truncated_prompts"] == 2  # of 20: no warning
+    assert dm.stats["warnings"] == [] and not [w for w in recwarn if "had their" in str(w.message)]
 
 
 def test_pair_with_response_cut_to_nothing_is_dropped_and_counted(tmp_path: Path) -> None:

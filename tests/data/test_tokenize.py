@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lit_prunedpo.data.tokenize import build_pair_ids, load_tokenizer, prompt_fallback_id
 
 LIMITS = dict(max_length=10, max_prompt_length=4)
@@ -67,3 +69,57 @@ def test_keep_end_keeps_one_prompt_token_then_cuts_responses() -> None:
     out = build_pair_ids([1, 2, 3], list(range(10, 30)), [30], bos_id=None, eos_id=None, fallback_id=0,
                          truncation="keep_end", **LIMITS)
     assert out.prompt_ids == [3] and out.chosen_ids == list(range(10, 19)) and out.response_truncated
+
+
+def test_lengths_before_the_cut_are_kept() -> None:
+    out = build_pair_ids(list(range(1, 21)), list(range(10, 30)), [30], bos_id=0, eos_id=99, fallback_id=0, **LIMITS)
+    assert out.prompt_truncated and out.response_truncated
+    assert (out.prompt_length, out.response_length) == (21, 21)  # BOS + 20 prompt ids; 20 + EOS for the longer response
+
+
+# -- hub names (lit_prunedpo.hub) --------------------------------------------------------------------
+
+
+def _hub_silent(monkeypatch, cached: bool) -> list[dict]:
+    """The hub does not answer (no probe leaves the machine), with or without a cached copy; returns the keyword
+    arguments AutoTokenizer.from_pretrained gets."""
+    from huggingface_hub import constants
+
+    from lit_prunedpo import hub
+    from lit_prunedpo.data import tokenize
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "probe_hub", lambda timeout=hub.PROBE_TIMEOUT_S: "ConnectError: no route")
+    monkeypatch.setattr(tokenize, "in_hub_cache", lambda name, repo_type="model": cached)
+    calls: list[dict] = []
+    byt5 = load_tokenizer("byt5")
+
+    def from_pretrained(name, **kwargs):
+        calls.append(kwargs)
+        return byt5
+
+    monkeypatch.setattr(tokenize.AutoTokenizer, "from_pretrained", from_pretrained)
+    return calls
+
+
+def test_hub_tokenizer_fails_at_once_when_the_hub_is_silent_and_nothing_is_cached(monkeypatch) -> None:
+    from lit_prunedpo.hub import HubUnreachable
+
+    calls = _hub_silent(monkeypatch, cached=False)
+    with pytest.raises(HubUnreachable, match=r"^'gpt2' \(data.init_args.tokenizer\) is not a local path, so it is a "
+                                             r"Hugging Face Hub name, but the hub .* does not answer"):
+        load_tokenizer("gpt2")
+    assert calls == []  # transformers' retries never started
+
+
+def test_hub_tokenizer_is_read_from_the_cache_when_the_hub_is_silent(monkeypatch) -> None:
+    calls = _hub_silent(monkeypatch, cached=True)
+    load_tokenizer("gpt2")
+    assert calls == [{"local_files_only": True}]
+
+
+def test_offline_hub_tokenizer_not_in_the_cache_says_so() -> None:
+    # The tests run with HF_HUB_OFFLINE=1 (conftest): transformers' own error, with what offline mode did.
+    with pytest.raises(ValueError, match=r"HF_HUB_OFFLINE=1 is set, so 'no-org/no-such-tokenizer' was looked up only "
+                                         r"in the local cache"):
+        load_tokenizer("no-org/no-such-tokenizer")
