@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 from helpers import REPO
 
 #: folder -> the package it ships as (pyproject's package-dir: ``callbacks/`` is ``lit_prunedpo.callbacks``)
@@ -98,7 +96,6 @@ def test_every_import_counts():
     assert "lit_prunedpo.module" in graph["lit_prunedpo.cli"]
 
 
-@pytest.mark.xfail(strict=True, reason="plan.py, shared_prompt.py and scoring.py import one another (issue 19)")
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
