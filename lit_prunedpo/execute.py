@@ -174,13 +174,13 @@ class StepExecutor:
         return StepForwards(tuple(policy), tuple(groups), pairs, self.layout)
 
     def run_policy(self, model: nn.Module, scorer: TokenScorer, batch: PreferenceBatch,
-                   forwards: StepForwards, num_groups: int) -> tuple[Tensor, ...]:
+                   forwards: StepForwards) -> tuple[Tensor, ...]:
         """One forward after the other, a graph only for the gradient ones; one log-prob tensor per plan group.
 
         A placeholder's (empty) log-probs are appended to a plan group's, so that a gradient placeholder is part of
         the graph that backward runs through (its all-gathers and reduce-scatters must run on every rank).
         """
-        logps: list[Tensor | None] = [None] * num_groups
+        logps: list[Tensor | None] = [None] * len(forwards.groups)
         extra: list[Tensor] = []
         kept: DynamicCache | None = None
         for forward in forwards.policy:
@@ -188,7 +188,7 @@ class StepExecutor:
             cache = None
             if inputs.past is not None:
                 if kept is None:
-                    raise RuntimeError("a forward reads the keys and values of a forward that kept none")
+                    raise RuntimeError("a forward reads the keys and values of a forward that kept none")  # a bug here
                 cache = inputs.past.gather(kept)
             if forward.keeps_keys_values:
                 cache = DynamicCache()
@@ -216,7 +216,7 @@ class StepExecutor:
                  batch: PreferenceBatch, plan: StepPlan) -> StepLogps:
         """Run ``plan``'s policy forwards with ``scorer``, then the reference's."""
         forwards = self.forwards(plan.groups, PairLengths.of(batch))
-        policy_logps = self.run_policy(policy, scorer, batch, forwards, len(plan.groups))
+        policy_logps = self.run_policy(policy, scorer, batch, forwards)
         online = reference.online_model()
         if online is None:
             reference_logps, reference_tokens = tuple(reference.token_logps(batch, plan)), 0
@@ -232,4 +232,4 @@ def score_groups(scorer: TokenScorer, model: nn.Module, batch: PreferenceBatch, 
     """The policy log-probs of a plan's ``groups``, in order, run by a :class:`StepExecutor` with ``layout``."""
     executor = StepExecutor(layout, reuse_keys_values)
     forwards = executor.forwards(groups, PairLengths.of(batch))
-    return executor.run_policy(model, scorer, batch, forwards, len(groups))
+    return executor.run_policy(model, scorer, batch, forwards)

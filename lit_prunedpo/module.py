@@ -76,7 +76,7 @@ class PrunedDPO(L.LightningModule):
         max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
             the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
         shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
-            (``lit_prunedpo.shared_prompt``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
+            (``lit_prunedpo.layout.packed``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
             attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
             cancel in the margin; ``train/logps/*`` then sum the differing part only). With branch pruning the
             no-grad rows read their prompts from the gradient forward's keys and values (not under gradient
