@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.distributed import shard_causal_lm
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.scoring import TokenScorer
 
@@ -114,8 +115,6 @@ class ReferenceSource(nn.Module, ABC):
     def shard(self, mesh: Any) -> None:
         """Shard :meth:`models` with FSDP2 over the 1-D data-parallel ``mesh`` (``PrunedDPO.configure_model``),
         so that a frozen model costs ``1/N`` of a replica per rank."""
-        from lit_prunedpo.distributed import shard_causal_lm
-
         for model in self.models():
             shard_causal_lm(model, mesh, reshard_after_forward=True)
 
