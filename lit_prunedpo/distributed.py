@@ -1,6 +1,6 @@
 """Multi-process training helpers: FSDP2 sharding of the policy and the online reference, a strategy that
-shards over every process (and writes its checkpoint folders atomically), forward-count balancing for sharded
-steps, and checkpoint loading that names the file it could not read.
+shards over every process (and writes its checkpoint folders atomically), the ranks' agreement on a sharded
+step's forwards, and checkpoint loading that names the file it could not read.
 
 Why the sharding units are what they are: :class:`~lit_prunedpo.scoring.TokenScorer` never calls the root
 ``*ForCausalLM`` forward; it calls the body (``model.base_model``) and the LM head
@@ -15,21 +15,20 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
-from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.plan import StepPlan, placeholder_group
+from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.scoring import split_causal_lm
 
 __all__ = [
     "FSDP2Strategy",
     "VerifiedCheckpointIO",
-    "balance_plan_groups",
+    "agree_on_forwards",
     "decoder_layers",
     "is_sharded",
     "shard_causal_lm",
@@ -255,29 +254,23 @@ def group_signature(plan: StepPlan) -> tuple[bool, bool]:
     return any(g.requires_grad for g in plan.groups), any(not g.requires_grad for g in plan.groups)
 
 
-def balance_plan_groups(plan: StepPlan, batch: PreferenceBatch, strategy: Any) -> StepPlan:
-    """Make every rank run the same forwards in the same order: FSDP's all-gathers and reduce-scatters pair
-    up across ranks by call order, so one rank running a no-grad forward that another skips desyncs them.
+def agree_on_forwards(strategy: Any) -> Callable[[tuple[bool, bool]], tuple[bool, bool]]:
+    """The ranks' agreement on which forwards a step runs, for :class:`~lit_prunedpo.execute.StepExecutor`'s
+    ``agree``: FSDP's all-gathers and reduce-scatters pair up across ranks by call order, so one rank running a
+    no-grad forward that another skips desyncs them.
 
-    Every shipped branch sampler already gives every rank the same group structure (``BothBranches``: one
-    gradient group; ``RandomBranch``/``AntitheticBranch``: one gradient and one no-grad group, since each pair
-    has exactly one branch of each kind). A custom sampler may not; then the ranks agree (one all-reduce of
-    two flags) and a rank missing a group runs a one-row placeholder that scores nothing (its log-probs are
-    an empty tensor, so estimates are unchanged; a gradient placeholder still back-propagates zeros, so the
-    reduce-scatters match too).
+    Every shipped branch sampler already gives every rank the same forwards (``BothBranches``: one gradient
+    forward; ``RandomBranch``/``AntitheticBranch``: one gradient and one no-grad forward, since each pair has
+    exactly one branch of each kind). A custom sampler may not; then the ranks agree (one all-reduce of two
+    flags) and the executor runs a one-row placeholder forward that scores nothing where a rank has none.
     """
     import torch.distributed as dist
 
-    local = group_signature(plan)
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return plan
-    flags = torch.tensor([int(local[0]), int(local[1])], device=strategy.root_device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    need_grad, need_nograd = bool(flags[0]), bool(flags[1])
-    if (need_grad, need_nograd) == local:
-        return plan
-    P = batch.prompt_width
-    grad = [g for g in plan.groups if g.requires_grad] or ([placeholder_group(P, True)] if need_grad else [])
-    nograd = [g for g in plan.groups if not g.requires_grad] or ([placeholder_group(P, False)] if need_nograd else [])
-    return plan.with_groups(grad + nograd)
+    def agree(local: tuple[bool, bool]) -> tuple[bool, bool]:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return local
+        flags = torch.tensor([int(local[0]), int(local[1])], device=strategy.root_device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1])
 
+    return agree

@@ -4,8 +4,8 @@ A training step (:meth:`PrunedDPO.step`, the one step of the code base: ``traini
 study all run it) reads in the order data flows:
 
     plan      samplers draw branches, prefixes and positions (``plan.plan_step``), before any compute
-    execute   one forward per row group: the gradient rows, then the no-grad rows (``scoring``),
-              and the reference on the same truncated inputs (``reference``)
+    execute   the executor lays the row groups out and runs them: the gradient rows, then the no-grad rows,
+              then the reference on the same truncated inputs (``execute.StepExecutor``)
     estimate  IPW sums, margin and the single-branch surrogate (``estimate.estimate``)
     backward  Lightning back-propagates the returned objective
 
@@ -28,12 +28,14 @@ from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
 from lit_prunedpo.estimate import Estimate, estimate
+from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
 from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR, apply_changes, describe
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
+from lit_prunedpo.distributed import agree_on_forwards
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.warning_scope import IgnoredWarning
@@ -45,8 +47,7 @@ from lit_prunedpo.samplers import (
     PositionSampler,
     PrefixSampler,
 )
-from lit_prunedpo.scoring import TokenScorer, score_groups
-from lit_prunedpo.shared_prompt import check_attention
+from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
 
 class PrunedDPO(L.LightningModule):
@@ -75,7 +76,7 @@ class PrunedDPO(L.LightningModule):
         max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
             the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
         shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
-            (``lit_prunedpo.shared_prompt``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
+            (``lit_prunedpo.layout.packed``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
             attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
             cancel in the margin; ``train/logps/*`` then sum the differing part only). With branch pruning the
             no-grad rows read their prompts from the gradient forward's keys and values (not under gradient
@@ -134,15 +135,12 @@ class PrunedDPO(L.LightningModule):
                     layer.p = 0.0
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # the no-grad rows read their prompts from the gradient forward's keys and values, which transformers
-        # does not keep under gradient checkpointing: the no-grad rows then rerun their prompts
-        self._prompt_cache = not any(getattr(m, "gradient_checkpointing", False) for m in self.policy.modules())
         self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
         self.shared_prompt = bool(shared_prompt)
-        if self.shared_prompt:
-            for model in (self.policy, *self.reference.models()):
-                check_attention(model)
+        layout = layout_for(self.shared_prompt)
+        for model in (self.policy, *self.reference.models()):
+            layout.check_model(model)
 
         self.sampler_rng = SamplerRNG()
         self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
@@ -252,39 +250,46 @@ class PrunedDPO(L.LightningModule):
         parts = self.parts if parts is None else parts
         batch.validate()
         plan = self.plan(batch, parts, generator)
-        return StepOutput(plan, self.execute_and_estimate(batch, plan, parts), parts.reference)
+        logps = self.execute(batch, plan, parts)
+        return StepOutput(plan, logps, self.estimate(batch, plan, logps), parts.reference)
 
     def plan(
         self, batch: PreferenceBatch, parts: StepParts | None = None, generator: torch.Generator | None = None
     ) -> StepPlan:
         """Stage 1: all samplers draw from this step's generator (see :meth:`step` for the arguments)."""
         parts = self.parts if parts is None else parts
-        plan = plan_step(
+        return plan_step(
             batch, parts.prefix_sampler, parts.position_sampler, parts.branch_sampler,
             generator if generator is not None else self.sampler_rng.next(),
-            shared_prompt=parts.shared_prompt,
             # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
             score_common_prefix=not (parts.shared_prompt and self.loss.margin_only),
-            prompt_cache=self._prompt_cache,
         )
-        if self._sharded:
-            # FSDP pairs collectives across ranks by forward order: every rank must run the same forwards.
-            from lit_prunedpo.distributed import balance_plan_groups
 
-            plan = balance_plan_groups(plan, batch, self.trainer.strategy)
-        return plan
+    def executor(self, parts: StepParts | None = None) -> StepExecutor:
+        """What runs a step's forwards: the parts' layout; keys and values reused unless the policy recomputes its
+        activations (gradient checkpointing keeps none); under FSDP, the same forwards on every rank."""
+        parts = self.parts if parts is None else parts
+        agree = agree_on_forwards(self.trainer.strategy) if self._sharded else None
+        return StepExecutor(layout_for(parts.shared_prompt), keeps_keys_values(self.policy), agree)
+
+    def execute(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> StepLogps:
+        """Stage 2: the policy's forwards, then the reference's."""
+        parts = self.parts if parts is None else parts
+        return self.executor(parts)(self.policy, parts.scorer, parts.reference, batch, plan)
+
+    def estimate(self, batch: PreferenceBatch, plan: StepPlan, logps: StepLogps) -> Estimate:
+        """Stage 3: the IPW estimate of the loss and its single-branch surrogate."""
+        return estimate(plan, logps.policy, logps.reference, self.loss, self.beta, batch.response_lengths)
 
     def score_policy(self, batch: PreferenceBatch, group: RowGroup, scorer: TokenScorer | None = None) -> Tensor:
-        """Stage 2 for one group (that reads no other group's prompts): a graph only for the gradient rows;
-        ``scorer`` ``None`` is the module's."""
-        return score_groups(self.scorer if scorer is None else scorer, self.policy, batch, [group])[0]
+        """The policy's log-probs of one group, alone in its forward, laid out as this module lays its steps out:
+        a graph only for the gradient rows; ``scorer`` ``None`` is the module's."""
+        scorer = self.scorer if scorer is None else scorer
+        return score_groups(scorer, self.policy, batch, [group], layout_for(self.shared_prompt))[0]
 
     def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> Estimate:
         """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""
-        parts = self.parts if parts is None else parts
-        policy_logps = score_groups(parts.scorer, self.policy, batch, plan.groups)
-        reference_logps = parts.reference.token_logps(batch, plan)
-        return estimate(plan, policy_logps, reference_logps, self.loss, self.beta, batch.response_lengths)
+        return self.estimate(batch, plan, self.execute(batch, plan, parts))
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
         out = self.step(batch)
@@ -308,8 +313,7 @@ class PrunedDPO(L.LightningModule):
     def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
         """The unpruned objective: every position of every whole response, whatever the samplers are."""
         batch.validate()
-        plan = exact_plan(batch, shared_prompt=self.shared_prompt)
-        est = self.execute_and_estimate(batch, plan)
+        est = self.execute_and_estimate(batch, exact_plan(batch))
         for name, value in pair_metrics(est, self.beta).items():
             metric = metrics[_key(name)]
             metric.update(value)

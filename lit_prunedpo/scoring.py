@@ -1,13 +1,10 @@
-"""Stage 2 of a step, **execute**: run a causal LM on a row group's truncated inputs and score its positions.
+"""Scoring one forward: run a causal LM on a forward's inputs and return the log-probs of its scored positions.
 
-``group_inputs`` slices the batch to the group's executed width (prefix pruning shortens the tensor that
-runs) and lists the scored positions. ``TokenScorer`` runs the model *body* on those inputs, gathers the
-hidden states at the scored positions, and only then applies the LM head and the log-softmax (position
-pruning shrinks the ``K x V`` logits, never computing the rest). The scorer knows nothing about sampling.
-A group planned with ``shared_prompt`` is laid out as packed blocks, one per pair, with a 4-D attention mask
-(``lit_prunedpo.shared_prompt``); the scorer runs it the same way. :func:`score_groups` runs a plan's groups in
-order and hands a group that reads its prompts from the previous forward (``RowGroup.cached_len``) that
-forward's keys and values, detached.
+``TokenScorer`` runs the model *body* on a :class:`~lit_prunedpo.layout.GroupInputs` (the inputs a layout built,
+:mod:`lit_prunedpo.layout`), gathers the hidden states at the scored positions, and only then applies the LM
+head and the log-softmax (position pruning shrinks the ``K x V`` logits, never computing the rest). A packed
+forward's 4-D mask is put in the form the model's attention takes. The scorer knows nothing about sampling or
+layouts; which forwards run, in which order, is the executor's (:mod:`lit_prunedpo.execute`).
 
 Departure from a stock ``model(input_ids).logits``: the body and the head are called separately, so models
 that transform logits after the head (Gemma-2's soft-capping, Cohere's ``logit_scale``) are refused rather
@@ -16,93 +13,21 @@ than scored wrongly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence
-
-import torch
 from torch import Tensor, nn
-from transformers import DynamicCache
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.layout.base import GroupInputs, PastColumns
+from lit_prunedpo.layout.packed import model_attention_mask
+from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
-from lit_prunedpo.shared_prompt import model_attention_mask, packed_group_inputs
 
-
-@dataclass(frozen=True)
-class PastColumns:
-    """Where a forward's cache columns come from in the previous forward's keys and values.
-
-    Attributes:
-        seq: ``[S, C]`` sequence of the previous forward.
-        col: ``[S, C]`` column of that sequence (padding columns point anywhere: the mask hides them).
-    """
-
-    seq: Tensor
-    col: Tensor
-
-    def gather(self, previous: DynamicCache) -> DynamicCache:
-        """A cache of ``previous``'s keys and values at these columns, detached (no gradient flows back)."""
-        if not previous.layers or not all(layer.is_initialized for layer in previous.layers):
-            raise RuntimeError(
-                "the previous forward kept no keys and values (gradient checkpointing drops them): plan the step "
-                "with prompt_cache=False"
-            )
-        layers = []
-        for layer in previous.layers:
-            # [S', heads, W', dh] -> [S, heads, C, dh]
-            pick = lambda x: x.detach().transpose(1, 2)[self.seq, self.col].transpose(1, 2)  # noqa: E731
-            layers.append((pick(layer.keys), pick(layer.values)))
-        return DynamicCache(ddp_cache_data=layers)
-
-
-@dataclass(frozen=True)
-class GroupInputs:
-    """The tensors of one forward pass.
-
-    Attributes:
-        input_ids: ``[n, W]`` left-padded prompt followed by the kept response prefix (or, shared-prompt
-            layout, ``[S, W]``: packed blocks, one per pair).
-        attention_mask: ``[n, W]`` long, 0 on padding (or, shared-prompt layout, ``[S, 1, W, W]`` bool, True
-            where a query column may attend a key column).
-        position_ids: ``[n, W]`` positions that ignore the left padding.
-        gather_row: ``[K]`` row of each scored position.
-        gather_col: ``[K]`` column whose hidden state predicts the scored token (one before it).
-        targets: ``[K]`` the scored response tokens.
-        past: the ``C`` cache columns the mask's first ``C`` key columns refer to (``None``: no cache, the
-            mask is ``[S, 1, W, W]``).
-        cache: keys and values the forward attends to before its own (gathered at ``past``), or an empty cache
-            that it fills with its keys and values for the next group; ``None`` keeps none. Set by
-            :func:`score_groups`, so that a scorer needs no argument for it.
-    """
-
-    input_ids: Tensor
-    attention_mask: Tensor
-    position_ids: Tensor
-    gather_row: Tensor
-    gather_col: Tensor
-    targets: Tensor
-    past: PastColumns | None = None
-    cache: DynamicCache | None = None
+__all__ = ["GroupInputs", "PastColumns", "TokenScorer", "group_inputs", "split_causal_lm"]
 
 
 def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:
-    """Build the inputs of ``group``: prompt ``++ y_1..y_{L-1}``, cut to the group's width."""
-    if group.shared_prompt:
-        return packed_group_inputs(batch, group)
-    P, W = batch.prompt_width, group.width
-    responses = batch.response_ids[group.pair, group.branch]
-    response_mask = batch.response_mask[group.pair, group.branch]
-    input_ids = torch.cat([batch.prompt_ids[group.pair], responses], dim=1)[:, :W]
-    attention_mask = torch.cat([batch.prompt_mask[group.pair], response_mask], dim=1)[:, :W].long()
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    return GroupInputs(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        gather_row=group.scored_row,
-        gather_col=P - 1 + group.scored_t,
-        targets=responses[group.scored_row, group.scored_t],
-    )
+    """The inputs of ``group`` in the padded layout (prompt ``++ y_1..y_{L-1}``, cut to ``P + max(L) - 1``): what
+    a forward outside a step scores (a reference cache, a test); a step's forwards are the executor's."""
+    return padded_inputs(batch, group)
 
 
 _UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
@@ -158,34 +83,3 @@ class TokenScorer:
         hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
         return self.log_probs(head, gathered, inputs.targets)
-
-
-def score_groups(
-    scorer: TokenScorer, model: nn.Module, batch: PreferenceBatch, groups: Sequence[RowGroup]
-) -> list[Tensor]:
-    """Stage 2 for the policy: one forward per group, in order, with a graph only for the gradient groups.
-
-    A group whose rows read their prompts from the previous group's forward (``RowGroup.cached_len``, planned
-    with ``prompt_cache``) attends to that forward's keys and values, detached: its log-probs carry no graph.
-    """
-    logps: list[Tensor] = []
-    kept: DynamicCache | None = None
-    for i, group in enumerate(groups):
-        inputs = group_inputs(batch, group.to(batch.prompt_ids.device))
-        cache = None
-        if inputs.past is not None:
-            if kept is None:
-                raise ValueError(
-                    f"row group {i} of {len(groups)} reads its prompts from the previous group's forward, which "
-                    "did not run first: score the plan's groups together, in order"
-                )
-            cache = inputs.past.gather(kept)
-        keeps = i + 1 < len(groups) and groups[i + 1].cached_len is not None
-        if keeps:
-            cache = DynamicCache()
-        if cache is not None:
-            inputs = replace(inputs, cache=cache)
-        with torch.set_grad_enabled(group.requires_grad and torch.is_grad_enabled()):
-            logps.append(scorer(model, inputs))
-        kept = cache if keeps else None
-    return logps

@@ -4,7 +4,8 @@
 the reference source and the prompt layout. ``PrunedDPO`` builds its own from its constructor arguments
 (:attr:`~lit_prunedpo.module.PrunedDPO.parts`); the benchmark passes one per configuration, so that every
 configuration runs the same step on the same policy without changing the module. :class:`StepOutput` is what
-the step produced before the backward: the plan, the estimate, and the work counts on demand.
+the step produced before the backward, stage by stage: the plan, what the executor ran, the estimate, and the work
+counts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lit_prunedpo.estimate import Estimate
+from lit_prunedpo.execute import StepForwards, StepLogps
 from lit_prunedpo.metrics import StepStats
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.reference import ReferenceSource
@@ -34,7 +36,7 @@ class StepParts:
     reference: ReferenceSource
     """Reference log-probs at the plan's scored positions."""
     shared_prompt: bool = True
-    """One packed block per pair (``lit_prunedpo.shared_prompt``) instead of padded rows."""
+    """One packed block per pair (``lit_prunedpo.layout.packed``) instead of padded rows."""
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,28 @@ class StepOutput:
 
     plan: StepPlan
     """What the samplers drew."""
+    logps: StepLogps
+    """What the executor ran and scored."""
     estimate: Estimate
     """The IPW estimates and the objective."""
     reference: ReferenceSource
-    """The source that scored the reference (it says how many tokens it ran)."""
+    """The source that scored the reference."""
+
+    @property
+    def forwards(self) -> StepForwards:
+        """The forwards that ran (shapes and token counts, for the cost model)."""
+        return self.logps.forwards
 
     @property
     def stats(self) -> StepStats:
-        """The step's work counts. Counted on demand: an online reference's count merges the plan's groups,
-        work a step that logs nothing (the study's) should not pay for."""
-        return StepStats.of(self.plan, self.reference.tokens_executed(self.plan))
+        """The step's work counts."""
+        plan = self.plan
+        return StepStats(
+            tokens_executed=self.forwards.tokens_executed,
+            positions_scored=plan.positions_scored,
+            branches_backpropagated=plan.branches_backpropagated,
+            reference_tokens_executed=self.logps.reference_tokens_executed,
+            unpruned_tokens=plan.unpruned_tokens,
+            unpruned_positions=plan.unpruned_positions,
+            unpruned_branches=int(plan.grad_mask.numel()),
+        )

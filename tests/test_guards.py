@@ -52,8 +52,8 @@ def test_skip_streak_resets_on_a_finite_step(tmp_path, tiny_source):
     calls = []
 
     class NaNEveryOther(PrunedDPO):
-        def execute_and_estimate(self, batch, plan, parts=None):
-            est = super().execute_and_estimate(batch, plan, parts)
+        def estimate(self, batch, plan, logps):
+            est = super().estimate(batch, plan, logps)
             calls.append(1)
             return est if len(calls) % 2 == 0 else type(est)(**{**vars(est), "objective": est.objective * float("nan")})
 
@@ -66,8 +66,8 @@ def test_skip_streak_resets_on_a_finite_step(tmp_path, tiny_source):
 class NaNLoss(PrunedDPO):
     """Every step's loss is NaN, the weights stay finite (each step is skipped): checkpoints can be written."""
 
-    def execute_and_estimate(self, batch, plan, parts=None):
-        est = super().execute_and_estimate(batch, plan, parts)
+    def estimate(self, batch, plan, logps):
+        est = super().estimate(batch, plan, logps)
         return type(est)(**{**vars(est), "objective": est.objective * float("nan")})
 
 

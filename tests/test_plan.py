@@ -7,7 +7,9 @@ from dataclasses import fields
 import pytest
 import torch
 
-from lit_prunedpo.plan import RowGroup, exact_plan, exact_samplers, merge_groups, placeholder_group, plan_step
+from lit_prunedpo.execute import StepExecutor, placeholder_group
+from lit_prunedpo.layout import PaddedLayout, PairLengths, SharedPromptLayout
+from lit_prunedpo.plan import RowGroup, exact_plan, exact_samplers, merge_groups, plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     BernoulliPositions,
@@ -40,8 +42,9 @@ def test_vanilla_is_one_concatenated_group():
     batch = make_batch([1, 3], [4, 2], [5, 1])
     plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
     (group,) = plan.groups
-    assert group.requires_grad and group.num_rows == 4 and group.width == 3 + 5 - 1
-    assert plan.tokens_executed == plan.unpruned_tokens and plan.positions_scored == 4 + 2 + 5 + 1
+    padded = StepExecutor(PaddedLayout()).forwards(plan.groups, PairLengths.of(batch))
+    assert group.requires_grad and group.num_rows == 4 and padded.policy[0].laid_out.shape == (4, 3 + 5 - 1)
+    assert padded.tokens_executed == plan.unpruned_tokens and plan.positions_scored == 4 + 2 + 5 + 1
     assert torch.all(group.weight == 1)
 
 
@@ -73,7 +76,6 @@ def test_exact_plan_is_the_unpruned_plan():
     assert group.requires_grad and group.pair.tolist() == [0, 0, 1, 1] and group.branch.tolist() == [0, 1, 0, 1]
     assert group.num_scored == int(batch.response_lengths.sum()) and bool((group.weight == 1).all())
     assert [type(s).__name__ for s in exact_samplers()] == ["FullPrefix", "AllPositions", "BothBranches"]
-    assert exact_plan(batch, shared_prompt=True).groups[0].shared_prompt
 
 
 def test_merge_groups_concatenates_every_row_field_and_offsets_scored_rows():
@@ -82,7 +84,9 @@ def test_merge_groups_concatenates_every_row_field_and_offsets_scored_rows():
                      torch.Generator().manual_seed(3))
     grad, nograd = plan.groups
     merged = merge_groups(plan.groups)
-    assert not merged.requires_grad and merged.width == max(grad.width, nograd.width)
+    pairs = PairLengths.of(batch)
+    width = lambda g: PaddedLayout().arrange(g, pairs).shape[1]  # noqa: E731
+    assert not merged.requires_grad and width(merged) == max(width(grad), width(nograd))
     for f in fields(RowGroup):
         value = getattr(merged, f.name)
         if isinstance(value, torch.Tensor) and f.name != "scored_row":
@@ -90,28 +94,22 @@ def test_merge_groups_concatenates_every_row_field_and_offsets_scored_rows():
     assert merged.scored_row.tolist() == grad.scored_row.tolist() + (nograd.scored_row + grad.num_rows).tolist()
     assert merge_groups([grad]) is grad
     # rows that read their prompts from the gradient forward run whole once merged (the online reference's forward)
-    cached = plan_step(batch, SharedFractionPrefix(0.5), BernoulliPositions(0.5), RandomBranch(0.5),
-                       torch.Generator().manual_seed(3), shared_prompt=True, prompt_cache=True)
-    assert cached.groups[1].cached_len is not None
-    for merged in (merge_groups(cached.groups), merge_groups(cached.groups[1:])):
-        assert merged.cached_len is None and merged.cache_seq is None and merged.cache_col is None
-        assert merged.cached_columns == 0
-    with_placeholder = merge_groups([grad, placeholder_group(batch.prompt_width, False)])
-    assert with_placeholder.prompt_len is None and with_placeholder.num_scored == grad.num_scored
+    cached = StepExecutor(SharedPromptLayout()).forwards(plan.groups, pairs)
+    assert cached.policy[1].laid_out.reads_previous and cached.policy[0].keeps_keys_values
+    assert not cached.reference.reads_previous and cached.reference.cached_columns == 0
+    with_placeholder = merge_groups([grad, placeholder_group(False)])
+    assert with_placeholder.num_scored == grad.num_scored
 
 
-def test_placeholder_and_regrouped_plan_and_device_move():
+def test_placeholder_and_device_move():
     batch = make_batch([3, 2], [4, 5], [5, 3])
     plan = exact_plan(batch)
-    empty = placeholder_group(batch.prompt_width, False)
-    assert (empty.num_rows, empty.num_scored, empty.width, empty.requires_grad) == (1, 0, batch.prompt_width, False)
-    regrouped = plan.with_groups([*plan.groups, empty])
-    assert regrouped.groups[-1] is empty and torch.equal(regrouped.grad_mask, plan.grad_mask)
-    assert regrouped.unpruned_tokens == plan.unpruned_tokens
+    empty = placeholder_group(False)
+    width = PaddedLayout().arrange(empty, PairLengths.of(batch)).shape[1]
+    assert (empty.num_rows, empty.num_scored, width, empty.requires_grad) == (1, 0, batch.prompt_width, False)
     moved = plan.groups[0].to("meta")
     assert all(getattr(moved, f.name).device.type == "meta" for f in fields(RowGroup)
                if isinstance(getattr(moved, f.name), torch.Tensor))
-    assert moved.width == plan.groups[0].width and moved.shared_prompt == plan.groups[0].shared_prompt
-    # already there: the same group, and its shared-prompt layout is computed once
-    (group,) = exact_plan(batch, shared_prompt=True).groups
-    assert group.to("cpu") is group and group.layout() is group.to("cpu").layout()
+    assert moved.requires_grad == plan.groups[0].requires_grad
+    (group,) = plan.groups
+    assert group.to("cpu") is group  # already there: the same group

@@ -25,7 +25,7 @@ def test_gathered_log_probs_equal_full_forward(model_type, config):
     plan = plan_step(batch, SharedFractionPrefix(0.4), BernoulliPositions(0.5), BothBranches(), g)
     (group,) = plan.groups
     inputs = group_inputs(batch, group)
-    assert inputs.input_ids.shape == (group.num_rows, group.width)
+    assert inputs.input_ids.shape == (group.num_rows, batch.prompt_width + int(group.kept.max()) - 1)
     with torch.no_grad():
         got = TokenScorer()(model, inputs)
         # reference: each row alone, unpadded, through the stock forward with all logits

@@ -5,7 +5,7 @@ estimates and policy gradients (float32, ``atol=1e-5, rtol=1e-4``), for every mo
 padding (prompts of different lengths), right padding (responses of different lengths, longer chosen or
 longer rejected), common prefixes of every length (none, part, all but the last token of one response),
 one-token responses, the chunked scorer, eager attention and gradient checkpointing; and with the no-grad rows
-reading their prompts from the gradient forward's keys and values (``prompt_cache``).
+reading their prompts from the gradient forward's keys and values (``reuse_keys_values``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
+from lit_prunedpo.execute import StepExecutor, layout_for, score_groups
+from lit_prunedpo.layout import PairLengths, SharedPromptLayout
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.plan import merge_groups
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,
@@ -29,7 +30,7 @@ from lit_prunedpo.samplers import (
     SharedFractionPrefix,
     StratifiedPositions,
 )
-from lit_prunedpo.scoring import group_inputs, score_groups, split_causal_lm
+from lit_prunedpo.scoring import split_causal_lm
 from lit_prunedpo.shared_prompt import check_attention, packed_layout, prompt_and_common_lengths
 
 from helpers import TINY_LLAMA, make_batch
@@ -60,15 +61,18 @@ def padded_everywhere():
     return batch
 
 
-def run(module, batch, seed, **layout):
-    """One step of ``module`` on ``batch`` with the plan drawn from ``seed`` in the given layout."""
+def run(module, batch, seed, shared_prompt, prompt_cache=False, score_common_prefix=True):
+    """One step of ``module`` on ``batch`` with the plan drawn from ``seed``, executed in the given layout (with or
+    without the no-grad forward reading the gradient forward's keys and values)."""
     module.zero_grad()
     samplers = module.prefix_sampler, module.position_sampler, module.branch_sampler
-    plan = plan_step(batch, *samplers, torch.Generator().manual_seed(seed), **layout)
-    est = module.execute_and_estimate(batch, plan)
+    plan = plan_step(batch, *samplers, torch.Generator().manual_seed(seed), score_common_prefix=score_common_prefix)
+    executor = StepExecutor(layout_for(shared_prompt), reuse_keys_values=prompt_cache)
+    logps = executor(module.policy, module.scorer, module.reference, batch, plan)
+    est = module.estimate(batch, plan, logps)
     est.objective.backward()
     grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters() if p.grad is not None}
-    return plan, est, grads
+    return plan, logps.forwards, est, grads
 
 
 def assert_same_step(source, batch, seeds=(0, 1, 2), prompt_cache=True, **kwargs):
@@ -76,10 +80,10 @@ def assert_same_step(source, batch, seeds=(0, 1, 2), prompt_cache=True, **kwargs
     layout give the same step."""
     module = PrunedDPO(policy=source, **kwargs)
     for seed in seeds:
-        plan_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False)
-        plan_s, est_s, grads_s = run(module, batch, seed, shared_prompt=True)
+        plan_p, run_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False)
+        plan_s, run_s, est_s, grads_s = run(module, batch, seed, shared_prompt=True)
         assert plan_s.positions_scored == plan_p.positions_scored
-        assert plan_s.tokens_executed < plan_p.tokens_executed
+        assert run_s.tokens_executed < run_p.tokens_executed
         assert_same_estimate(est_s, est_p, grads_s, grads_p)
         if not prompt_cache:
             continue
@@ -87,14 +91,14 @@ def assert_same_step(source, batch, seeds=(0, 1, 2), prompt_cache=True, **kwargs
         # they rerun the last token the pair's rows share)
         for score_common_prefix in (True, False):
             if not score_common_prefix:
-                plan_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False, score_common_prefix=False)
-            plan_c, est_c, grads_c = run(module, batch, seed, shared_prompt=True, prompt_cache=True,
-                                         score_common_prefix=score_common_prefix)
+                plan_p, run_p, est_p, grads_p = run(module, batch, seed, shared_prompt=False, score_common_prefix=False)
+            plan_c, run_c, est_c, grads_c = run(module, batch, seed, shared_prompt=True, prompt_cache=True,
+                                                score_common_prefix=score_common_prefix)
             assert plan_c.positions_scored == plan_p.positions_scored
-            assert plan_c.real_tokens_executed <= plan_s.real_tokens_executed
+            assert run_c.real_tokens_executed <= run_s.real_tokens_executed
             if len(plan_c.groups) == 2:  # the no-grad rows read their prompts from the gradient forward
-                assert plan_c.groups[1].cached_len is not None
-                assert plan_c.real_tokens_executed < plan_s.real_tokens_executed
+                assert run_c.policy[1].laid_out.reads_previous and run_c.policy[0].keeps_keys_values
+                assert run_c.real_tokens_executed < run_s.real_tokens_executed
             assert_same_estimate(est_c, est_p, grads_c, grads_p)
 
 
@@ -126,16 +130,17 @@ def test_chunked_scorer_reads_the_prompt_cache(tiny_source, mode):
                      **MODES[mode])
 
 
-def test_gradient_checkpointing_plans_no_prompt_cache_and_a_cached_plan_fails_clearly(tiny_source):
+def test_gradient_checkpointing_reuses_no_keys_and_values_and_asking_to_fails_clearly(tiny_source):
     module = PrunedDPO(policy=tiny_source, gradient_checkpointing=True, **MODES["branch"])
     batch = padded_everywhere()
-    plan = module.plan(batch)
-    assert len(plan.groups) == 2 and plan.groups[1].cached_len is None
-    samplers = module.prefix_sampler, module.position_sampler, module.branch_sampler
-    cached = plan_step(batch, *samplers, torch.Generator(), shared_prompt=True, prompt_cache=True)
-    with pytest.raises(RuntimeError, match="kept no keys and values.*prompt_cache=False"):
-        module.execute_and_estimate(batch, cached)
-    assert PrunedDPO(policy=tiny_source, **MODES["branch"]).plan(batch).groups[1].cached_len is not None
+    plan, pairs = module.plan(batch), PairLengths.of(batch)
+    forwards = module.executor().forwards(plan.groups, pairs)
+    assert len(forwards.policy) == 2 and not forwards.policy[1].laid_out.reads_previous
+    reusing = StepExecutor(SharedPromptLayout(), reuse_keys_values=True)
+    with pytest.raises(RuntimeError, match="kept no keys and values.*reuse_keys_values=False"):
+        reusing(module.policy, module.scorer, module.reference, batch, plan)
+    other = PrunedDPO(policy=tiny_source, **MODES["branch"])
+    assert other.executor().forwards(plan.groups, pairs).policy[1].laid_out.reads_previous
 
 
 def test_eager_attention_equals_the_padded_layout():
@@ -149,7 +154,7 @@ def test_validation_step_is_the_same_exact_objective(tiny_source):
     values = []
     for shared in (True, False):
         module = PrunedDPO(policy=tiny_source, shared_prompt=shared, **MODES["all"])
-        plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=shared)
+        plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
         values.append(module.execute_and_estimate(batch, plan))
     torch.testing.assert_close(values[0].loss, values[1].loss, **TOL)
     torch.testing.assert_close(values[0].policy_logps, values[1].policy_logps, **TOL)
@@ -172,11 +177,12 @@ def test_layout_by_hand():
 
 def test_two_pairs_in_one_sequence_do_not_see_each_other():
     batch = make_batch([3, 1, 1], [4, 2, 1], [2, 1, 2], seed=5)
-    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
     (group,) = plan.groups
-    inputs = group_inputs(batch, group)
+    laid_out = SharedPromptLayout().arrange(group, PairLengths.of(batch))
+    inputs = laid_out.inputs(batch)
     # pair 0: 3 + 3 + 1 = 7 tokens, alone; pairs 1 and 2: 1 + 1 + 0 and 1 + 0 + 1 tokens, together
-    assert inputs.input_ids.shape == (2, 7) and plan.real_tokens_executed == 11
+    assert inputs.input_ids.shape == (2, 7) and laid_out.real_tokens == 11
     assert inputs.position_ids[1, :4].tolist() == [0, 1, 0, 1]
     mask = inputs.attention_mask[1, 0]
     assert not mask[2:4, :2].any() and mask[3, 2:4].tolist() == [True, True] and mask[1, :2].tolist() == [True, True]
@@ -186,9 +192,9 @@ def test_two_pairs_in_one_sequence_do_not_see_each_other():
 def test_inputs_mask_and_gather_by_hand():
     batch = make_batch([2, 1], [4, 2], [3, 3], seed=0)
     batch.response_ids[0, 1, 0] = batch.response_ids[0, 0, 0]  # pair 0 shares one response token
-    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
     (group,) = plan.groups
-    inputs = group_inputs(batch, group)
+    inputs = SharedPromptLayout().arrange(group, PairLengths.of(batch)).inputs(batch)
     x, y = batch.prompt_ids[0, -2:].tolist(), batch.response_ids[0].tolist()
     # [prompt(2) | shared y0 | chosen y1 y2 | rejected y1]: the last kept token of each row only a target
     assert inputs.input_ids[0].tolist() == x + [y[0][0], y[0][1], y[0][2], y[1][1]]
@@ -230,7 +236,8 @@ def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_sour
             lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True
         )
     plan = module.plan(batch)
-    module.execute_and_estimate(batch, plan)
+    logps = module.execute(batch, plan)
+    forwards = logps.forwards
     policy_ids, reference_ids = seen
     prompt_len, common = prompt_and_common_lengths(batch)
     lengths = batch.response_lengths
@@ -238,12 +245,13 @@ def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_sour
     real = prompt_len + common + (lengths - 1 - common[:, None]).sum(-1)
     assert policy_ids.shape == reference_ids.shape and policy_ids.shape[1] == int(real.max())
     assert policy_ids.shape[0] <= batch.num_pairs
-    assert plan.real_tokens_executed == int(real.sum()) == merge_groups(plan.groups).real_tokens_executed
-    assert module.reference.tokens_executed(plan) == reference_ids.numel() == plan.tokens_executed
-    padded = PrunedDPO(policy=tiny_source, shared_prompt=False).plan(batch)
+    assert forwards.real_tokens_executed == int(real.sum()) == forwards.reference.real_tokens
+    assert logps.reference_tokens_executed == reference_ids.numel() == forwards.tokens_executed
+    padded_module = PrunedDPO(policy=tiny_source, shared_prompt=False)
+    padded = padded_module.executor().forwards(padded_module.plan(batch).groups, PairLengths.of(batch))
     # the padded layout runs 2B rows of P + T - 1 columns; each prompt twice, with its left padding
     assert padded.tokens_executed == 2 * batch.num_pairs * (batch.prompt_width + batch.response_width - 1)
-    saved = padded.real_tokens_executed - plan.real_tokens_executed
+    saved = padded.real_tokens_executed - forwards.real_tokens_executed
     assert saved == int((prompt_len + common).sum())
 
 
@@ -252,17 +260,18 @@ def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
     batch = padded_everywhere()
     plan = module.plan(batch)
     grad_group, no_grad_group = plan.groups
-    logps = score_groups(module.scorer, module.policy, batch, plan.groups)
+    logps = score_groups(module.scorer, module.policy, batch, plan.groups, SharedPromptLayout())
     assert logps[0].grad_fn is not None and logps[1].grad_fn is None
-    with pytest.raises(ValueError, match="reads its prompts from the previous group's forward"):
-        module.score_policy(batch, no_grad_group)
+    # alone in its forward, a group reads no other forward's keys and values
+    assert module.score_policy(batch, no_grad_group).grad_fn is None
     # without the prompt cache each prompt runs once per group, so twice in the step's policy forwards
     prompt_len, common = prompt_and_common_lengths(batch)
     lengths = batch.response_lengths[torch.arange(batch.num_pairs)[:, None], plan.grad_mask.long().argsort(-1)]
-    uncached = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(), torch.Generator(), shared_prompt=True)
+    uncached = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(), torch.Generator())
     assert torch.equal(uncached.grad_mask, plan.grad_mask)  # the same draw (one generator draw, seed 0 both)
-    for group, rows in zip(uncached.groups, (lengths[:, 1], lengths[:, 0])):
-        assert group.real_tokens_executed == int((prompt_len + rows - 1).sum())
+    forwards = StepExecutor(SharedPromptLayout(), reuse_keys_values=False).forwards(uncached.groups, PairLengths.of(batch))
+    for forward, rows in zip(forwards.policy, (lengths[:, 1], lengths[:, 0]), strict=True):
+        assert forward.laid_out.real_tokens == int((prompt_len + rows - 1).sum())
     assert module.score_policy(batch, uncached.groups[1]).grad_fn is None
 
 
@@ -276,7 +285,9 @@ def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):
         lambda m, a, kw: seen.append((kw["input_ids"].clone(), kw["position_ids"].clone())), with_kwargs=True
     )
     plan = module.plan(batch)
-    est = module.execute_and_estimate(batch, plan)
+    logps = module.execute(batch, plan)
+    est = module.estimate(batch, plan, logps)
+    no_grad_forward = logps.forwards.policy[1].laid_out
     (grad_ids, _), (no_grad_ids, no_grad_positions) = seen
     prompt_len, common = prompt_and_common_lengths(batch)
     lengths = batch.response_lengths
@@ -286,8 +297,8 @@ def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):
     # the margin loss scores from the first differing token on, predicted by the last shared input token
     first = torch.minimum(common, own + 1)
     k = prompt_len - 1 + torch.minimum(torch.minimum(torch.minimum(common, grad_own) + 1, own), first)
-    assert plan.groups[1].cached_len.tolist() == k.tolist()
-    assert int((no_grad_ids != 0).sum()) <= int((prompt_len + own - k).sum()) == plan.groups[1].real_tokens_executed
+    assert no_grad_forward.cache.cached_len.tolist() == k.tolist()
+    assert int((no_grad_ids != 0).sum()) <= int((prompt_len + own - k).sum()) == no_grad_forward.real_tokens
     assert bool((k >= prompt_len - 1).all())  # at most the prompt's last token runs again
     assert no_grad_positions.max() == int((prompt_len + own).max()) - 1
     # and the step equals the padded layout's
@@ -352,9 +363,9 @@ def test_skipping_the_common_prefix_keeps_the_margin_unbiased():
     samplers = SharedFractionPrefix(0.3), StratifiedPositions(0.5), RandomBranch(0.5)
     margins, directions = [], []
     for _ in range(600):
-        plan = plan_step(batch, *samplers, g, shared_prompt=True, score_common_prefix=False)
+        plan = plan_step(batch, *samplers, g, score_common_prefix=False)
         for grp in plan.groups:
-            assert bool((grp.scored_t >= grp.common_len[grp.scored_row]).all())
+            assert bool((grp.scored_t >= common[grp.pair[grp.scored_row]]).all())
         scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
         r_hat = ipw_sums(plan, scored, batch.num_pairs)
         margins.append(r_hat[:, 0] - r_hat[:, 1])

@@ -13,8 +13,9 @@ from lit_prunedpo.samplers import (
     RandomBranch,
     SharedFractionPrefix,
 )
-from lit_prunedpo.plan import merge_groups
-from lit_prunedpo.scoring import score_groups, split_causal_lm
+from lit_prunedpo.execute import score_groups
+from lit_prunedpo.layout import PairLengths, SharedPromptLayout
+from lit_prunedpo.scoring import split_causal_lm
 
 from helpers import make_batch
 
@@ -54,21 +55,24 @@ def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
     batch = make_batch([3, 1, 4, 2], [12, 2, 7, 9], [4, 14, 1, 6], seed=1)
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
 
-    plan = module.plan(batch)
-    est = module.execute_and_estimate(batch, plan)
+    out = module.step(batch)
+    plan, est, forwards = out.plan, out.estimate, out.forwards
+    laid_out = [f.laid_out for f in forwards.policy]
+    width = {id(g): P + int(g.kept.max()) - 1 for g in plan.groups}  # a group's padded width
 
     # policy: one body call per group, shaped [sequences, width], grad only for the gradient group
-    assert [c for c in policy.body_calls] == [(g.executed_shape, g.requires_grad) for g in plan.groups]
-    assert sum(r * w for (r, w), _ in policy.body_calls) == plan.tokens_executed
+    assert len(laid_out) == len(plan.groups)
+    assert [c for c in policy.body_calls] == [(f.shape, f.group.requires_grad) for f in laid_out]
+    assert sum(r * w for (r, w), _ in policy.body_calls) == forwards.tokens_executed == out.stats.tokens_executed
     # LM head: only the scored positions, in the same grad mode
     assert policy.head_calls == [(g.num_scored, g.requires_grad) for g in plan.groups]
     # reference: one no-grad forward over all rows (one sequence per pair with a shared prompt), same positions
     if shared_prompt:
-        assert reference.body_calls == [(merge_groups(plan.groups).executed_shape, False)]
+        assert reference.body_calls == [(forwards.reference.shape, False)]
         assert reference.body_calls[0][0][0] == B
     else:
-        assert reference.body_calls == [((2 * B, max(g.width for g in plan.groups)), False)]
-    assert reference.body_calls[0][0][0] * reference.body_calls[0][0][1] == module.reference.tokens_executed(plan)
+        assert reference.body_calls == [((2 * B, max(width[id(g)] for g in plan.groups)), False)]
+    assert reference.body_calls[0][0][0] * reference.body_calls[0][0][1] == out.stats.reference_tokens_executed
     assert reference.head_calls == [(plan.positions_scored, False)]
     # no autograd path through no-grad branches
     no_grad = ~plan.grad_mask
@@ -80,21 +84,23 @@ def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
     unpruned_width = P + T - 1
     if mode == "vanilla":
         unpruned = 2 * B * unpruned_width
-        assert len(plan.groups) == 1 and (plan.tokens_executed < unpruned if shared_prompt else plan.tokens_executed == unpruned)
+        executed = forwards.tokens_executed
+        assert len(plan.groups) == 1 and (executed < unpruned if shared_prompt else executed == unpruned)
         assert plan.positions_scored == int(batch.response_lengths.sum())
     if mode in ("branch", "all"):
         assert plan.branches_backpropagated == B
         if shared_prompt:
             # the no-grad rows read their prompts from the gradient forward: at most the prompt's last token (to
             # predict the first response token) reruns, once per row
-            no_grad = plan.groups[1]
-            assert no_grad.cached_len is not None and bool((no_grad.cached_len >= no_grad.prompt_len - 1).all())
-            executed = no_grad.prompt_len + no_grad.kept - 1 - no_grad.cached_len
-            assert no_grad.real_tokens_executed == int(executed.sum())
-            assert no_grad.real_tokens_executed <= int(batch.response_lengths.sum())
+            no_grad = laid_out[1]
+            cached_len, prompt_len = no_grad.cache.cached_len, no_grad.prompt_len
+            assert no_grad.reads_previous and bool((cached_len >= prompt_len - 1).all())
+            executed = prompt_len + no_grad.group.kept - 1 - cached_len
+            assert no_grad.real_tokens == int(executed.sum())
+            assert no_grad.real_tokens <= int(batch.response_lengths.sum())
         assert [g.num_rows for g in plan.groups] == [B, B] or mode == "all" and len(plan.groups) == 2
     if mode in ("sequence", "all"):
-        assert all(g.width <= unpruned_width for g in plan.groups)
+        assert all(width[id(g)] <= unpruned_width for g in plan.groups)
     if mode in ("position", "all"):
         assert plan.positions_scored < int(batch.response_lengths.sum())
 
@@ -103,7 +109,9 @@ def test_sequence_pruning_shrinks_executed_tokens_on_average(tiny_source):
     module = PrunedDPO(policy=tiny_source, prefix_sampler=SharedFractionPrefix(0.5))
     module.setup("fit")
     batch = make_batch([2] * 4, [30, 20, 10, 25], [28, 5, 30, 12], seed=2)
-    fractions = [module.plan(batch).tokens_executed / (2 * 4 * (batch.prompt_width + 29)) for _ in range(50)]
+    executor, pairs = module.executor(), PairLengths.of(batch)
+    fractions = [executor.forwards(module.plan(batch).groups, pairs).tokens_executed / (2 * 4 * (batch.prompt_width + 29))
+                 for _ in range(50)]
     # E[u] = 0.75 for u ~ U[0.5, 1]: executed tokens drop by about a quarter, never above the unpruned step
     assert max(fractions) <= 1.0 and sum(fractions) / len(fractions) < 0.85
 
@@ -116,6 +124,6 @@ def test_no_grad_rows_keep_no_activations(tiny_source):
     plan = module.plan(batch)
     grad_group, no_grad_group = plan.groups
     assert grad_group.requires_grad and not no_grad_group.requires_grad
-    grad_logps, no_grad_logps = score_groups(module.scorer, module.policy, batch, plan.groups)
+    grad_logps, no_grad_logps = score_groups(module.scorer, module.policy, batch, plan.groups, SharedPromptLayout())
     assert grad_logps.grad_fn is not None
     assert no_grad_logps.grad_fn is None  # the prompt cache it read is detached

@@ -13,12 +13,12 @@ with ``K`` scored positions:
   w.r.t. activations and weights), body and head alike;
 * the chunked scorer (``recompute_head=True``) recomputes the head's forward in backward: + 1x head forward
   of the gradient groups;
-* the online reference runs one no-grad forward of all the plan's rows at the widest group's width (what
-  ``OnlineReference`` executes); a cached reference costs 0;
-* with a shared prompt (``lit_prunedpo.shared_prompt``) a group's ``rows`` are its pairs and ``width`` the
-  longest packed pair: the shapes ``RowGroup.executed_shape`` reports and the body really receives; a no-grad
-  group that reads its prompts from the gradient forward (``RowGroup.cached_len``) executes only its own
-  tokens, and its queries attend to ``cached`` more key columns (``RowGroup.cached_columns``).
+* the online reference runs the executor's reference forward (``StepForwards.reference``: one no-grad forward
+  of all the plan's rows); a cached reference costs 0;
+* every shape is the one the executor lays out and the body really receives (``LaidOutGroup.shape``): with a
+  shared prompt (:mod:`lit_prunedpo.layout.packed`) a forward's ``rows`` are packed sequences and ``width`` the
+  longest; a no-grad forward that reads its prompts from the gradient forward executes only its own tokens, and
+  its queries attend to ``cached`` more key columns (``LaidOutGroup.cached_columns``).
 
 Not counted: embedding lookups, norms, activations, rotary, softmaxes (O(d) per token, not O(d^2)),
 and the optimizer (O(N) per step, independent of tokens).
@@ -37,8 +37,9 @@ from typing import Iterable, Literal
 
 from torch import nn
 
+from lit_prunedpo.execute import StepExecutor, StepForwards
+from lit_prunedpo.layout import PairLengths, PaddedLayout
 from lit_prunedpo.plan import StepPlan
-from lit_prunedpo.plan import merge_groups
 from lit_prunedpo.scoring import split_causal_lm
 
 Reference = Literal["online", "cached"]
@@ -148,30 +149,35 @@ class StepFlops:
 
 
 def step_flops(
-    plan: StepPlan,
+    forwards: StepForwards | StepPlan,
     dims: ModelDims,
     reference: Reference = "online",
     attention: bool = True,
     recompute_head: bool = False,
 ) -> StepFlops:
-    """FLOPs of executing ``plan``: its groups' actual rows, widths and scored positions.
+    """FLOPs of the forwards a step ran (:attr:`lit_prunedpo.step.StepOutput.forwards`, or
+    :meth:`lit_prunedpo.execute.StepExecutor.forwards`): their actual rows, widths and scored positions. A bare
+    plan is counted as the padded layout runs it.
 
     Raises:
         ValueError: on an unknown ``reference``.
     """
     if reference not in ("online", "cached"):
         raise ValueError(f"reference must be 'online' or 'cached', got {reference!r}")
+    if isinstance(forwards, StepPlan):
+        forwards = StepExecutor(PaddedLayout()).forwards(forwards.groups, PairLengths.of_plan(forwards))
     forward = backward = recompute = 0
-    for group in plan.groups:
-        f = forward_flops(dims, *group.executed_shape, group.num_scored, attention, group.cached_columns)
+    for run in forwards.policy:
+        laid_out = run.laid_out
+        f = forward_flops(dims, *laid_out.shape, laid_out.group.num_scored, attention, laid_out.cached_columns)
         forward += f.total
-        if group.requires_grad:
+        if run.requires_grad:
             backward += 2 * f.total
             recompute += f.head if recompute_head else 0
     ref = 0
     if reference == "online":
-        rows, width = merge_groups(plan.groups).executed_shape  # the online reference's one merged forward
-        ref = forward_flops(dims, rows, width, plan.positions_scored, attention).total
+        laid_out = forwards.reference
+        ref = forward_flops(dims, *laid_out.shape, laid_out.group.num_scored, attention).total
     return StepFlops(forward, backward, recompute, ref)
 
 

@@ -47,6 +47,8 @@ from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Pres
 from lit_prunedpo.callbacks._memory import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data.synthetic import BOS, EOS, PAD, SyntheticPreferenceData
+from lit_prunedpo.execute import StepExecutor, layout_for
+from lit_prunedpo.layout import PairLengths
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import plan_step
@@ -373,8 +375,9 @@ def run_rounds(rounds: Rounds, log: Callable[[str], None] | None = None) -> tupl
         # the baseline's plan (vanilla draws nothing) for the ideal speedups; with a shared prompt the module's
         # margin loss skips the common prefix, as PrunedDPO.plan does
         shared = rounds.baseline_prompt == "shared"
-        vanilla_plan = plan_step(batch, *MODES["vanilla"](), generator=torch.Generator(), shared_prompt=shared,
+        vanilla_plan = plan_step(batch, *MODES["vanilla"](), generator=torch.Generator(),
                                  score_common_prefix=not shared)
+        vanilla = StepExecutor(layout_for(shared)).forwards(vanilla_plan.groups, PairLengths.of(batch))
         for c, parts in rounds.parts.items():
             generator = rounds.rngs[c].next()
             meter.start()
@@ -393,8 +396,8 @@ def run_rounds(rounds: Rounds, log: Callable[[str], None] | None = None) -> tupl
             rec.reference_tokens.append(stats.reference_tokens_executed)
             rec.positions.append(stats.positions_scored)
             recompute = c.scorer == "chunked"
-            rec.flops.append(cost.step_flops(out.plan, rounds.dims, c.reference, recompute_head=recompute))
-            rec.vanilla_flops.append(cost.step_flops(vanilla_plan, rounds.dims, c.reference, recompute_head=recompute))
+            rec.flops.append(cost.step_flops(out.forwards, rounds.dims, c.reference, recompute_head=recompute))
+            rec.vanilla_flops.append(cost.step_flops(vanilla, rounds.dims, c.reference, recompute_head=recompute))
         if peer is not None:
             inputs = peer.inputs(r)
             meter.start()

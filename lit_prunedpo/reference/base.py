@@ -10,7 +10,9 @@ positions of exactly its executed prefixes. Its lifecycle, in call order:
    :class:`ReferenceData`, already set up, or ``None``) and a :class:`ReferenceRuntime` (device, ranks,
    precision). A source that needs the pairs (a cache) reads them here; it never sets up or drives the data.
 3. ``shard(mesh)``: under a device mesh (FSDP2), shards the frozen models the source owns (:meth:`models`).
-4. ``token_logps(batch, plan)``: every step.
+4. every step, the step's executor (:class:`lit_prunedpo.execute.StepExecutor`) asks :meth:`~ReferenceSource.online_model`:
+   a source that runs a frozen model hands it over (with its scorer) and the executor runs it on the policy's
+   layout, one no-grad forward of every row of the plan; any other source answers ``token_logps(batch, plan)``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.distributed import shard_causal_lm
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.scoring import TokenScorer
 
@@ -112,8 +115,6 @@ class ReferenceSource(nn.Module, ABC):
     def shard(self, mesh: Any) -> None:
         """Shard :meth:`models` with FSDP2 over the 1-D data-parallel ``mesh`` (``PrunedDPO.configure_model``),
         so that a frozen model costs ``1/N`` of a replica per rank."""
-        from lit_prunedpo.distributed import shard_causal_lm
-
         for model in self.models():
             shard_causal_lm(model, mesh, reshard_after_forward=True)
 
@@ -121,6 +122,8 @@ class ReferenceSource(nn.Module, ABC):
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
         """One ``[K_g]`` tensor per group of ``plan``, aligned with the group's scored positions."""
 
-    def tokens_executed(self, plan: StepPlan) -> int:
-        """Padded tokens a reference model runs for ``plan`` (0 for sources that run no model)."""
-        return 0
+    def online_model(self) -> ContextManager[tuple[nn.Module, TokenScorer]] | None:
+        """For a source that scores a frozen model on the step's own inputs: a context that yields ``(model,
+        scorer)`` while the step's executor runs the reference forward. ``None`` (default): the executor calls
+        :meth:`token_logps` instead."""
+        return None

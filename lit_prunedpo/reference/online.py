@@ -1,23 +1,27 @@
 """The online reference: a frozen causal LM run once per step on the union of the plan's rows.
 
 :class:`OnlineReference` runs, by default, a copy of the initial policy under ``torch.no_grad()`` with the LM
-head on scored positions only, so pruning saves reference compute too. A LoRA policy's reference is the
+head on scored positions only, so pruning saves reference compute too. In a step the executor runs it
+(:meth:`OnlineReference.online_model`), laid out like the policy's forwards. A LoRA policy's reference is the
 policy itself with its adapters off (no copy; see :mod:`lit_prunedpo.lora`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from typing import Iterator
 
-import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.execute import StepExecutor
+from lit_prunedpo.layout import PairLengths
 from lit_prunedpo.lora import adapters_off, is_peft_model
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.plan import StepPlan, merge_groups
+from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.reference.base import ReferenceSource
-from lit_prunedpo.scoring import TokenScorer, group_inputs
+from lit_prunedpo.scoring import TokenScorer
 
 
 class OnlineReference(ReferenceSource):
@@ -66,16 +70,20 @@ class OnlineReference(ReferenceSource):
         # a LoRA policy's adapters-off reference belongs to the policy: sharded and checked with it
         return [self.model] if self.model is not None else []
 
-    def tokens_executed(self, plan: StepPlan) -> int:
-        # the one merged forward: every row of the plan (one packed block per pair with a shared prompt)
-        return merge_groups(plan.groups).tokens_executed
-
-    @torch.no_grad()
-    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+    @contextlib.contextmanager
+    def _frozen(self) -> Iterator[tuple[nn.Module, TokenScorer]]:
         shared = getattr(self, "_adapters_off_policy", None)
         if self.model is None and shared is None:
             raise RuntimeError("OnlineReference.configure(policy, scorer) was not called before scoring")
-        merged = merge_groups(plan.groups)
         with adapters_off(self.model if self.model is not None else shared[0]) as model:
-            logps = self.scorer(model, group_inputs(batch, merged.to(batch.prompt_ids.device)))
-        return list(logps.split([g.num_scored for g in plan.groups]))
+            yield model, self.scorer
+
+    def online_model(self) -> contextlib.AbstractContextManager[tuple[nn.Module, TokenScorer]]:
+        return self._frozen()
+
+    def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        """Outside a step: the one merged no-grad forward of ``plan``'s rows, in the padded layout."""
+        executor = StepExecutor()
+        forwards = executor.forwards(plan.groups, PairLengths.of(batch))
+        with self._frozen() as (model, scorer):
+            return list(executor.run_reference(model, scorer, batch, forwards, plan.groups))

@@ -19,6 +19,8 @@ from lit_prunedpo.bench.harness import build_rounds, run_benchmark, run_rounds, 
 from lit_prunedpo.bench.presets import MODES, get_preset
 from lit_prunedpo.callbacks._memory import PeakMemoryMeter
 from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.execute import StepExecutor
+from lit_prunedpo.layout import PairLengths, SharedPromptLayout
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import plan_step
@@ -208,11 +210,12 @@ def test_step_flops_follow_the_shared_prompt_shapes():
 
     batch = make_batch([3, 3], [5, 5], [5, 5])
     assert prompt_and_common_lengths(batch)[1].tolist() == [0, 0]
-    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator(), shared_prompt=True)
-    assert plan.groups[0].executed_shape == (2, 11)
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
+    forwards = StepExecutor(SharedPromptLayout()).forwards(plan.groups, PairLengths.of(batch))
+    assert forwards.policy[0].laid_out.shape == (2, 11)
     # body 2*1000*2*11 = 44000, attention 4*2*8*11^2*2 = 15488, head 2*8*100*20 = 32000
     f_shared = 44_000 + 15_488 + 32_000
-    online = cost.step_flops(plan, DIMS, "online")
+    online = cost.step_flops(forwards, DIMS, "online")
     assert (online.policy_forward, online.policy_backward, online.reference_forward) == (f_shared, 2 * f_shared, f_shared)
     assert cost.ideal_speedup([cost.step_flops(_plan(BothBranches()), DIMS, "online")], [online]) == pytest.approx(F / f_shared)
 
@@ -302,17 +305,15 @@ def test_rounds_run_every_configuration_through_the_module_step(monkeypatch):
 def test_step_flops_follow_the_prompt_cache_shapes():
     """Same 2 pairs, one branch each with a graph: the gradient forward runs 3 + 4 = 7 columns per pair; the no-grad
     one reruns the prompt's last 1 token and 4 response inputs, attending to 2 cached prompt tokens."""
-    from lit_prunedpo.scoring import group_inputs
-
     batch = make_batch([3, 3], [5, 5], [5, 5])
-    plan = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(0.5), torch.Generator().manual_seed(0),
-                     shared_prompt=True, prompt_cache=True)
-    grad, no_grad = plan.groups
-    assert grad.executed_shape == (2, 7) and grad.cached_columns == 0
-    assert no_grad.executed_shape == (2, 5) and no_grad.cached_columns == 2
-    assert group_inputs(batch, no_grad).attention_mask.shape == (2, 1, 5, 2 + 5)  # what the body really gets
+    plan = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(0.5), torch.Generator().manual_seed(0))
+    forwards = StepExecutor(SharedPromptLayout(), reuse_keys_values=True).forwards(plan.groups, PairLengths.of(batch))
+    grad, no_grad = (f.laid_out for f in forwards.policy)
+    assert grad.shape == (2, 7) and grad.cached_columns == 0
+    assert no_grad.shape == (2, 5) and no_grad.cached_columns == 2
+    assert no_grad.inputs(batch).attention_mask.shape == (2, 1, 5, 2 + 5)  # what the body really gets
     # grad: body 2*1000*2*7 = 28000, attention 4*2*8*7*7*2 = 6272, head 2*8*100*10 = 16000
     # no-grad: body 2*1000*2*5 = 20000, attention 4*2*8*5*(2+5)*2 = 4480, head 16000
     f_grad, f_no_grad = 28_000 + 6_272 + 16_000, 20_000 + 4_480 + 16_000
-    cached = cost.step_flops(plan, DIMS, "cached")
+    cached = cost.step_flops(forwards, DIMS, "cached")
     assert (cached.policy_forward, cached.policy_backward) == (f_grad + f_no_grad, 2 * f_grad)

@@ -24,7 +24,7 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.distributed import group_signature
 from lit_prunedpo.estimate import estimate
 from lit_prunedpo.losses import SigmoidLoss
-from lit_prunedpo.plan import placeholder_group, plan_step
+from lit_prunedpo.plan import plan_step
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.samplers import (
     AllPositions, AntitheticBranch, BothBranches, FullPrefix, RandomBranch, SharedFractionPrefix,
@@ -124,18 +124,39 @@ def test_shipped_branch_samplers_give_every_rank_the_same_forwards(branch):
     assert signatures == ({(True, False)} if isinstance(branch, BothBranches) else {(True, True)})
 
 
-def test_placeholder_groups_change_nothing_but_still_carry_a_graph():
+@pytest.mark.parametrize("shared_prompt", [True, False], ids=["shared", "padded"])
+def test_placeholder_forwards_change_nothing_but_still_carry_a_graph(tiny_source, shared_prompt):
+    """Told by the ranks' agreement that every rank runs a gradient and a no-grad forward, the executor runs a
+    one-row placeholder where the plan has no group: the log-probs and the estimate are unchanged, and a gradient
+    placeholder is part of the graph backward runs through (its reduce-scatters must run on every rank)."""
+    from dataclasses import replace
+
+    from lit_prunedpo import PrunedDPO
+    from lit_prunedpo.execute import StepExecutor, layout_for
+
+    module = PrunedDPO(policy=tiny_source, shared_prompt=shared_prompt)
     batch = make_batch([3, 2], [4, 5], [5, 3])
+    both = lambda local: (True, True)  # noqa: E731  (another rank runs both forwards)
+    run = lambda plan, agree: StepExecutor(layout_for(shared_prompt), agree=agree)(  # noqa: E731
+        module.policy, module.scorer, module.reference, batch, plan)
     plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
-    padded = plan.with_groups(plan.groups + (placeholder_group(batch.prompt_width, False),))
-    logps = [-torch.rand(g.num_scored, dtype=torch.float64) for g in plan.groups]
-    ref = [-torch.rand(g.num_scored, dtype=torch.float64) for g in plan.groups]
-    a = estimate(plan, logps, ref, SigmoidLoss(), 0.1)
-    b = estimate(padded, logps + [torch.zeros(0, dtype=torch.float64)], ref + [torch.zeros(0, dtype=torch.float64)],
-                 SigmoidLoss(), 0.1)
+    alone, padded = run(plan, None), run(plan, both)
+    assert [f.plan_group for f in padded.forwards.policy] == [0, None]
+    assert not padded.forwards.policy[1].requires_grad and padded.forwards.policy[1].laid_out.group.num_scored == 0
+    for a, b in zip(alone.policy + alone.reference, padded.policy + padded.reference, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    a = estimate(plan, alone.policy, alone.reference, SigmoidLoss(), 0.1)
+    b = estimate(plan, padded.policy, padded.reference, SigmoidLoss(), 0.1)
     assert torch.equal(a.objective, b.objective) and torch.equal(a.policy_logps, b.policy_logps)
-    grad_only = placeholder_group(batch.prompt_width, True)
-    assert grad_only.num_rows == 1 and grad_only.num_scored == 0 and grad_only.width == batch.prompt_width
+    # a rank whose plan has no gradient group runs a gradient placeholder first, and backward reaches it
+    no_grad_only = replace(plan, groups=(replace(plan.groups[0], requires_grad=False),))
+    out = run(no_grad_only, both)
+    assert [(f.plan_group, f.requires_grad) for f in out.forwards.policy] == [(None, True), (0, False)]
+    assert out.policy[0].requires_grad and out.policy[0].numel() == plan.positions_scored
+    module.zero_grad()
+    estimate(no_grad_only, out.policy, out.reference, SigmoidLoss(), 0.1).objective.backward()
+    grads = [p.grad for p in module.policy.parameters()]
+    assert all(g is not None and not bool(g.any()) for g in grads)  # reached, and zero
 
 
 def test_corrupt_or_missing_checkpoint_is_refused_with_its_path(tmp_path):

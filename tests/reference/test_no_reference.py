@@ -29,10 +29,9 @@ class CountingScorer(TokenScorer):
 
 def one_step(module, batch):
     module.setup("fit")
-    plan = module.plan(batch)
-    est = module.execute_and_estimate(batch, plan)
-    est.objective.backward()
-    return plan, est
+    out = module.step(batch)
+    out.estimate.objective.backward()
+    return out.plan, out.estimate, out.stats
 
 
 @pytest.mark.parametrize("loss", [SimPOLoss(), WeightedLoss([SimPOLoss(), SftLoss()], [1.0, 0.5])],
@@ -42,9 +41,9 @@ def test_no_reference_model_no_reference_forward(tiny_source, small_batch, loss)
     module = PrunedDPO(policy=tiny_source, loss=loss, scorer=scorer, branch_sampler=RandomBranch())
     assert isinstance(module.reference, NoReference)
     assert all(name.startswith("policy.") for name in module.state_dict()), "a reference copy was built"
-    plan, est = one_step(module, small_batch)
+    plan, est, stats = one_step(module, small_batch)
     assert len(scorer.models) == len(plan.groups) == 2 and all(m is module.policy for m in scorer.models)
-    assert module.reference.tokens_executed(plan) == 0
+    assert stats.reference_tokens_executed == 0
     assert torch.equal(est.reference_logps, torch.zeros_like(est.reference_logps))
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.policy.parameters())
 
@@ -53,9 +52,9 @@ def test_the_same_count_sees_an_online_reference(tiny_source, small_batch):
     """The counter is not blind: with DPO the reference's forward is the one extra call."""
     scorer = CountingScorer()
     module = PrunedDPO(policy=tiny_source, loss=SigmoidLoss(), scorer=scorer, branch_sampler=RandomBranch())
-    plan, _ = one_step(module, small_batch)
+    plan, _, stats = one_step(module, small_batch)
     assert len(scorer.models) == len(plan.groups) + 1 and scorer.models[-1] is module.reference.models()[0]
-    assert module.reference.tokens_executed(plan) > 0
+    assert stats.reference_tokens_executed > 0
 
 
 def test_a_reference_for_a_reference_free_loss_is_refused(tiny_source):
@@ -65,7 +64,7 @@ def test_a_reference_for_a_reference_free_loss_is_refused(tiny_source):
 
 def test_dpo_with_no_reference_uses_the_policy_log_probs_alone(tiny_source, small_batch):
     module = PrunedDPO(policy=tiny_source, loss=SigmoidLoss(), reference=NoReference())
-    _, est = one_step(module, small_batch)
+    _, est, _ = one_step(module, small_batch)
     torch.testing.assert_close(est.log_ratio, est.policy_logps.detach())
 
 
