@@ -24,6 +24,7 @@ the two responses' common prefix are not scored (their log-ratios cancel exactly
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import tempfile
@@ -69,12 +70,15 @@ MODES = {
 
 
 def gradient(module: PrunedDPO, batch, samplers, generator, skip_common: bool = False,
-             shared_prompt: bool = False) -> tuple[torch.Tensor, object]:
+             shared_prompt: bool = False) -> tuple[torch.Tensor, object, float]:
+    """One pruned gradient through the module's own plan -> execute -> estimate, and the share of an unpruned
+    step's tokens its forwards ran."""
     module.policy.zero_grad()
-    plan = plan_step(batch, *samplers, generator=generator, score_common_prefix=not skip_common,
-                     shared_prompt=shared_prompt)
-    module.execute_and_estimate(batch, plan).objective.backward()
-    return torch.cat([p.grad.flatten() for p in module.policy.parameters()]), plan
+    plan = plan_step(batch, *samplers, generator=generator, score_common_prefix=not skip_common)
+    logps = module.execute(batch, plan, dataclasses.replace(module.parts, shared_prompt=shared_prompt))
+    module.estimate(batch, plan, logps).objective.backward()
+    grad = torch.cat([p.grad.flatten() for p in module.policy.parameters()])
+    return grad, plan, logps.forwards.tokens_executed / plan.unpruned_tokens
 
 
 def main() -> None:
@@ -110,7 +114,7 @@ def main() -> None:
         for p in module.policy.parameters():
             p.add_(args.perturbation * torch.randn_like(p))
 
-    exact, _ = gradient(module, batch, (FullPrefix(), AllPositions(), BothBranches()), torch.Generator())
+    exact = gradient(module, batch, (FullPrefix(), AllPositions(), BothBranches()), torch.Generator())[0]
     norm = float(exact.norm())
     print(f"{args.pairs} pairs of the {args.task} data, its model perturbed by N(0, {args.perturbation}^2); "
           f"{args.draws} draws per mode; common prefix {'not ' if args.skip_common_prefix else ''}scored; "
@@ -124,9 +128,10 @@ def main() -> None:
             continue
         draws, tokens, positions = [], 0.0, 0.0
         for _ in range(args.draws):
-            grad, plan = gradient(module, batch, samplers, g, args.skip_common_prefix, args.shared_prompt)
+            grad, plan, token_share = gradient(module, batch, samplers, g, args.skip_common_prefix,
+                                               args.shared_prompt)
             draws.append(grad)
-            tokens += plan.tokens_executed / plan.unpruned_tokens
+            tokens += token_share
             positions += plan.positions_scored / plan.unpruned_positions
         stacked = torch.stack(draws)
         mean = stacked.mean(0)

@@ -34,8 +34,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
-from lit_prunedpo.plan import exact_plan  # noqa: E402
-from lit_prunedpo.shared_prompt import prompt_and_common_lengths  # noqa: E402
+from lit_prunedpo.execute import StepExecutor, layout_for  # noqa: E402
+from lit_prunedpo.layout import PairLengths  # noqa: E402
+from lit_prunedpo.plan import exact_plan, prompt_and_common_lengths  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -43,10 +44,11 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 def count(batch) -> dict[str, int]:
     """Tokens of one unpruned pass over ``batch`` in each layout."""
     out = {}
+    plan, pairs = exact_plan(batch), PairLengths.of(batch)
     for layout in ("padded", "shared"):
-        plan = exact_plan(batch, shared_prompt=layout == "shared")
-        out[f"{layout}_executed"] = plan.tokens_executed
-        out[f"{layout}_real"] = plan.real_tokens_executed
+        forwards = StepExecutor(layout_for(layout == "shared")).forwards(plan.groups, pairs)
+        out[f"{layout}_executed"] = forwards.tokens_executed
+        out[f"{layout}_real"] = forwards.real_tokens_executed
     prompt_len, common = prompt_and_common_lengths(batch)
     lengths = batch.response_lengths
     out["trl"] = 2 * batch.num_pairs * int((prompt_len[:, None] + lengths).max())

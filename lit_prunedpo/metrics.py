@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lit_prunedpo.estimate import Estimate
-from lit_prunedpo.plan import StepPlan
 
 PAIR_METRICS = (
     "loss",
@@ -54,18 +53,6 @@ class StepStats:
     unpruned_tokens: int
     unpruned_positions: int
     unpruned_branches: int
-
-    @classmethod
-    def of(cls, plan: StepPlan, reference_tokens_executed: int) -> "StepStats":
-        return cls(
-            tokens_executed=plan.tokens_executed,
-            positions_scored=plan.positions_scored,
-            branches_backpropagated=plan.branches_backpropagated,
-            reference_tokens_executed=reference_tokens_executed,
-            unpruned_tokens=plan.unpruned_tokens,
-            unpruned_positions=plan.unpruned_positions,
-            unpruned_branches=int(plan.grad_mask.numel()),
-        )
 
     def as_metrics(self) -> dict[str, float]:
         return {
