@@ -18,6 +18,17 @@ def config_args(name: str) -> list[str]:
     if name in MODES:
         return ["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / f"configs/modes/{name}.yaml")]
     return ["--config", str(REPO / f"configs/{name}.yaml")]
+
+
+def csv_logger(root) -> list[str]:
+    """CLI arguments for a ``CSVLogger`` under ``root``, for a test that reads ``metrics.csv``.
+
+    Lightning's default logger is TensorBoard's whenever ``tensorboard`` is installed, and that one writes no
+    ``metrics.csv``: a test that names its logger passes whatever else is installed.
+    """
+    return ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.init_args.save_dir={root}"]
+
+
 TINY_LLAMA = dict(
     vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,

@@ -15,7 +15,7 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 
-from helpers import MODES, REPO, config_args
+from helpers import MODES, REPO, config_args, csv_logger
 
 SHARED = REPO.parent / "shared"
 HH_RLHF = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
@@ -76,7 +76,7 @@ def metrics_of(root):
 
 @pytest.mark.parametrize("mode", RUNNABLE)
 def test_fit_a_few_steps(mode, tmp_path):
-    build_cli(["fit", *config_args(mode), f"--trainer.default_root_dir={tmp_path}",
+    build_cli(["fit", *config_args(mode), f"--trainer.default_root_dir={tmp_path}", *csv_logger(tmp_path),
                "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1", *FAST])
     metrics = metrics_of(tmp_path)
     for key in ("train/loss", "train/rewards/accuracies", "train/pruning/tokens_executed_frac",
@@ -92,7 +92,7 @@ def test_fit_a_few_steps(mode, tmp_path):
 
 def test_quickstart_learns(tmp_path):
     """A shortened quickstart (80 of its 240 steps) already separates chosen from rejected on held-out pairs."""
-    build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=80",
+    build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", *csv_logger(tmp_path), "--trainer.max_steps=80",
                "--trainer.val_check_interval=80", "--trainer.enable_progress_bar=false"])
     assert metrics_of(tmp_path)["val/rewards/accuracies"] >= 0.9
 

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from lit_prunedpo.cli import build_cli  # noqa: E402
+from lit_prunedpo.distributed import destroy_process_groups  # noqa: E402
 from lit_prunedpo.samplers import BranchSampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,11 +212,13 @@ def main() -> None:
     if rank == 0:
         (out / f"{strategy}_plans.json").write_text(json.dumps(gathered))
     del half
-    # Leave no process group for interpreter shutdown: destroying a live gloo group's threads there aborts
-    # the process ("terminate called without an active exception") now and then.
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()  # every rank is done with every collective before any of them destroys the groups
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        # after a failed run too: a process group left for interpreter shutdown aborts the process now and then
+        # ("terminate called without an active exception"), and the log then ends with that, not with the error
+        destroy_process_groups()
