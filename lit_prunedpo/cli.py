@@ -11,16 +11,17 @@ the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone tra
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
@@ -29,6 +30,7 @@ from lit_prunedpo.checkpointing import (
     SaveRunConfig, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
     resolve_resume,
 )
+from lit_prunedpo.distributed import destroy_process_groups
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
 
@@ -65,6 +67,11 @@ class PrunedDPOCLI(LightningCLI):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         given = config.get("trainer", {}).get("callbacks") or []
         given = {id(c) for c in (given if isinstance(given, list) else [given])}
+        trainer_config = config["trainer"]
+        if trainer_config.get("logger") in (None, True):
+            # Lightning's default logger is TensorBoard's when tensorboard is installed, else CSVLogger: the files a run
+            # writes (metrics.csv) would depend on what else is installed. Same folder as Lightning's default.
+            trainer_config["logger"] = CSVLogger(save_dir=trainer_config.get("default_root_dir") or os.getcwd())
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_io(trainer)
         # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
@@ -137,10 +144,10 @@ def main(args: list[str] | None = None) -> None:
         # "Does not validate against any of the Union subtypes" message whose last line dumps the whole config;
         # the constructor's own message is the one to end the output with.
         raise cause.with_traceback(cause.__traceback__) from None
-    # Lightning leaves the process group alive; tearing down live gloo/NCCL threads during interpreter
-    # shutdown can abort a process that trained fine ("terminate called without an active exception").
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    finally:
+        # Lightning leaves the process group alive, after a failed run too; a group freed during interpreter
+        # shutdown can abort the process ("terminate called without an active exception").
+        destroy_process_groups()
 
 
 if __name__ == "__main__":
