@@ -55,9 +55,9 @@ class PrunedDPOCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         # FromConfig without vocab_size takes the data's (len(tokenizer)): nobody should copy it by hand
         config = self.config[self.subcommand] if self.subcommand else self.config
-        size = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
-        if size is not None:
-            rank_zero_info(f"model.policy: vocab_size not set, using the data's: {size}")
+        said = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
+        if said is not None:
+            rank_zero_info(said)
 
     # Outputs of one run are never torn or shared with another's (lit_prunedpo.checkpointing). The log version is
     # claimed when a subcommand runs, not at instantiation: lit-prunedpo-cache instantiates and logs nothing.

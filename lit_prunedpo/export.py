@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from lit_prunedpo.models import source_from_spec
 
-__all__ = ["align_special_tokens", "export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
+__all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
 
 _POLICY_PREFIX = "policy."
 
@@ -159,6 +159,25 @@ def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str |
     return tok
 
 
+def check_vocabulary(model: nn.Module, tokenizer: Any, ckpt_path: str | Path) -> None:
+    """Refuse a tokenizer with more tokens than the model has embedding rows: its ids past the embedding would
+    fail (or, on some devices, read garbage) at the first generate. A larger model vocabulary is fine.
+
+    Raises:
+        ValueError: naming both sizes, the tokenizer and the checkpoint.
+    """
+    if tokenizer is None:
+        return
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        name = tokenizer.name_or_path or type(tokenizer).__name__
+        raise ValueError(
+            f"the tokenizer {name!r} has {len(tokenizer)} tokens but the model in {ckpt_path} has {rows} embedding "
+            f"rows: ids from {rows} up would index past the embedding; export with the tokenizer the run trained "
+            "with (leave --tokenizer out) or one of at most that size"
+        )
+
+
 _SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
@@ -210,11 +229,12 @@ def export(
     if adapter not in ("merged", "adapter"):
         raise ValueError(f"adapter must be 'merged' or 'adapter', got {adapter!r}")
     model, meta = load_policy(ckpt_path)
+    tok = _tokenizer(meta, tokenizer, chat_template)
+    check_vocabulary(model, tok, ckpt_path)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if meta["policy"]["peft"] is not None and adapter == "merged":
         model = model.merge_and_unload()
-    tok = _tokenizer(meta, tokenizer, chat_template)
     if tok is not None and not is_peft_model(model):  # peft's adapter folder has no config.json of its own
         changes = align_special_tokens(model, tok)
         if changes:

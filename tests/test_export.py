@@ -65,10 +65,18 @@ def test_export_round_trip_from_a_single_file_checkpoint(trained, tmp_path):
 def test_export_writes_the_given_tokenizer_with_its_chat_template(trained, tmp_path):
     _, root = trained
     out = export(str(root / "lightning_logs/version_0/checkpoints/last.ckpt"), str(tmp_path / "hf"),
-                 tokenizer=str(GPT2_TOKENIZER), chat_template=TEMPLATE)
+                 tokenizer="byt5", chat_template=TEMPLATE)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template == TEMPLATE
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|user|>hi\n"
+
+
+def test_export_refuses_a_tokenizer_larger_than_the_models_vocabulary(trained, tmp_path):
+    _, root = trained  # the quickstart model: 384 rows (ByT5); GPT-2's tokenizer has 50257 tokens
+    with pytest.raises(ValueError, match="has 50257 tokens but the model in .* has 384 embedding rows"):
+        main(["export", f"--ckpt_path={root / 'lightning_logs/version_0/checkpoints/last.ckpt'}",
+              f"--out={tmp_path / 'hf'}", f"--tokenizer={GPT2_TOKENIZER}"])
+    assert not (tmp_path / "hf").exists()
 
 
 def test_export_refuses_what_it_cannot_read(tmp_path):
