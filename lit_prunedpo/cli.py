@@ -11,6 +11,9 @@ the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone tra
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
 import sys
 import traceback
 from importlib import resources
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -51,6 +55,21 @@ class PrunedDPOCLI(LightningCLI):
         except Exception as err:
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
+
+    def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - LightningArgumentParser, ArgsType
+        # A logger the user names (--trainer.logger lightning.pytorch.loggers.TensorBoardLogger) must get its required
+        # save_dir before jsonargparse validates the config, or the parse fails; Lightning's own default logger gets
+        # the trainer's default_root_dir, and so does a chosen one without a save_dir (logged).
+        if isinstance(args, (dict, Namespace)):
+            return super().parse_arguments(parser, args)
+        config = parser.parse_args(args, _skip_validation=True)
+        for line in fill_logger_save_dirs(config[config.subcommand] if config.get("subcommand") else config):
+            rank_zero_info(line)
+        try:
+            parser.validate(config)
+        except (TypeError, KeyError) as err:  # as parse_args itself reports them: usage and message, exit code 2
+            parser.error(str(err), err)
+        self.config = config
 
     def before_instantiate_classes(self) -> None:
         # FromConfig without vocab_size takes the data's (len(tokenizer)): nobody should copy it by hand
@@ -89,6 +108,30 @@ class PrunedDPOCLI(LightningCLI):
 
     def before_test(self) -> None:
         claim_log_version(self.trainer)
+
+
+def fill_logger_save_dirs(config: Namespace) -> list[str]:
+    """Give each logger in ``config.trainer.logger`` whose class requires a ``save_dir`` (``TensorBoardLogger``,
+    ``CSVLogger``) and has none the trainer's ``default_root_dir`` (the current folder when that is unset, as
+    Lightning's default logger does). Returns one line per logger filled in."""
+    trainer = config.get("trainer") or {}
+    loggers = trainer.get("logger")
+    root = trainer.get("default_root_dir") or os.getcwd()
+    lines = []
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if not isinstance(logger, Namespace) or not logger.get("class_path") or logger.get("init_args") is None:
+            continue
+        if "save_dir" not in logger.init_args or logger.init_args.save_dir is not None:
+            continue
+        module, _, name = logger.class_path.rpartition(".")
+        try:
+            parameter = inspect.signature(getattr(importlib.import_module(module), name)).parameters.get("save_dir")
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue  # jsonargparse names the class it cannot import
+        if parameter is not None and parameter.default is inspect.Parameter.empty:
+            logger.init_args.save_dir = str(root)
+            lines.append(f"trainer.logger: {name} save_dir not set, using trainer.default_root_dir: {root}")
+    return lines
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:

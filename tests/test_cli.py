@@ -146,3 +146,20 @@ def test_validate_and_test_subcommands(subcommand, tmp_path):
                      "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2", *FAST])
     prefix = "val" if subcommand == "validate" else "test"
     assert {f"{prefix}/loss", f"{prefix}/rewards/accuracies"} <= set(cli.trainer.callback_metrics)
+
+
+@pytest.mark.parametrize("logger", ["CSVLogger", "TensorBoardLogger"])
+def test_a_chosen_logger_without_save_dir_writes_under_the_default_root_dir(logger, tmp_path, caplog):
+    if logger == "TensorBoardLogger":
+        pytest.importorskip("tensorboard", reason="TensorBoardLogger needs tensorboard (CSVLogger covers the same path)")
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     f"--trainer.logger=lightning.pytorch.loggers.{logger}"], run=False)
+    assert type(cli.trainer.logger).__name__ == logger and cli.trainer.logger.save_dir == str(tmp_path)
+    assert f"{logger} save_dir not set, using trainer.default_root_dir: {tmp_path}" in caplog.text
+
+
+def test_a_chosen_loggers_own_save_dir_is_kept(tmp_path):
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                     f"--trainer.logger.save_dir={tmp_path / 'mine'}"], run=False)
+    assert cli.trainer.logger.save_dir == str(tmp_path / "mine")
