@@ -77,6 +77,8 @@ class PrunedDPOCLI(LightningCLI):
         said = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
         if said is not None:
             rank_zero_info(said)
+        for line in route_optimizer_args(config):
+            rank_zero_info(line)
 
     # Outputs of one run are never torn or shared with another's (lit_prunedpo.checkpointing). The log version is
     # claimed when a subcommand runs, not at instantiation: lit-prunedpo-cache instantiates and logs nothing.
@@ -131,6 +133,36 @@ def fill_logger_save_dirs(config: Namespace) -> list[str]:
         if parameter is not None and parameter.default is inspect.Parameter.empty:
             logger.init_args.save_dir = str(root)
             lines.append(f"trainer.logger: {name} save_dir not set, using trainer.default_root_dir: {root}")
+    return lines
+
+
+def route_optimizer_args(config: Namespace) -> list[str]:
+    """Move LightningCLI's own ``--optimizer`` / ``--lr_scheduler`` into ``model.optimizer`` / ``model.scheduler``.
+
+    LightningCLI would otherwise replace ``PrunedDPO.configure_optimizers`` with its own: an optimizer over every
+    parameter (the frozen reference's too), no ``model.scheduler`` (the warm-up and cosine dropped), nothing recorded
+    for a resume. Through the model's arguments the one ``configure_optimizers`` applies to both spellings: a given
+    ``--optimizer`` keeps the config's ``model.scheduler``, a given ``--lr_scheduler`` replaces it (stepped every
+    optimizer step, as ``model.scheduler`` is). Returns one line per argument moved.
+
+    Raises:
+        ValueError: ``--lr_scheduler`` ``ReduceLROnPlateau``, which needs a monitored metric per epoch.
+    """
+    lines = []
+    model = config.get("model")
+    for cli_key, model_key in (("optimizer", "optimizer"), ("lr_scheduler", "scheduler")):
+        given = config.get(cli_key)
+        if not given or model is None:
+            continue
+        name = given.get("class_path", "?") if isinstance(given, Namespace) else str(given)
+        if cli_key == "lr_scheduler" and name.endswith("ReduceLROnPlateau"):
+            raise ValueError(f"--lr_scheduler {name}: PrunedDPO steps its scheduler every optimizer step without a "
+                             "monitored metric; give a step-based scheduler as --model.scheduler")
+        kept = "" if cli_key == "lr_scheduler" or not model.get("scheduler") else (
+            f", so model.scheduler ({model.scheduler.get('class_path', '?')}) still applies")
+        model[model_key], config[cli_key] = given, None
+        lines.append(f"--{cli_key} {name}: used as --model.{model_key}{kept} (PrunedDPO.configure_optimizers builds "
+                     "both; spell it --model." + model_key + " to say so)")
     return lines
 
 

@@ -163,3 +163,23 @@ def test_a_chosen_loggers_own_save_dir_is_kept(tmp_path):
                      "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
                      f"--trainer.logger.save_dir={tmp_path / 'mine'}"], run=False)
     assert cli.trainer.logger.save_dir == str(tmp_path / "mine")
+
+
+def test_lightning_clis_optimizer_keeps_the_packages_scheduler(tmp_path, caplog):
+    # LightningCLI's --optimizer would replace PrunedDPO.configure_optimizers and drop model.scheduler unsaid
+    cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--optimizer=torch.optim.SGD", "--optimizer.lr=0.05", "--trainer.max_steps=1", *FAST])
+    (optimizer,), (scheduler,) = cli.trainer.optimizers, cli.trainer.lr_scheduler_configs
+    assert type(optimizer).__name__ == "SGD" and optimizer.param_groups[0]["initial_lr"] == 0.05
+    assert type(scheduler.scheduler).__name__ == "WarmupCosineLR" and scheduler.interval == "step"
+    assert "--optimizer torch.optim.SGD: used as --model.optimizer, so model.scheduler" in caplog.text
+
+
+def test_lightning_clis_lr_scheduler_becomes_the_models(tmp_path):
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--lr_scheduler=torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size=7"], run=False)
+    scheduler = cli.model.scheduler_factory(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
+    assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR) and scheduler.step_size == 7
+    with pytest.raises(ValueError, match="ReduceLROnPlateau: PrunedDPO steps its scheduler every optimizer step"):
+        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                   "--lr_scheduler=lightning.pytorch.cli.ReduceLROnPlateau", "--lr_scheduler.monitor=val/loss"], run=False)
