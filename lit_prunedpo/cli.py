@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -35,6 +35,12 @@ from lit_prunedpo.checkpointing import (
 )
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
+
+
+DESCRIPTION = ("DPO training with a randomly pruned computation graph (PrunedDPO). "
+               "`lit-prunedpo fit` alone trains the quickstart; `lit-prunedpo export` writes the trained model out.")
+EXPORT_HELP = ("Write a Hugging Face folder (model, tokenizer; LoRA merged or as an adapter) from a checkpoint; "
+               "see: lit-prunedpo export --help")
 
 
 def quickstart_config() -> Path:
@@ -93,6 +99,13 @@ class PrunedDPOCLI(LightningCLI):
             if type(callback) is RichProgressBar and id(callback) not in given:
                 trainer.callbacks[i] = StepProgressBar()
         return trainer
+
+    def _add_subcommands(self, parser, **kwargs: Any) -> None:  # noqa: ANN001 - LightningArgumentParser
+        super()._add_subcommands(parser, **kwargs)
+        # ``export`` is no Trainer method, so LightningCLI cannot build it; ``main`` runs it before LightningCLI
+        # parses anything. Listed here only so that ``lit-prunedpo --help`` names it with the other commands.
+        listing = ArgumentParser(description=EXPORT_HELP)
+        parser._subcommands_action.add_subcommand("export", listing, help=EXPORT_HELP)
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
         # a forced callback: every fit saves its last step, whatever the config's callbacks are
@@ -177,7 +190,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")},
+        parser_kwargs={"description": DESCRIPTION, **{cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")}},
         args=args,
         run=run,
     )

@@ -183,3 +183,12 @@ def test_lightning_clis_lr_scheduler_becomes_the_models(tmp_path):
     with pytest.raises(ValueError, match="ReduceLROnPlateau: PrunedDPO steps its scheduler every optimizer step"):
         build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
                    "--lr_scheduler=lightning.pytorch.cli.ReduceLROnPlateau", "--lr_scheduler.monitor=val/loss"], run=False)
+
+
+def test_top_level_help_lists_export(capsys):
+    from lit_prunedpo.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M)
+    assert {"fit", "validate", "test", "export"} <= set(listed)

@@ -106,6 +106,25 @@ def test_lora_exports_merged_weights_or_the_adapter(tmp_path):
     torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
 
 
+def test_a_lora_adapter_of_a_random_base_loads_with_auto_peft_offline(tmp_path, monkeypatch):
+    # what `export --help` says: AutoPeftModelForCausalLM.from_pretrained(out); the FromConfig base has no hub name,
+    # so the export writes it to out/base and names it there (loaded from another working folder, offline)
+    from peft import AutoPeftModelForCausalLM
+
+    cli = _fit("lora", tmp_path / "run")
+    ids = _ids(384)
+    expected = _module_logits(cli.model.policy, ids)
+    main(["export", f"--ckpt_path={tmp_path / 'run/lightning_logs/version_0/checkpoints/last.ckpt'}",
+          f"--out={tmp_path / 'adapter'}", "--adapter=adapter"])
+    config = json.loads((tmp_path / "adapter/adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "adapter/base").resolve())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path / "run")
+    model = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
+
+
 def _handmade_checkpoint(path, vocab: int, tokenizer: str) -> None:
     """A checkpoint as ``PrunedDPO`` writes it (policy weights and metadata, the data module's tokenizer), of a
     randomly initialised Llama: its config says BOS 1, EOS 2, no PAD (``LlamaConfig``'s defaults)."""
