@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -94,6 +95,9 @@ class PrunedDPOCLI(LightningCLI):
         given = {id(c) for c in (given if isinstance(given, list) else [given])}
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_io(trainer)
+        said = default_cpu_threads(trainer)
+        if said is not None:
+            rank_zero_info(said)
         # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
         for i, callback in enumerate(trainer.callbacks):
             if type(callback) is RichProgressBar and id(callback) not in given:
@@ -147,6 +151,22 @@ def fill_logger_save_dirs(config: Namespace) -> list[str]:
             logger.init_args.save_dir = str(root)
             lines.append(f"trainer.logger: {name} save_dir not set, using trainer.default_root_dir: {root}")
     return lines
+
+
+def default_cpu_threads(trainer: Trainer) -> str | None:
+    """One torch thread for a single-process CPU run when ``OMP_NUM_THREADS`` is unset (the variable, which torch
+    reads at start-up, says otherwise). Measured on the quickstart (docs/index.md): on a busy 2-core machine one thread
+    stepped 5-6x faster than torch's default (one per core), which oversubscribes the cores with the small matrices
+    of a small model. Multi-process runs are left to Lightning, which splits the cores between the processes the
+    same way (``OMP_NUM_THREADS`` unset). Returns the line to log when it set the count."""
+    if "OMP_NUM_THREADS" in os.environ or not isinstance(trainer.accelerator, CPUAccelerator):
+        return None
+    if trainer.num_devices * trainer.num_nodes != 1:
+        return None
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return (f"torch threads: 1 (was {before}): a single-process CPU run with OMP_NUM_THREADS unset; "
+            "OMP_NUM_THREADS=N lit-prunedpo ... uses N")
 
 
 def route_optimizer_args(config: Namespace) -> list[str]:

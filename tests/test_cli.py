@@ -192,3 +192,18 @@ def test_top_level_help_lists_export(capsys):
         main(["--help"])
     listed = re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M)
     assert {"fit", "validate", "test", "export"} <= set(listed)
+
+
+@pytest.mark.parametrize("omp", [None, "2"], ids=["omp-unset", "omp-set"])
+def test_a_single_process_cpu_run_takes_one_thread_unless_omp_num_threads_says(omp, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if omp is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"], run=False)
+        assert torch.get_num_threads() == (1 if omp is None else 2)
+        assert ("torch threads: 1 (was 2)" in caplog.text) == (omp is None)
+    finally:
+        torch.set_num_threads(before)
