@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import sys
 import traceback
@@ -24,11 +25,12 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
+from lit_prunedpo.callbacks.model_summary import RichSummaryWithoutZeroFlops, SummaryWithoutZeroFlops
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpointing import (
     SaveRunConfig, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
@@ -98,10 +100,23 @@ class PrunedDPOCLI(LightningCLI):
         said = default_cpu_threads(trainer)
         if said is not None:
             rank_zero_info(said)
-        # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
+        # Lightning's defaults, where the config names none of its own: a bar that shows "Epoch 0/-2", "v_num" and
+        # cut-off names; a summary with a FLOPs column of zeros (nothing gives it an example input); a checkpoint per
+        # validation beside FinalCheckpoint's last.ckpt, the same weights twice at the end. The ModelCheckpoint
+        # keeps saving at each validation, into last.ckpt, which FinalCheckpoint then rewrites or finds current.
+        replacements = {RichProgressBar: lambda c: StepProgressBar(),
+                        RichModelSummary: lambda c: RichSummaryWithoutZeroFlops(c._max_depth, **c._summarize_kwargs),
+                        ModelSummary: lambda c: SummaryWithoutZeroFlops(c._max_depth, **c._summarize_kwargs)}
         for i, callback in enumerate(trainer.callbacks):
-            if type(callback) is RichProgressBar and id(callback) not in given:
-                trainer.callbacks[i] = StepProgressBar()
+            if id(callback) in given:
+                continue
+            if type(callback) in replacements:
+                trainer.callbacks[i] = replacements[type(callback)](callback)
+            elif type(callback) is ModelCheckpoint and callback.monitor is None:
+                callback.save_top_k, callback.save_last = 0, True
+        # FinalCheckpoint's summary is printed at teardown: after the progress bar's, which takes the bar off the screen
+        finals = [c for c in trainer.callbacks if isinstance(c, FinalCheckpoint)]
+        trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FinalCheckpoint)] + finals
         return trainer
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:  # noqa: ANN001 - LightningArgumentParser
@@ -199,11 +214,26 @@ def route_optimizer_args(config: Namespace) -> list[str]:
     return lines
 
 
+class _DropTips(logging.Filter):
+    """Drops Lightning's "💡 Tip:" lines (adverts for its cloud loggers and model registry, at every run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_lightning_tips() -> None:
+    """Install :class:`_DropTips` on the logger Lightning's ``rank_zero_info`` writes to (once)."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropTips) for f in logger.filters):
+        logger.addFilter(_DropTips())
+
+
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
     given = sys.argv[1:] if args is None else args
     has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in given)
     defaults = [] if has_config else [str(quickstart_config())]
+    quiet_lightning_tips()
     return PrunedDPOCLI(
         PrunedDPO,
         LightningDataModule,
