@@ -128,10 +128,13 @@ class FinalCheckpoint(Callback):
     # ------------------------------------------------------------------------------------ saving
     def _already_saved(self, trainer: pl.Trainer) -> Optional[str]:
         """A ``last*`` checkpoint of this very step written by another callback (ModelCheckpoint's save_last,
-        PreemptionCheckpoint), so that the same weights are not written twice."""
+        PreemptionCheckpoint), so that the same weights are not written twice. A ModelCheckpoint's file of a fit
+        that ends mid-epoch does not count: saved after the last validation, it holds that epoch as completed (see
+        ``on_save_checkpoint``), so a resume would start the next epoch; this callback writes the step over it."""
+        mid_epoch = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         for callback in trainer.callbacks:
             path, step = None, None
-            if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
+            if isinstance(callback, ModelCheckpoint) and callback.last_model_path and not mid_epoch:
                 path, step = callback.last_model_path, getattr(callback, "_last_global_step_saved", None)
             elif getattr(callback, "saved_path", None) and callback is not self:
                 path, step = callback.saved_path, getattr(callback, "_saved_step", None)
@@ -211,7 +214,8 @@ class FinalCheckpoint(Callback):
             return
         self._val_step = trainer.global_step
         # one line per validation, also without a progress bar (a log file, a batch job)
-        shown = [f"{k} {float(trainer.callback_metrics[k]):.4g}" for k in _VALIDATION_LINE if k in trainer.callback_metrics]
+        metrics = trainer.callback_metrics
+        shown = [f"{k} {float(metrics[k]):.4g}" for k in _VALIDATION_LINE if k in metrics]
         if not shown:
             return
         line = f"validation at step {trainer.global_step}: {', '.join(shown)}"

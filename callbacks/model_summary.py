@@ -47,7 +47,8 @@ class RichSummaryWithoutZeroFlops(RichModelSummary):
         table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
         table.add_column(" ", style="dim")
         for name, _ in summary_data[1:]:  # the first column is the row index
-            table.add_column(name, justify="left" if name in ("Name", "Type", "Mode") else "right", no_wrap=name == "Name")
+            justify = "left" if name in ("Name", "Type", "Mode") else "right"
+            table.add_column(name, justify=justify, no_wrap=name == "Name")
         for row in zip(*(values for _, values in summary_data)):
             table.add_row(*row)
         console.print(table)

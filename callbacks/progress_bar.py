@@ -85,7 +85,7 @@ class StepProgressBar(RichProgressBar):
     def configure_columns(self, trainer: pl.Trainer) -> list:
         # Lightning's it/s column counts validation batches too; steps/s among the metrics replaces it, which also
         # leaves the metrics room on an 80-column terminal
-        columns = [column for column in super().configure_columns(trainer) if type(column).__name__ != "ProcessingSpeedColumn"]
+        columns = [c for c in super().configure_columns(trainer) if type(c).__name__ != "ProcessingSpeedColumn"]
         for column in columns:
             if hasattr(column, "bar_width"):
                 column.bar_width = 20  # rich's 40 leaves the metrics a second line on a 120-column terminal

@@ -240,7 +240,8 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": DESCRIPTION, **{cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")}},
+        parser_kwargs={"description": DESCRIPTION,
+                       **{cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")}},
         args=args,
         run=run,
     )

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from lit_prunedpo.models import source_from_spec
 
-__all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
+__all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata",
+           "read_checkpoint"]
 
 _POLICY_PREFIX = "policy."
 

@@ -151,7 +151,7 @@ def test_validate_and_test_subcommands(subcommand, tmp_path):
 @pytest.mark.parametrize("logger", ["CSVLogger", "TensorBoardLogger"])
 def test_a_chosen_logger_without_save_dir_writes_under_the_default_root_dir(logger, tmp_path, caplog):
     if logger == "TensorBoardLogger":
-        pytest.importorskip("tensorboard", reason="TensorBoardLogger needs tensorboard (CSVLogger covers the same path)")
+        pytest.importorskip("tensorboard", reason="TensorBoardLogger needs tensorboard (CSVLogger: the same path)")
     cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
                      f"--trainer.logger=lightning.pytorch.loggers.{logger}"], run=False)
     assert type(cli.trainer.logger).__name__ == logger and cli.trainer.logger.save_dir == str(tmp_path)
@@ -182,7 +182,8 @@ def test_lightning_clis_lr_scheduler_becomes_the_models(tmp_path):
     assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR) and scheduler.step_size == 7
     with pytest.raises(ValueError, match="ReduceLROnPlateau: PrunedDPO steps its scheduler every optimizer step"):
         build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
-                   "--lr_scheduler=lightning.pytorch.cli.ReduceLROnPlateau", "--lr_scheduler.monitor=val/loss"], run=False)
+                   "--lr_scheduler=lightning.pytorch.cli.ReduceLROnPlateau", "--lr_scheduler.monitor=val/loss"],
+                  run=False)
 
 
 def test_top_level_help_lists_export(capsys):
@@ -202,7 +203,8 @@ def test_a_single_process_cpu_run_takes_one_thread_unless_omp_num_threads_says(o
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"], run=False)
+        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"],
+                  run=False)
         assert torch.get_num_threads() == (1 if omp is None else 2)
         assert ("torch threads: 1 (was 2)" in caplog.text) == (omp is None)
     finally:

@@ -21,7 +21,8 @@ SMALL = ["--trainer.log_every_n_steps=1", "--data.init_args.max_rows=64", "--dat
 
 def test_a_fit_prints_validation_lines_no_tips_and_the_export_command(tmp_path, caplog, capsys):
     with caplog.at_level(logging.INFO):
-        cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+        cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+                         f"--trainer.default_root_dir={tmp_path}",
                          "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
                          "--trainer.enable_progress_bar=false", *SMALL])
     said = caplog.text + capsys.readouterr().out

@@ -49,7 +49,8 @@ def test_a_given_vocab_size_larger_than_the_tokenizers_is_kept_and_said(tmp_path
     assert "vocab_size 512 kept, larger than the data's 384" in caplog.text
 
 
-@pytest.mark.parametrize("given", [[], ["--model.policy.init_args.config.vocab_size", "null"]], ids=["left-out", "null"])
+@pytest.mark.parametrize("given", [[], ["--model.policy.init_args.config.vocab_size", "null"]],
+                         ids=["left-out", "null"])
 def test_the_quickstart_takes_another_tokenizers_size(tmp_path, caplog, given):
     # the quickstart YAML names no vocab_size, so GPT-2's tokenizer gives the model GPT-2's 50257 rows
     cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--data.init_args.tokenizer={GPT2_TOKENIZER}",

@@ -38,5 +38,6 @@ def test_the_bar_shows_step_loss_validation_accuracy_and_speeds_without_v_num(tm
     monkeypatch.setattr(type(trainer), "progress_bar_metrics", property(lambda self: logged))
     bar._marks.extend([(0.0, 0, 0), (2.0, 10, 30_000)])  # 10 steps and 30k tokens in 2 s
     shown = bar.get_metrics(trainer, cli.model)
-    assert shown == {"step": "0", "loss": "0.222", "val acc": "1.000", "steps/s": "5", "tok/s": "15k", "train/other": 3.5}
+    assert shown == {"step": "0", "loss": "0.222", "val acc": "1.000", "steps/s": "5", "tok/s": "15k",
+                     "train/other": 3.5}
     assert "v_num" not in shown
