@@ -13,7 +13,9 @@ SIGTERM is saved by that callback (to the same file); this one then only reports
 
 The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the
 median step time (``StepTimeMonitor``) and the peak memory (``PeakMemoryMonitor``) when those callbacks run,
-and the Hugging Face folder when ``export_dir`` is set (written by :func:`lit_prunedpo.export.export`).
+and the Hugging Face folder when ``export_dir`` is set (written by :func:`lit_prunedpo.export.export`), else the
+``lit-prunedpo export`` command that writes one from the checkpoint. Each validation prints one line (step,
+``val/loss``, ``val/rewards/accuracies``, ``val/rewards/margins``).
 
 The ``lit-prunedpo`` command adds this callback to every ``fit`` (its options are ``--final.*``).
 """
@@ -21,6 +23,7 @@ The ``lit-prunedpo`` command adds this callback to every ``fit`` (its options ar
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -29,6 +32,18 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
+
+
+# the metrics of the one line each validation prints (all of them are in the logs and the final summary)
+_VALIDATION_LINE = ("val/loss", "val/rewards/accuracies", "val/rewards/margins")
+
+
+def export_command(checkpoint: str, trainer: pl.Trainer) -> str:
+    """The ``lit-prunedpo export`` command line that writes ``checkpoint`` as a Hugging Face folder: ``hf`` beside
+    the run's ``checkpoints`` folder (a LoRA policy is written merged, the export's default)."""
+    out = Path(checkpoint).parent.parent / "hf" if Path(checkpoint).parent.name.startswith("checkpoints") else (
+        Path(trainer.default_root_dir) / "hf")
+    return f"lit-prunedpo export --ckpt_path {shlex.quote(str(checkpoint))} --out {shlex.quote(str(out))}"
 
 
 class FinalCheckpoint(Callback):
@@ -71,11 +86,13 @@ class FinalCheckpoint(Callback):
         self._saved_step: Optional[int] = None
         self._val_step: Optional[int] = None
         self._saving = False
+        self._finished = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.saved_path = self.exported_dir = None
         self._saved_step = self._val_step = None
+        self._finished = False
 
     def _folder(self, trainer: pl.Trainer) -> str:
         if self.dirpath:
@@ -92,7 +109,13 @@ class FinalCheckpoint(Callback):
         self._save(trainer)
         if self.export_dir is not None:
             self._export(trainer)
-        self._summary(trainer, reason="finished")
+        self._finished = True  # the summary waits for teardown, after a progress bar's (placed before this callback)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._finished:
+            self._finished = False
+            self._summary(trainer, reason="finished")
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -105,10 +128,13 @@ class FinalCheckpoint(Callback):
     # ------------------------------------------------------------------------------------ saving
     def _already_saved(self, trainer: pl.Trainer) -> Optional[str]:
         """A ``last*`` checkpoint of this very step written by another callback (ModelCheckpoint's save_last,
-        PreemptionCheckpoint), so that the same weights are not written twice."""
+        PreemptionCheckpoint), so that the same weights are not written twice. A ModelCheckpoint's file of a fit
+        that ends mid-epoch does not count: saved after the last validation, it holds that epoch as completed (see
+        ``on_save_checkpoint``), so a resume would start the next epoch; this callback writes the step over it."""
+        mid_epoch = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         for callback in trainer.callbacks:
             path, step = None, None
-            if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
+            if isinstance(callback, ModelCheckpoint) and callback.last_model_path and not mid_epoch:
                 path, step = callback.last_model_path, getattr(callback, "_last_global_step_saved", None)
             elif getattr(callback, "saved_path", None) and callback is not self:
                 path, step = callback.saved_path, getattr(callback, "_saved_step", None)
@@ -178,12 +204,26 @@ class FinalCheckpoint(Callback):
         lines.append(f"final checkpoint: {self.saved_path}")
         if self.exported_dir is not None:
             lines.append(f"Hugging Face folder: {self.exported_dir}")
+        elif self.saved_path is not None:
+            lines.append(f"export it: {export_command(self.saved_path, trainer)}")
         rank_zero_info("\n".join(lines))
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._val_step = trainer.global_step
+        if trainer.sanity_checking:
+            return
+        self._val_step = trainer.global_step
+        # one line per validation, also without a progress bar (a log file, a batch job)
+        metrics = trainer.callback_metrics
+        shown = [f"{k} {float(metrics[k]):.4g}" for k in _VALIDATION_LINE if k in metrics]
+        if not shown:
+            return
+        line = f"validation at step {trainer.global_step}: {', '.join(shown)}"
+        bar = trainer.progress_bar_callback
+        if bar is not None and getattr(bar, "is_enabled", False):
+            bar.print(line)  # above a live bar (a log line would be written into it), on rank zero only
+        else:
+            rank_zero_info(line)
 
     @override
     def state_dict(self) -> dict[str, Any]:

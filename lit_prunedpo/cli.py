@@ -11,6 +11,9 @@ the default config when no ``--config`` is given: ``lit-prunedpo fit`` alone tra
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 import os
 import sys
 import traceback
@@ -18,13 +21,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule, Trainer
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
+from lit_prunedpo.callbacks.model_summary import RichSummaryWithoutZeroFlops, SummaryWithoutZeroFlops
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpointing import (
     SaveRunConfig, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
@@ -33,6 +40,12 @@ from lit_prunedpo.checkpointing import (
 from lit_prunedpo.distributed import destroy_process_groups
 from lit_prunedpo.models import fill_vocab_size
 from lit_prunedpo.module import PrunedDPO
+
+
+DESCRIPTION = ("DPO training with a randomly pruned computation graph (PrunedDPO). "
+               "`lit-prunedpo fit` alone trains the quickstart; `lit-prunedpo export` writes the trained model out.")
+EXPORT_HELP = ("Write a Hugging Face folder (model, tokenizer; LoRA merged or as an adapter) from a checkpoint; "
+               "see: lit-prunedpo export --help")
 
 
 def quickstart_config() -> Path:
@@ -54,12 +67,29 @@ class PrunedDPOCLI(LightningCLI):
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
 
+    def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - LightningArgumentParser, ArgsType
+        # A logger the user names (--trainer.logger lightning.pytorch.loggers.TensorBoardLogger) must get its required
+        # save_dir before jsonargparse validates the config, or the parse fails; Lightning's own default logger gets
+        # the trainer's default_root_dir, and so does a chosen one without a save_dir (logged).
+        if isinstance(args, (dict, Namespace)):
+            return super().parse_arguments(parser, args)
+        config = parser.parse_args(args, _skip_validation=True)
+        for line in fill_logger_save_dirs(config[config.subcommand] if config.get("subcommand") else config):
+            rank_zero_info(line)
+        try:
+            parser.validate(config)
+        except (TypeError, KeyError) as err:  # as parse_args itself reports them: usage and message, exit code 2
+            parser.error(str(err), err)
+        self.config = config
+
     def before_instantiate_classes(self) -> None:
         # FromConfig without vocab_size takes the data's (len(tokenizer)): nobody should copy it by hand
         config = self.config[self.subcommand] if self.subcommand else self.config
-        size = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
-        if size is not None:
-            rank_zero_info(f"model.policy: vocab_size not set, using the data's: {size}")
+        said = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
+        if said is not None:
+            rank_zero_info(said)
+        for line in route_optimizer_args(config):
+            rank_zero_info(line)
 
     # Outputs of one run are never torn or shared with another's (lit_prunedpo.checkpointing). The log version is
     # claimed when a subcommand runs, not at instantiation: lit-prunedpo-cache instantiates and logs nothing.
@@ -68,17 +98,40 @@ class PrunedDPOCLI(LightningCLI):
         given = config.get("trainer", {}).get("callbacks") or []
         given = {id(c) for c in (given if isinstance(given, list) else [given])}
         trainer_config = config["trainer"]
-        if trainer_config.get("logger") in (None, True):
+        if trainer_config.get("logger") in (None, True):  # every config, the shipped ones included
             # Lightning's default logger is TensorBoard's when tensorboard is installed, else CSVLogger: the files a run
             # writes (metrics.csv) would depend on what else is installed. Same folder as Lightning's default.
             trainer_config["logger"] = CSVLogger(save_dir=trainer_config.get("default_root_dir") or os.getcwd())
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_io(trainer)
-        # Lightning's default rich bar shows "Epoch 0/-2" when max_steps bounds the run; a bar the config names stays
+        said = default_cpu_threads(trainer)
+        if said is not None:
+            rank_zero_info(said)
+        # Lightning's defaults, where the config names none of its own: a bar that shows "Epoch 0/-2", "v_num" and
+        # cut-off names; a summary with a FLOPs column of zeros (nothing gives it an example input); a checkpoint per
+        # validation beside FinalCheckpoint's last.ckpt, the same weights twice at the end. The ModelCheckpoint
+        # keeps saving at each validation, into last.ckpt, which FinalCheckpoint then rewrites or finds current.
+        replacements = {RichProgressBar: lambda c: StepProgressBar(),
+                        RichModelSummary: lambda c: RichSummaryWithoutZeroFlops(c._max_depth, **c._summarize_kwargs),
+                        ModelSummary: lambda c: SummaryWithoutZeroFlops(c._max_depth, **c._summarize_kwargs)}
         for i, callback in enumerate(trainer.callbacks):
-            if type(callback) is RichProgressBar and id(callback) not in given:
-                trainer.callbacks[i] = StepProgressBar()
+            if id(callback) in given:
+                continue
+            if type(callback) in replacements:
+                trainer.callbacks[i] = replacements[type(callback)](callback)
+            elif type(callback) is ModelCheckpoint and callback.monitor is None:
+                callback.save_top_k, callback.save_last = 0, True
+        # FinalCheckpoint's summary is printed at teardown: after the progress bar's, which takes the bar off the screen
+        finals = [c for c in trainer.callbacks if isinstance(c, FinalCheckpoint)]
+        trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FinalCheckpoint)] + finals
         return trainer
+
+    def _add_subcommands(self, parser, **kwargs: Any) -> None:  # noqa: ANN001 - LightningArgumentParser
+        super()._add_subcommands(parser, **kwargs)
+        # ``export`` is no Trainer method, so LightningCLI cannot build it; ``main`` runs it before LightningCLI
+        # parses anything. Listed here only so that ``lit-prunedpo --help`` names it with the other commands.
+        listing = ArgumentParser(description=EXPORT_HELP)
+        parser._subcommands_action.add_subcommand("export", listing, help=EXPORT_HELP)
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - LightningArgumentParser
         # a forced callback: every fit saves its last step, whatever the config's callbacks are
@@ -98,18 +151,104 @@ class PrunedDPOCLI(LightningCLI):
         claim_log_version(self.trainer)
 
 
+def fill_logger_save_dirs(config: Namespace) -> list[str]:
+    """Give each logger in ``config.trainer.logger`` whose class requires a ``save_dir`` (``TensorBoardLogger``,
+    ``CSVLogger``) and has none the trainer's ``default_root_dir`` (the current folder when that is unset, as
+    Lightning's default logger does). Returns one line per logger filled in."""
+    trainer = config.get("trainer") or {}
+    loggers = trainer.get("logger")
+    root = trainer.get("default_root_dir") or os.getcwd()
+    lines = []
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if not isinstance(logger, Namespace) or not logger.get("class_path") or logger.get("init_args") is None:
+            continue
+        if "save_dir" not in logger.init_args or logger.init_args.save_dir is not None:
+            continue
+        module, _, name = logger.class_path.rpartition(".")
+        try:
+            parameter = inspect.signature(getattr(importlib.import_module(module), name)).parameters.get("save_dir")
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue  # jsonargparse names the class it cannot import
+        if parameter is not None and parameter.default is inspect.Parameter.empty:
+            logger.init_args.save_dir = str(root)
+            lines.append(f"trainer.logger: {name} save_dir not set, using trainer.default_root_dir: {root}")
+    return lines
+
+
+def default_cpu_threads(trainer: Trainer) -> str | None:
+    """One torch thread for a single-process CPU run when ``OMP_NUM_THREADS`` is unset (the variable, which torch
+    reads at start-up, says otherwise). Measured on the quickstart (docs/index.md): on a busy 2-core machine one thread
+    stepped 5-6x faster than torch's default (one per core), which oversubscribes the cores with the small matrices
+    of a small model. Multi-process runs are left to Lightning, which splits the cores between the processes the
+    same way (``OMP_NUM_THREADS`` unset). Returns the line to log when it set the count."""
+    if "OMP_NUM_THREADS" in os.environ or not isinstance(trainer.accelerator, CPUAccelerator):
+        return None
+    if trainer.num_devices * trainer.num_nodes != 1:
+        return None
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return (f"torch threads: 1 (was {before}): a single-process CPU run with OMP_NUM_THREADS unset; "
+            "OMP_NUM_THREADS=N lit-prunedpo ... uses N")
+
+
+def route_optimizer_args(config: Namespace) -> list[str]:
+    """Move LightningCLI's own ``--optimizer`` / ``--lr_scheduler`` into ``model.optimizer`` / ``model.scheduler``.
+
+    LightningCLI would otherwise replace ``PrunedDPO.configure_optimizers`` with its own: an optimizer over every
+    parameter (the frozen reference's too), no ``model.scheduler`` (the warm-up and cosine dropped), nothing recorded
+    for a resume. Through the model's arguments the one ``configure_optimizers`` applies to both spellings: a given
+    ``--optimizer`` keeps the config's ``model.scheduler``, a given ``--lr_scheduler`` replaces it (stepped every
+    optimizer step, as ``model.scheduler`` is). Returns one line per argument moved.
+
+    Raises:
+        ValueError: ``--lr_scheduler`` ``ReduceLROnPlateau``, which needs a monitored metric per epoch.
+    """
+    lines = []
+    model = config.get("model")
+    for cli_key, model_key in (("optimizer", "optimizer"), ("lr_scheduler", "scheduler")):
+        given = config.get(cli_key)
+        if not given or model is None:
+            continue
+        name = given.get("class_path", "?") if isinstance(given, Namespace) else str(given)
+        if cli_key == "lr_scheduler" and name.endswith("ReduceLROnPlateau"):
+            raise ValueError(f"--lr_scheduler {name}: PrunedDPO steps its scheduler every optimizer step without a "
+                             "monitored metric; give a step-based scheduler as --model.scheduler")
+        kept = "" if cli_key == "lr_scheduler" or not model.get("scheduler") else (
+            f", so model.scheduler ({model.scheduler.get('class_path', '?')}) still applies")
+        model[model_key], config[cli_key] = given, None
+        lines.append(f"--{cli_key} {name}: used as --model.{model_key}{kept} (PrunedDPO.configure_optimizers builds "
+                     "both; spell it --model." + model_key + " to say so)")
+    return lines
+
+
+class _DropTips(logging.Filter):
+    """Drops Lightning's "💡 Tip:" lines (adverts for its cloud loggers and model registry, at every run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_lightning_tips() -> None:
+    """Install :class:`_DropTips` on the logger Lightning's ``rank_zero_info`` writes to (once)."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropTips) for f in logger.filters):
+        logger.addFilter(_DropTips())
+
+
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
     given = sys.argv[1:] if args is None else args
     has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in given)
     defaults = [] if has_config else [str(quickstart_config())]
+    quiet_lightning_tips()
     return PrunedDPOCLI(
         PrunedDPO,
         LightningDataModule,
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")},
+        parser_kwargs={"description": DESCRIPTION,
+                       **{cmd: {"default_config_files": defaults} for cmd in ("fit", "validate", "test")}},
         args=args,
         run=run,
     )

@@ -11,7 +11,8 @@ What a checkpoint must carry besides the weights is written by ``PrunedDPO.on_sa
 ``"policy"`` (:func:`policy_metadata`): the model's ``transformers`` config, and for a LoRA policy the
 adapter config, the base model's source and a digest of its weights (LoRA checkpoints hold the adapters only;
 the frozen base is rebuilt from its source, and refused when its weights are not the ones trained on). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
-adapter folder alone (``adapter_config.json`` + ``adapter_model.safetensors``), as asked.
+adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, plus ``base/`` when the base is no hub
+model or folder, so that ``AutoPeftModelForCausalLM`` finds it), as asked.
 
     lit-prunedpo export --ckpt_path runs/quickstart/checkpoints/last.ckpt --out model/
 """
@@ -27,7 +28,8 @@ from torch import Tensor, nn
 
 from lit_prunedpo.models import source_from_spec
 
-__all__ = ["align_special_tokens", "export", "load_policy", "main", "policy_metadata", "read_checkpoint"]
+__all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata",
+           "read_checkpoint"]
 
 _POLICY_PREFIX = "policy."
 
@@ -159,6 +161,25 @@ def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str |
     return tok
 
 
+def check_vocabulary(model: nn.Module, tokenizer: Any, ckpt_path: str | Path) -> None:
+    """Refuse a tokenizer with more tokens than the model has embedding rows: its ids past the embedding would
+    fail (or, on some devices, read garbage) at the first generate. A larger model vocabulary is fine.
+
+    Raises:
+        ValueError: naming both sizes, the tokenizer and the checkpoint.
+    """
+    if tokenizer is None:
+        return
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        name = tokenizer.name_or_path or type(tokenizer).__name__
+        raise ValueError(
+            f"the tokenizer {name!r} has {len(tokenizer)} tokens but the model in {ckpt_path} has {rows} embedding "
+            f"rows: ids from {rows} up would index past the embedding; export with the tokenizer the run trained "
+            "with (leave --tokenizer out) or one of at most that size"
+        )
+
+
 _SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
@@ -198,7 +219,9 @@ def export(
         ckpt_path: a ``.ckpt`` file or an FSDP2 checkpoint folder written by ``lit-prunedpo fit``.
         out: the folder to write (created; existing files of the same names are replaced).
         adapter: LoRA runs only: ``merged`` writes full weights with the adapters merged in, ``adapter`` writes
-            peft's adapter folder alone (load it with ``peft.AutoPeftModelForCausalLM``).
+            peft's adapter folder (load it with ``peft.AutoPeftModelForCausalLM.from_pretrained(out)``); a base that
+            is no hub model or folder (``FromConfig``) is written to ``out/base`` and named in ``adapter_config.json``
+            by its absolute path.
         tokenizer: tokenizer name or path; default: the one the run's data module used.
         chat_template: a Jinja template or a file holding one; default: the data module's, else the tokenizer's.
 
@@ -210,16 +233,29 @@ def export(
     if adapter not in ("merged", "adapter"):
         raise ValueError(f"adapter must be 'merged' or 'adapter', got {adapter!r}")
     model, meta = load_policy(ckpt_path)
+    tok = _tokenizer(meta, tokenizer, chat_template)
+    check_vocabulary(model, tok, ckpt_path)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if meta["policy"]["peft"] is not None and adapter == "merged":
         model = model.merge_and_unload()
-    tok = _tokenizer(meta, tokenizer, chat_template)
     if tok is not None and not is_peft_model(model):  # peft's adapter folder has no config.json of its own
         changes = align_special_tokens(model, tok)
         if changes:
             print(f"special-token ids set to the tokenizer's ({type(tok).__name__}): {'; '.join(changes)}")
+    base_dir = None
+    if is_peft_model(model) and not model.peft_config["default"].base_model_name_or_path:
+        # A base that no hub name or folder holds (FromConfig's random weights): written beside the adapter and named
+        # in adapter_config.json, so that AutoPeftModelForCausalLM.from_pretrained(out) finds it. An absolute path:
+        # peft resolves the name from the caller's working folder, not from the adapter's.
+        base_dir = (out_dir / "base").resolve()
+        model.peft_config["default"].base_model_name_or_path = str(base_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
+    if base_dir is not None:
+        base = model.unload()  # the frozen base as trained on, adapters removed (after they were saved)
+        if tok is not None:
+            align_special_tokens(base, tok)
+        base.save_pretrained(base_dir, safe_serialization=True)
     if tok is not None:
         tok.save_pretrained(out_dir)
     written = {
@@ -227,8 +263,11 @@ def export(
         "global_step": meta.get("global_step"),
         "lora": None if meta["policy"]["peft"] is None else adapter,
         "tokenizer": None if tok is None else (tok.name_or_path or type(tok).__name__),
+        "base": None if base_dir is None else str(base_dir),
     }
     (out_dir / "lit_prunedpo_export.json").write_text(json.dumps(written, indent=2) + "\n")
+    if base_dir is not None:
+        print(f"the LoRA base has no hub name or folder: written to {base_dir} (adapter_config.json names it)")
     if tok is None:
         print(f"exported the policy to {out_dir} (no tokenizer: the run's data module had none; pass --tokenizer)")
     else:

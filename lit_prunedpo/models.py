@@ -194,31 +194,61 @@ class FromConfig(ModelSource):
         return model.to(self.dtype) if self.dtype is not None else model
 
 
-def fill_vocab_size(policy: Any, data: Any) -> int | None:
-    """Give a ``FromConfig`` policy (also as a ``LoRA`` base) without ``vocab_size`` in its config the data's
-    vocabulary size, in a parsed CLI config (jsonargparse ``Namespace`` objects), before anything is built.
+# What a config holds for "not set": YAML's null, and the string jsonargparse makes of ``--...vocab_size null``
+# inside a free-form dict.
+_UNSET = (None, "None", "null", "")
+
+
+def fill_vocab_size(policy: Any, data: Any) -> str | None:
+    """Fit a ``FromConfig`` policy's (also a ``LoRA`` base's) ``vocab_size`` to the data's vocabulary, in a parsed
+    CLI config (jsonargparse ``Namespace`` objects), before anything is built.
 
     The data's size is ``len(tokenizer)`` for a data module with a ``tokenizer`` argument (loaded here, as the data
-    module will load it) or its ``vocab_size`` argument (``SyntheticPreferenceData``). Returns the size filled in,
-    or ``None`` when there was nothing to fill (a ``vocab_size`` given, another source, or no data vocabulary).
+    module will load it) or its ``vocab_size`` argument (``SyntheticPreferenceData``). Without ``vocab_size`` (or with
+    ``null``) the model takes the data's size; a given size larger than the data's is kept (rows no token uses); a
+    smaller one is refused, since token ids past it would index outside the embedding. The shipped configs leave
+    ``vocab_size`` out, so changing the tokenizer changes the model with it.
+
+    Returns:
+        a line to log when the config was filled in or differs from the data's, else ``None`` (a ``vocab_size``
+        equal to the data's, another source, no data vocabulary).
+
+    Raises:
+        ValueError: a given ``vocab_size`` smaller than the data's vocabulary, naming both sizes and the tokenizer.
     """
+    where = "model.policy"
     while policy is not None and str(policy.get("class_path", "")).endswith(".LoRA"):
         policy = policy.get("init_args", {}).get("base")
-    if policy is None or not str(policy.get("class_path", "")).endswith("models.FromConfig"):
-        return None
-    args = policy.get("init_args")
-    config = dict(args.get("config") or {})
-    if config.get("vocab_size") is not None or data is None:
+        where += ".init_args.base"
+    if policy is None or not str(policy.get("class_path", "")).endswith("models.FromConfig") or data is None:
         return None
     data_args = data.get("init_args") or {}
     if data_args.get("tokenizer") is not None:
         from lit_prunedpo.data.tokenize import load_tokenizer
 
-        size = len(load_tokenizer(data_args["tokenizer"]))
+        size, origin = len(load_tokenizer(data_args["tokenizer"])), f"the tokenizer {data_args['tokenizer']!r}"
     elif data_args.get("vocab_size") is not None:
-        size = int(data_args["vocab_size"])
+        size, origin = int(data_args["vocab_size"]), "data.vocab_size"
     else:
         return None
-    config["vocab_size"] = size
+    args = policy.get("init_args")
+    config = dict(args.get("config") or {})
+    given = config.get("vocab_size")
+    if given in _UNSET:
+        config["vocab_size"] = size
+        args["config"] = config
+        return f"{where}: vocab_size not set, using the data's: {size} ({origin})"
+    try:
+        given = int(given)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}.init_args.config.vocab_size must be an integer or null, got {given!r}") from None
+    config["vocab_size"] = given
     args["config"] = config
-    return size
+    if given < size:
+        raise ValueError(
+            f"{where}.init_args.config.vocab_size is {given} but {origin} has {size} tokens: ids from {given} up "
+            f"would index past the embedding; leave vocab_size out (or null) to take {size}, or give at least {size}"
+        )
+    if given > size:
+        return f"{where}: vocab_size {given} kept, larger than the data's {size} ({origin}): {given - size} unused rows"
+    return None

@@ -146,3 +146,66 @@ def test_validate_and_test_subcommands(subcommand, tmp_path):
                      "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2", *FAST])
     prefix = "val" if subcommand == "validate" else "test"
     assert {f"{prefix}/loss", f"{prefix}/rewards/accuracies"} <= set(cli.trainer.callback_metrics)
+
+
+@pytest.mark.parametrize("logger", ["CSVLogger", "TensorBoardLogger"])
+def test_a_chosen_logger_without_save_dir_writes_under_the_default_root_dir(logger, tmp_path, caplog):
+    if logger == "TensorBoardLogger":
+        pytest.importorskip("tensorboard", reason="TensorBoardLogger needs tensorboard (CSVLogger: the same path)")
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     f"--trainer.logger=lightning.pytorch.loggers.{logger}"], run=False)
+    assert type(cli.trainer.logger).__name__ == logger and cli.trainer.logger.save_dir == str(tmp_path)
+    assert f"{logger} save_dir not set, using trainer.default_root_dir: {tmp_path}" in caplog.text
+
+
+def test_a_chosen_loggers_own_save_dir_is_kept(tmp_path):
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                     f"--trainer.logger.save_dir={tmp_path / 'mine'}"], run=False)
+    assert cli.trainer.logger.save_dir == str(tmp_path / "mine")
+
+
+def test_lightning_clis_optimizer_keeps_the_packages_scheduler(tmp_path, caplog):
+    # LightningCLI's --optimizer would replace PrunedDPO.configure_optimizers and drop model.scheduler unsaid
+    cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--optimizer=torch.optim.SGD", "--optimizer.lr=0.05", "--trainer.max_steps=1", *FAST])
+    (optimizer,), (scheduler,) = cli.trainer.optimizers, cli.trainer.lr_scheduler_configs
+    assert type(optimizer).__name__ == "SGD" and optimizer.param_groups[0]["initial_lr"] == 0.05
+    assert type(scheduler.scheduler).__name__ == "WarmupCosineLR" and scheduler.interval == "step"
+    assert "--optimizer torch.optim.SGD: used as --model.optimizer, so model.scheduler" in caplog.text
+
+
+def test_lightning_clis_lr_scheduler_becomes_the_models(tmp_path):
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                     "--lr_scheduler=torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size=7"], run=False)
+    scheduler = cli.model.scheduler_factory(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
+    assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR) and scheduler.step_size == 7
+    with pytest.raises(ValueError, match="ReduceLROnPlateau: PrunedDPO steps its scheduler every optimizer step"):
+        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+                   "--lr_scheduler=lightning.pytorch.cli.ReduceLROnPlateau", "--lr_scheduler.monitor=val/loss"],
+                  run=False)
+
+
+def test_top_level_help_lists_export(capsys):
+    from lit_prunedpo.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M)
+    assert {"fit", "validate", "test", "export"} <= set(listed)
+
+
+@pytest.mark.parametrize("omp", [None, "2"], ids=["omp-unset", "omp-set"])
+def test_a_single_process_cpu_run_takes_one_thread_unless_omp_num_threads_says(omp, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if omp is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"],
+                  run=False)
+        assert torch.get_num_threads() == (1 if omp is None else 2)
+        assert ("torch threads: 1 (was 2)" in caplog.text) == (omp is None)
+    finally:
+        torch.set_num_threads(before)

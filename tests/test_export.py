@@ -65,10 +65,18 @@ def test_export_round_trip_from_a_single_file_checkpoint(trained, tmp_path):
 def test_export_writes_the_given_tokenizer_with_its_chat_template(trained, tmp_path):
     _, root = trained
     out = export(str(root / "lightning_logs/version_0/checkpoints/last.ckpt"), str(tmp_path / "hf"),
-                 tokenizer=str(GPT2_TOKENIZER), chat_template=TEMPLATE)
+                 tokenizer="byt5", chat_template=TEMPLATE)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template == TEMPLATE
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|user|>hi\n"
+
+
+def test_export_refuses_a_tokenizer_larger_than_the_models_vocabulary(trained, tmp_path):
+    _, root = trained  # the quickstart model: 384 rows (ByT5); GPT-2's tokenizer has 50257 tokens
+    with pytest.raises(ValueError, match="has 50257 tokens but the model in .* has 384 embedding rows"):
+        main(["export", f"--ckpt_path={root / 'lightning_logs/version_0/checkpoints/last.ckpt'}",
+              f"--out={tmp_path / 'hf'}", f"--tokenizer={GPT2_TOKENIZER}"])
+    assert not (tmp_path / "hf").exists()
 
 
 def test_export_refuses_what_it_cannot_read(tmp_path):
@@ -96,6 +104,25 @@ def test_lora_exports_merged_weights_or_the_adapter(tmp_path):
     assert (tmp_path / "adapter/adapter_model.safetensors").exists() and not (tmp_path / "adapter/model.safetensors").exists()
     model = PeftModel.from_pretrained(cli.model.policy_source.base.build(), tmp_path / "adapter").eval()
     torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
+
+
+def test_a_lora_adapter_of_a_random_base_loads_with_auto_peft_offline(tmp_path, monkeypatch):
+    # what `export --help` says: AutoPeftModelForCausalLM.from_pretrained(out); the FromConfig base has no hub name,
+    # so the export writes it to out/base and names it there (loaded from another working folder, offline)
+    from peft import AutoPeftModelForCausalLM
+
+    cli = _fit("lora", tmp_path / "run")
+    ids = _ids(384)
+    expected = _module_logits(cli.model.policy, ids)
+    main(["export", f"--ckpt_path={tmp_path / 'run/lightning_logs/version_0/checkpoints/last.ckpt'}",
+          f"--out={tmp_path / 'adapter'}", "--adapter=adapter"])
+    config = json.loads((tmp_path / "adapter/adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "adapter/base").resolve())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path / "run")
+    model = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
 
 
 def _handmade_checkpoint(path, vocab: int, tokenizer: str) -> None:

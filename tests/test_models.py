@@ -12,6 +12,8 @@ from lit_prunedpo.models import FromConfig, Pretrained, source_from_spec
 
 from helpers import REPO, TINY_LLAMA
 
+GPT2_TOKENIZER = REPO.parent / "shared/tokenizers/gpt2"
+
 NO_VOCAB = ('{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, '
             '"num_key_value_heads": 1, "tie_word_embeddings": false}')
 
@@ -37,13 +39,31 @@ def test_lora_base_and_synthetic_data_vocabulary(tmp_path):
     assert cli.model.policy.get_input_embeddings().num_embeddings == 48
 
 
-def test_a_given_vocab_size_is_kept(tmp_path):
+def test_a_given_vocab_size_larger_than_the_tokenizers_is_kept_and_said(tmp_path, caplog):
     config = dict(TINY_LLAMA, vocab_size=512)
     import json
 
     cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--model.policy.init_args.config={json.dumps(config)}",
                      f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert cli.model.policy.get_input_embeddings().num_embeddings == 512
+    assert "vocab_size 512 kept, larger than the data's 384" in caplog.text
+
+
+@pytest.mark.parametrize("given", [[], ["--model.policy.init_args.config.vocab_size", "null"]],
+                         ids=["left-out", "null"])
+def test_the_quickstart_takes_another_tokenizers_size(tmp_path, caplog, given):
+    # the quickstart YAML names no vocab_size, so GPT-2's tokenizer gives the model GPT-2's 50257 rows
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--data.init_args.tokenizer={GPT2_TOKENIZER}",
+                     f"--trainer.default_root_dir={tmp_path}", *given], run=False)
+    assert cli.model.policy.get_input_embeddings().num_embeddings == len(cli.datamodule.tokenizer) == 50257
+    assert "vocab_size not set, using the data's: 50257" in caplog.text
+
+
+def test_a_vocab_size_smaller_than_the_tokenizers_is_refused_naming_both(tmp_path):
+    # a config written for ByT5 (384) run with GPT-2's tokenizer: ids up to 50256 would index past the embedding
+    with pytest.raises(ValueError, match="vocab_size is 384 but the tokenizer .*gpt2.* has 50257 tokens"):
+        build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--data.init_args.tokenizer={GPT2_TOKENIZER}",
+                   "--model.policy.init_args.config.vocab_size=384", f"--trainer.default_root_dir={tmp_path}"], run=False)
 
 
 def test_whole_file_training_without_validation(tmp_path):

@@ -29,3 +29,15 @@ def test_step_bounded_run_shows_the_epoch_alone(tmp_path):
 def test_a_configured_progress_bar_is_kept(tmp_path):
     cli = _cli(tmp_path, "--trainer.callbacks+=lightning.pytorch.callbacks.RichProgressBar")
     assert type(cli.trainer.progress_bar_callback) is RichProgressBar
+
+
+def test_the_bar_shows_step_loss_validation_accuracy_and_speeds_without_v_num(tmp_path, monkeypatch):
+    cli = _cli(tmp_path)
+    bar, trainer = cli.trainer.progress_bar_callback, cli.trainer
+    logged = {"train/loss": 0.22171, "val/rewards/accuracies": 1.0, "train/other": 3.5}  # logged with prog_bar=True
+    monkeypatch.setattr(type(trainer), "progress_bar_metrics", property(lambda self: logged))
+    bar._marks.extend([(0.0, 0, 0), (2.0, 10, 30_000)])  # 10 steps and 30k tokens in 2 s
+    shown = bar.get_metrics(trainer, cli.model)
+    assert shown == {"step": "0", "loss": "0.222", "val acc": "1.000", "steps/s": "5", "tok/s": "15k",
+                     "train/other": 3.5}
+    assert "v_num" not in shown
