@@ -3,7 +3,8 @@
 Examples::
 
     lit-prunedpo-study-map --plan-only                         # the default map's plan: cells, budget, total
-    lit-prunedpo-study-map --out study_results/map             # the default map (15 cells), fitted to 90 min
+    lit-prunedpo-study-map --out study_results/map             # the default map (13 cells), fitted to 90 min on 2 cores
+    lit-prunedpo-study-map --spec hh-rlhf --limit-minutes 60 --out study_results/map-hh
     lit-prunedpo-study-map --quick --out study_results/map-quick
     lit-prunedpo-study-map --spec my-map.yaml --budget 20 --limit-minutes 240 --out study_results/my-map
 
@@ -41,7 +42,7 @@ from typing import Any, Sequence
 
 from lit_prunedpo.study.cli import count, factor_list, mode_list, real, seed_list
 
-MAP_DEFAULTS: dict[str, Any] = {"steps": 20, "evals": 6, "max_eval_pairs": 64, "seeds": [0, 1, 2, 3, 4], "tune_seeds": [100],
+MAP_DEFAULTS: dict[str, Any] = {"steps": 10, "evals": 5, "max_eval_pairs": 32, "seeds": [0, 1, 2, 3, 4], "tune_seeds": [100],
                                 "calibration_steps": 3, "noise_pairs": 16, "noise_draws": 24, "limit_minutes": 90.0}
 MAP_QUICK: dict[str, Any] = {"steps": 10, "evals": 3, "max_eval_pairs": 32, "seeds": [0, 1, 2], "tune_seeds": [100],
                              "calibration_steps": 2, "noise_pairs": 8, "noise_draws": 8, "limit_minutes": 5.0, "budget": 1.0}
@@ -54,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "LM head share, batch size, pair similarity), with the noise model's prediction beside each verdict.",
     )
     a = parser.add_argument
-    a("--spec", default=None, help="a YAML or JSON map spec (modes and blocks; see lit_prunedpo/study/map_spec.py); "
-                                   "default: the built-in map of issue 17 (--quick: two tiny cells)")
+    a("--spec", default=None, help="a built-in map (default, quick, hh-rlhf) or a YAML or JSON spec file (modes and blocks; "
+                                   "see lit_prunedpo/study/map_spec.py); default: 'default' (--quick: 'quick')")
     a("--modes", type=mode_list, default=None, help="pruned modes, comma-separated (replaces the spec's)")
     a("--quick", action="store_true", help="a map of minutes: the quick spec and " + ", ".join(f"{k} {v}" for k, v in MAP_QUICK.items()))
     a("--budget", type=real(0.0), default=None, help="training CPU-s per run; default: the largest that fits --limit-minutes")
@@ -71,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--bootstrap", type=count(100), default=2000, help="bootstrap resamples per interval (default 2000)")
     a("--noise-pairs", type=count(2), default=None, help="pairs of the noise model's batch (default 16)")
     a("--noise-draws", type=count(1), default=None, help="pruned steps per mode in the noise model (default 24)")
-    a("--threads", type=count(1), default=1, help="torch threads (default 1)")
+    a("--threads", type=count(1), default=1, help="torch threads per cell (default 1)")
+    a("--jobs", type=count(1), default=2, help="cells run at once, one process each (default 2: the 2 cores the map is planned "
+                                              "for); the plan's wall time is the longest queue's")
     a("--work-dir", default=None, help="warm-start cache (default: --out/work)")
     a("--out", default=None, help="folder for map.json, map.md, progress.jsonl and cells/<cell>/ (required unless --plan-only)")
     a("--plan-only", action="store_true", help="probe the cells, print the plan and stop")
@@ -128,10 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--tune-seeds {opt['tune_seeds']} and --seeds {opt['seeds']} overlap: the sweep must run on seeds the verdict does not use")
     if args.out is None and not args.plan_only:
         parser.error("--out is required (the map writes map.json, map.md and every cell's study there); or --plan-only")
-    from lit_prunedpo.study.map_spec import DEFAULT_SPEC, QUICK_SPEC, load_spec, parse_spec
+    from lit_prunedpo.study.map_spec import load_spec
 
     try:
-        spec = load_spec(args.spec) if args.spec else parse_spec(QUICK_SPEC if args.quick else DEFAULT_SPEC, "the built-in map")
+        spec = load_spec(args.spec or ("quick" if args.quick else "default"))
     except ValueError as exc:
         parser.error(str(exc))
     modes = args.modes or spec.modes
@@ -149,9 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from lit_prunedpo.study.cli import main as study_main
-    from lit_prunedpo.study.map_plan import PlanOptions, cell_seconds, fit_budget, minutes, probe
-    from lit_prunedpo.study.map_report import cell_rows, write_map
+    from lit_prunedpo.study.map_plan import PlanOptions, cell_seconds, fit_budget, makespan, minutes, probe
+    from lit_prunedpo.study.map_report import write_map
     from lit_prunedpo.study.report import Journal
 
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -165,26 +167,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             probes[cell.name] = probe(cell.task, opt["max_eval_pairs"])
     limit_s = 60 * opt["limit_minutes"]
 
-    def total(budget: float) -> float:
-        return sum(cell_seconds(probes[c.name], plan_options, budget, c.task.batch_size, c.task.warm_start_steps) for c in spec.cells)
+    def total(budget: float) -> float:  # the planned wall time: the longest of --jobs queues
+        return makespan([cell_seconds(probes[c.name], plan_options, budget, c.task.batch_size, c.task.warm_start_steps)
+                         for c in spec.cells], args.jobs)
 
-    if opt["budget"] is None:
-        budget = fit_budget(total, limit_s)
-        if budget is None:
-            parser.error(f"the map cannot fit --limit-minutes {opt['limit_minutes']:g}: even a 0.1 s budget per run plans "
-                         f"{minutes(total(0.1))}; drop cells, modes or seeds, or raise the limit")
-    else:
-        budget = opt["budget"]
-    planned = {c.name: cell_seconds(probes[c.name], plan_options, budget, c.task.batch_size, c.task.warm_start_steps) for c in spec.cells}
-    plan = {"budget_s": budget, "limit_min": opt["limit_minutes"], "total_s": sum(planned.values()), "total_min": sum(planned.values()) / 60,
+    budget = opt["budget"] if opt["budget"] is not None else fit_budget(total, limit_s)
+    shown = budget if budget is not None else 0.1  # the plan is shown even when it cannot fit
+    planned = {c.name: cell_seconds(probes[c.name], plan_options, shown, c.task.batch_size, c.task.warm_start_steps) for c in spec.cells}
+    wall = makespan(list(planned.values()), args.jobs)
+    plan = {"budget_s": budget, "limit_min": opt["limit_minutes"], "jobs": args.jobs, "cpu_s": sum(planned.values()),
+            "total_s": wall, "total_min": wall / 60,
             "cells": {c.name: {"planned_s": planned[c.name], **dataclasses.asdict(probes[c.name])} for c in spec.cells},
             "options": dataclasses.asdict(plan_options)}
     for c in spec.cells:
         p = probes[c.name]
-        log(f"plan {c.name}: vanilla step {p.step_s:.3f} CPU-s at batch {c.task.batch_size}, evaluation {p.eval_s:.3f} s -> "
-            f"{minutes(planned[c.name])}")
-    log(f"plan: {len(spec.cells)} cells x modes {','.join(modes)}, budget {budget:g} CPU-s per run, {opt['steps']} steps, "
-        f"{len(opt['seeds'])} seeds: planned total {minutes(plan['total_s'])} (limit {opt['limit_minutes']:g} min)")
+        log(f"plan {c.name}: vanilla step {p.step_s:.3f} CPU-s at batch {c.task.batch_size}, evaluation {p.eval_s:.3f} s, "
+            f"setup {p.setup_s:.1f} s -> {minutes(planned[c.name])}")
+    log(f"plan: {len(spec.cells)} cells x modes {','.join(modes)}, budget {shown:g} CPU-s per run, {opt['steps']} steps, "
+        f"{len(opt['seeds'])} seeds: planned total {minutes(plan['total_s'])} on {args.jobs} cores ({minutes(plan['cpu_s'])} of CPU; "
+        f"limit {opt['limit_minutes']:g} min)")
+    if budget is None:
+        parser.error(f"the map cannot fit --limit-minutes {opt['limit_minutes']:g}: even a 0.1 s budget per run plans "
+                     f"{minutes(plan['total_s'])}; drop cells, modes or seeds, or raise the limit")
     if plan["total_s"] > limit_s:
         parser.error(f"--budget {budget:g}: the planned total {minutes(plan['total_s'])} exceeds --limit-minutes "
                      f"{opt['limit_minutes']:g}; lower --budget (or omit it: the largest that fits is chosen) or raise the limit")
@@ -196,63 +200,87 @@ def main(argv: Sequence[str] | None = None) -> int:
     work_dir = Path(args.work_dir) if args.work_dir else out / "work"
     journal = Journal(out, command)
     journal.append("plan", **plan)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    rows: list[dict[str, Any]] = []
+    wall0 = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
     unfinished: list[str] = []
-    payload: dict[str, Any] = {}
-    for i, cell in enumerate(spec.cells, 1):
-        cell_dir = out / "cells" / cell.name
-        info = {"name": cell.name, **cell.settings()}
-        start = time.process_time()
-        try:
-            if args.resume and (cell_dir / "study.json").exists() and (cell_dir / "noise.json").exists():
-                log(f"cell {i}/{len(spec.cells)} {cell.name}: finished before, reused (--resume)")
-                noise = json.loads((cell_dir / "noise.json").read_text())
-            else:
-                log(f"cell {i}/{len(spec.cells)} {cell.name}: noise model ({opt['noise_pairs']} pairs, {opt['noise_draws']} draws per mode)")
-                with contextlib.redirect_stdout(io.StringIO()):
-                    report, share = measure_noise(cell, modes, opt["seeds"][0], opt["noise_pairs"], opt["noise_draws"], work_dir)
-                noise = {**report, "head_share": share, "seed": opt["seeds"][0]}
-                cell_dir.mkdir(parents=True, exist_ok=True)
-                (cell_dir / "noise.json").write_text(json.dumps(noise, indent=1))
-                journal.append("noise", cell=cell.name, **noise)
-                log(f"cell {cell.name}: head share {share:.3f}, between {noise['between']:.4g}, within "
-                    + ", ".join(f"{m} {w:.4g}" for m, w in noise["within"].items()) + "; study")
-                with contextlib.redirect_stdout(io.StringIO()):
-                    rc = study_main(study_argv(cell_dir, modes, opt, budget, args, work_dir), task=cell.task)
-                if rc != 0:
-                    raise RuntimeError(f"the study exited with status {rc}")
-            study = json.loads((cell_dir / "study.json").read_text())
-            new = cell_rows(info, study, noise, noise["head_share"], modes)
-        except (Exception, SystemExit) as exc:  # one cell's failure is recorded and the map goes on
-            unfinished.append(cell.name)
-            journal.append("cell_failed", cell=cell.name, error=f"{type(exc).__name__}: {exc}")
-            log(f"cell {cell.name}: FAILED: {type(exc).__name__}: {exc}")
-            continue
-        rows += new
-        spent = time.process_time() - start
-        journal.append("cell", cell=cell.name, cpu_s=spent, planned_s=planned[cell.name], rows=new)
-        log(f"cell {cell.name}: {spent:.0f} CPU-s (planned {planned[cell.name]:.0f}); "
-            + "; ".join(f"{r['mode']} {r['loss_verdict']} {r['loss_text']}, predicted {r['prediction']} ({r['agreement']})" for r in new))
-        payload = {"command": command, "modes": modes, "plan": plan, "rows": rows, "unfinished": unfinished,
-                   "cells_done": i, "cells": len(spec.cells), "elapsed_min": (time.process_time() - cpu0) / 60,
-                   "elapsed_wall_min": (time.perf_counter() - wall0) / 60,
-                   "study_args": " ".join(study_argv(Path("cells/<cell>"), modes, opt, budget, args, work_dir))}
-        write_map(payload, out)
-    payload = {**payload, "command": command, "modes": modes, "plan": plan, "rows": rows, "unfinished": unfinished,
-               "cells": len(spec.cells), "elapsed_min": (time.process_time() - cpu0) / 60,
-               "elapsed_wall_min": (time.perf_counter() - wall0) / 60,
-               "study_args": " ".join(study_argv(Path("cells/<cell>"), modes, opt, budget, args, work_dir))}
-    for path in write_map(payload, out):
-        log(f"wrote {path}")
-    from lit_prunedpo.study.map_report import to_markdown
+    study_args = " ".join(study_argv(Path("cells/<cell>"), modes, opt, budget, args, work_dir))
 
-    print(to_markdown(payload))
+    def finished(cell: Any, result: dict[str, Any]) -> None:
+        """Record one cell (in the parent process) and rewrite map.json / map.md with every cell so far."""
+        if result.get("error"):
+            unfinished.append(cell.name)
+            journal.append("cell_failed", cell=cell.name, error=result["error"])
+            log(f"cell {cell.name}: FAILED: {result['error']}")
+        else:
+            if not result["reused"]:
+                journal.append("noise", cell=cell.name, **result["noise"])
+            journal.append("cell", cell=cell.name, cpu_s=result["cpu_s"], planned_s=planned[cell.name], rows=result["rows"])
+            results[cell.name] = result
+            log(f"cell {cell.name}: {result['cpu_s']:.0f} CPU-s (planned {planned[cell.name]:.0f}); "
+                + "; ".join(f"{r['mode']} {r['loss_verdict']} {r['loss_text']}, predicted {r['prediction']} ({r['agreement']})"
+                            for r in result["rows"]))
+        done = [c for c in spec.cells if c.name in results]
+        cpu = sum(results[c.name]["cpu_s"] for c in done)
+        if cpu > plan["cpu_s"]:
+            log(f"warning: the finished cells took {minutes(cpu)} of CPU, more than the whole map's plan ({minutes(plan['cpu_s'])})")
+        write_map({"command": command, "modes": modes, "plan": plan, "rows": [r for c in done for r in results[c.name]["rows"]],
+                   "unfinished": unfinished, "cells_done": len(done), "cells": len(spec.cells), "elapsed_min": cpu / 60,
+                   "elapsed_wall_min": (time.perf_counter() - wall0) / 60, "study_args": study_args}, out)
+
+    jobs = [(cell, modes, opt, budget, args, out / "cells" / cell.name, work_dir) for cell in spec.cells]
+    if args.jobs == 1:
+        for i, job in enumerate(jobs, 1):
+            log(f"cell {i}/{len(jobs)} {job[0].name}")
+            finished(job[0], run_cell(*job))
+    else:  # one process per cell at a time, each on one core (its own torch threads)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            longest_first = sorted(jobs, key=lambda job: -planned[job[0].name])  # as the plan's makespan assumes
+            futures = {pool.submit(run_cell, *job): job[0] for job in longest_first}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    for name in ("map.json", "map.md"):
+        log(f"wrote {out / name}")
+    print((out / "map.md").read_text())
     if unfinished:
         print(f"error: {len(unfinished)} of {len(spec.cells)} cells failed ({', '.join(unfinished)}): see {out / 'progress.jsonl'}",
               file=sys.stderr)
         return 1
     return 0
+
+
+def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace, cell_dir: Path,
+             work_dir: Path) -> dict[str, Any]:
+    """One cell: the noise model, then the study (or both reused with ``--resume``); its rows, or the error.
+    Runs in a worker process with ``--jobs`` > 1, so it returns plain data and writes only under ``cell_dir``."""
+    import torch
+
+    from lit_prunedpo.study.cli import main as study_main
+    from lit_prunedpo.study.map_report import cell_rows
+
+    torch.set_num_threads(args.threads)
+    start = time.process_time()
+    reused = args.resume and (cell_dir / "study.json").exists() and (cell_dir / "noise.json").exists()
+    try:
+        if reused:
+            noise = json.loads((cell_dir / "noise.json").read_text())
+        else:
+            with contextlib.redirect_stdout(io.StringIO()):
+                report, share = measure_noise(cell, modes, opt["seeds"][0], opt["noise_pairs"], opt["noise_draws"], work_dir)
+            noise = {**report, "head_share": share, "seed": opt["seeds"][0]}
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            (cell_dir / "noise.json").write_text(json.dumps(noise, indent=1))
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = study_main(study_argv(cell_dir, modes, opt, budget, args, work_dir), task=cell.task)
+            if rc != 0:
+                raise RuntimeError(f"the study exited with status {rc}")
+        study = json.loads((cell_dir / "study.json").read_text())
+        rows = cell_rows({"name": cell.name, **cell.settings()}, study, noise, noise["head_share"], modes)
+    except (Exception, SystemExit) as exc:  # one cell's failure is recorded and the map goes on
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"error": None, "reused": reused, "noise": noise, "rows": rows, "cpu_s": time.process_time() - start}
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.calibrate import vanilla_probe_sizes
@@ -101,6 +101,17 @@ def fit_budget(total: Callable[[float], float], limit_s: float, floor: float = 0
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if total(mid * floor) <= limit_s else (lo, mid)
     return round(lo * floor, 10)
+
+
+def makespan(seconds: Sequence[float], jobs: int) -> float:
+    """The wall time of running cells of ``seconds`` on ``jobs`` workers, longest first, each to the least loaded
+    worker (what a pool taking cells in order, longest first, does)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs!r}")
+    loads = [0.0] * jobs
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
 
 
 def minutes(seconds: float) -> str:

@@ -14,7 +14,8 @@ Fields: ``task`` (``generated``: :class:`~lit_prunedpo.study.map_tasks.CellTask`
 generated cells ``head_share`` (the LM head's share of a vanilla step's FLOPs) and ``similarity``
 (``near-duplicate`` or ``unrelated``). Every cell's task is built while the spec is read, so an unreachable
 head share or a bad length is refused before anything runs, with the spec, block and field in the message.
-:data:`DEFAULT_SPEC` is the map of issue 17 (15 cells); :data:`QUICK_SPEC` two tiny ones.
+:data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue 17's map, 13 generated cells),
+``quick`` (two small cells) and ``hh-rlhf`` (the real pairs with 64-token responses).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ FIELDS = {"generated": ("task", "length", "batch_size", "head_share", "similarit
 DEFAULT_SPEC: dict[str, Any] = {
     "modes": ["position-coupled", "antithetic"],
     "blocks": [
-        # length x head share, near-duplicate pairs: where token sampling should pay (long, light head) and not
-        {"task": "generated", "length": [16, 64, 256], "head_share": [0.03, 0.25, 0.97], "similarity": "near-duplicate", "batch_size": 8},
+        # length x head share, near-duplicate pairs: where token sampling should pay (long, light head) and where not;
+        # the head-heavy regime is the old HH-RLHF one: at 16 and 64 tokens only (at 256 its evaluations alone cost
+        # more than the rest of the map)
+        {"task": "generated", "length": [16, 64, 256], "head_share": [0.03, 0.25], "similarity": "near-duplicate", "batch_size": 8},
+        {"task": "generated", "length": [16, 64], "head_share": 0.97, "similarity": "near-duplicate", "batch_size": 8},
         # pair similarity: unrelated responses, where dropping a whole branch costs least
         {"task": "generated", "length": [16, 64, 256], "head_share": 0.25, "similarity": "unrelated", "batch_size": 8},
         # batch size around the middle cell
         {"task": "generated", "length": 64, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": [4, 32]},
-        # real pairs, responses 4x longer than the study's hh-rlhf task
-        {"task": "hh-rlhf", "length": 64, "batch_size": 8},
     ],
 }
 QUICK_SPEC: dict[str, Any] = {
@@ -54,6 +56,13 @@ QUICK_SPEC: dict[str, Any] = {
         {"task": "generated", "length": 32, "head_share": 0.25, "similarity": "unrelated", "batch_size": 8},
     ],
 }
+HH_SPEC: dict[str, Any] = {
+    # real pairs with responses 4x the study's hh-rlhf task's (its model: the LM head ~97 % of a step); its warm
+    # start (200 steps per seed) and evaluations make it a map of its own
+    "modes": ["position-coupled", "antithetic"],
+    "blocks": [{"task": "hh-rlhf", "length": 64, "batch_size": 8}],
+}
+SPECS: dict[str, dict[str, Any]] = {"default": DEFAULT_SPEC, "quick": QUICK_SPEC, "hh-rlhf": HH_SPEC}
 
 
 @dataclass(frozen=True)
@@ -156,11 +165,13 @@ def parse_spec(spec: Mapping[str, Any], source: str = "the spec") -> MapSpec:
 
 
 def load_spec(path: str | Path) -> MapSpec:
-    """Read and parse a YAML or JSON spec file (JSON is YAML).
+    """A built-in map by name (:data:`SPECS`), or a YAML or JSON spec file, parsed.
 
     Raises:
         ValueError: naming the file, if it cannot be read or parsed, or on a bad spec (:func:`parse_spec`).
     """
+    if str(path) in SPECS:
+        return parse_spec(SPECS[str(path)], f"the built-in map {str(path)!r}")
     path = Path(path)
     try:
         text = path.read_text()
