@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     torch.set_num_threads(args.threads)
     plan_options = PlanOptions(len(modes), opt["steps"], opt["evals"], len(opt["seeds"]), len(opt["tune_seeds"]) if args.sweep else 0,
-                               len(args.lr_factors), opt["calibration_steps"], opt["noise_pairs"], len(modes) and opt["noise_draws"])
+                               len(args.lr_factors), opt["calibration_steps"], opt["noise_pairs"], opt["noise_draws"])
     log(f"planning: probing {len(spec.cells)} cells (1 untimed + 2 timed vanilla steps and one evaluation each)")
     probes = {}
     for cell in spec.cells:

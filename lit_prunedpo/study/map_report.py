@@ -56,7 +56,9 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
         "# Regime map", "",
         f"Command: `{payload['command']}`", "",
         f"Per cell: the study protocol (`lit-prunedpo-study`, its report under `cells/<cell>/`) with {payload['study_args']}; "
-        f"planned {payload['plan']['total_min']:.1f} min, took {payload.get('elapsed_min', float('nan')):.1f} min (CPU). "
+        f"planned {payload['plan']['total_min']:.1f} min on {payload['plan']['jobs']} cores ({payload['plan']['cpu_s'] / 60:.1f} CPU-min); "
+        f"the {payload.get('cells_done', 0)} finished cells took {payload.get('elapsed_min', float('nan')):.1f} CPU-min, "
+        f"{payload.get('elapsed_wall_min', float('nan')):.1f} min of wall time. "
         "Verdicts on the loss target against the better vanilla (same batch or cost-matched), with the "
         "95 % bootstrap interval over seeds. k: calibrated cost ratio, vanilla step / pruned step at the cell's batch. "
         "Noise model at the initial weights: between = trace of the per-pair gradient covariance, within = the "
