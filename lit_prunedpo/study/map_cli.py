@@ -163,8 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"planning: probing {len(spec.cells)} cells (1 untimed + 2 timed vanilla steps and one evaluation each)")
     probes = {}
     for cell in spec.cells:
-        with contextlib.redirect_stdout(io.StringIO()):
-            probes[cell.name] = probe(cell.task, opt["max_eval_pairs"])
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                probes[cell.name] = probe(cell.task, opt["max_eval_pairs"])
+        except (OSError, ValueError) as exc:  # e.g. HH-RLHF's data file missing: refused before anything trains
+            parser.error(f"cell {cell.name}: {exc}")
     limit_s = 60 * opt["limit_minutes"]
 
     def total(budget: float) -> float:  # the planned wall time: the longest of --jobs queues

@@ -116,3 +116,11 @@ def test_command_errors(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(argv + ([] if "--plan-only" in argv else ["--out", str(tmp_path / "o")]))
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_cell_whose_data_is_missing_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # HH-RLHF's data is found relative to the repository root (../shared)
+    with pytest.raises(SystemExit):
+        main(["--spec", "hh-rlhf", "--plan-only", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "cell hh-rlhf-L64-B8: hh-rlhf task: data file '../shared/data/hh-rlhf/harmless-base-test.jsonl.gz' not found" in err
