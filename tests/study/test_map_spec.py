@@ -102,6 +102,10 @@ def test_a_budget_over_the_limit_is_refused(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--budget 100: the planned total" in err and "exceeds --limit-minutes 1" in err
+    with pytest.raises(SystemExit):  # nothing fits a limit below the probed costs
+        main(["--spec", str(spec), "--limit-minutes", "0.001", "--plan-only", "--max-eval-pairs", "8", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the map cannot fit --limit-minutes 0.001: even a 0.1 s budget per run plans" in err
     # without --budget, the largest budget that fits is chosen and printed with the plan
     assert main(["--spec", str(spec), "--limit-minutes", "1", "--plan-only", "--max-eval-pairs", "8", "--quiet"]) == 0
     plan = json.loads(capsys.readouterr().out)
