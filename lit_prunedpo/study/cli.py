@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from lit_prunedpo.study.arms import MODES
-from lit_prunedpo.study.tasks import TASKS
+from lit_prunedpo.study.tasks import TASKS, StudyTask
 
 QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64, "seeds": [0, 1, 2], "tune_seeds": [100],
          "calibration_steps": 2}
@@ -170,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the study described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status."""
+def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> int:
+    """Run the study described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status. ``task``
+    replaces ``--task``'s (the regime map, :mod:`lit_prunedpo.study.map_cli`, passes each cell's own task)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -208,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if journal is not None:
         log(f"writing {journal.path} as the study goes" + (" (replacing the previous study's)" if journal.replaced else ""))
     torch.set_num_threads(args.threads)
-    task = TASKS[args.task]
+    task = TASKS[args.task] if task is None else task
     for name in ("batch_size", "max_rows", "lr", "warm_start_steps"):  # checked by their argument types
         if getattr(args, name) is not None:
             task = dataclasses.replace(task, **{name: getattr(args, name)})

@@ -1,0 +1,118 @@
+"""The regime map's time plan: what each cell will cost before anything is trained, and the budget that fits.
+
+Each cell is probed (:func:`probe`): its data generated, its model built, two vanilla steps at the cell's batch
+timed after one untimed, and one exact evaluation. From those measured costs, per cell, in CPU seconds
+(:func:`cell_seconds`; upper bounds where an arm's cost is unknown before the calibration: every step priced as
+a vanilla step at the cell's batch, every pruned mode assumed to add a cost-matched control):
+
+* arms ``A = 1 + 2 M`` for ``M`` pruned modes; runs ``R = A (F T + S)``: ``F`` learning-rate factors on ``T``
+  tuning seeds (0 without the sweep) and ``S`` verdict seeds;
+* training ``R (max(budget, steps c) + c)``: a run passes both the time and the step budget, and its last step
+  may overshoot;
+* evaluation ``R (2 E + 1) e``: at step 0 and at up to ``E`` points of each grid;
+* calibration ``(probes + M) (n + 1) c``; noise model ``(pairs + 1 + M draws) c``; warm start (HH-RLHF cells)
+  ``(S + T) W c``; setup: the probe's own time, three times (the noise model and the study build the data and
+  model again); the report (``study.json``, ``study.md``, ``study.png``): :data:`REPORT_S`.
+
+:func:`fit_budget` finds the largest budget (0.1 s steps) whose planned total stays within the limit.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from lit_prunedpo.study.arms import Arm
+from lit_prunedpo.study.calibrate import vanilla_probe_sizes
+from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run
+from lit_prunedpo.study.tasks import StudyTask
+
+
+REPORT_S = 3.0  # CPU-s to write a cell's study report, its plot included (measured: 1-2 s on a tiny cell)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Measured CPU seconds of one cell: a vanilla step at its batch, an exact evaluation, the setup."""
+
+    step_s: float
+    eval_s: float
+    setup_s: float
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the plan counts: the study's settings for every cell."""
+
+    modes: int
+    steps: int
+    evals: int
+    seeds: int
+    tune_seeds: int
+    lr_factors: int
+    calibration_steps: int
+    noise_pairs: int
+    noise_draws: int
+
+
+def probe(task: StudyTask, max_eval_pairs: int | None, seed: int = 0) -> Probe:
+    """Time a cell: data and model setup, 1 untimed + 2 timed vanilla steps (their mean), one
+    exact evaluation of the held-out pairs the study will evaluate on. CPU seconds (``time.process_time``)."""
+    start = time.process_time()
+    with tempfile.TemporaryDirectory(prefix="lit-prunedpo-map-") as work_dir:
+        dm = task.datamodule(Path(work_dir))
+    run = make_run(task, Arm("vanilla", task.batch_size), seed, dm)
+    setup = time.process_time() - start
+    for _ in range(3):
+        run.train_step()
+    step = sum(run.step_cpu[1:]) / 2
+    batches = eval_batches(dm, max_eval_pairs)
+    start = time.process_time()
+    exact_eval(run.module, batches)
+    return Probe(step, time.process_time() - start, setup)
+
+
+def cell_seconds(p: Probe, o: PlanOptions, budget: float, batch_size: int, warm_start_steps: int = 0) -> float:
+    """The planned CPU seconds of one cell (module docstring)."""
+    arms = 1 + 2 * o.modes
+    runs = arms * (o.lr_factors * o.tune_seeds + o.seeds)
+    c = p.step_s
+    train = runs * (max(budget, o.steps * c) + c)
+    evals = runs * (2 * o.evals + 1) * p.eval_s
+    calibration = (len(vanilla_probe_sizes(batch_size)) + o.modes) * (o.calibration_steps + 1) * c
+    noise = (o.noise_pairs + 1 + o.modes * o.noise_draws) * c
+    warm = (o.seeds + o.tune_seeds) * warm_start_steps * c
+    return train + evals + calibration + noise + warm + 3 * p.setup_s + REPORT_S
+
+
+def fit_budget(total: Callable[[float], float], limit_s: float, floor: float = 0.1) -> float | None:
+    """The largest budget (a multiple of ``floor``) with ``total(budget) <= limit_s``; ``None`` if even ``floor``
+    is over. ``total`` must not decrease with the budget."""
+    if total(floor) > limit_s:
+        return None
+    lo, hi = 1, 1
+    while total(hi * 2 * floor) <= limit_s and hi < 1_000_000:
+        hi *= 2
+    hi *= 2
+    while hi - lo > 1:  # total(lo * floor) fits, total(hi * floor) does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if total(mid * floor) <= limit_s else (lo, mid)
+    return round(lo * floor, 10)
+
+
+def makespan(seconds: Sequence[float], jobs: int) -> float:
+    """The wall time of running cells of ``seconds`` on ``jobs`` workers, longest first, each to the least loaded
+    worker (what a pool taking cells in order, longest first, does)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs!r}")
+    loads = [0.0] * jobs
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
