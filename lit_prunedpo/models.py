@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -89,11 +91,18 @@ class Pretrained(ModelSource):
         if self.dtype is not None:
             kwargs["dtype"] = self.dtype
         looks_local = Path(self.name_or_path).expanduser().exists()
+        if not looks_local:
+            # a hub name: one request says at once whether the hub answers, instead of a minute of retries
+            kwargs["local_files_only"] = hub_or_cache(
+                self.name_or_path, "model.policy.init_args.name_or_path", cached=lambda: in_hub_cache(self.name_or_path)
+            )
         try:
-            return AutoModelForCausalLM.from_pretrained(str(Path(self.name_or_path).expanduser()) if looks_local else self.name_or_path, **kwargs)
+            source = str(Path(self.name_or_path).expanduser()) if looks_local else self.name_or_path
+            return AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except OSError as err:
-            where = "local directory" if looks_local else "hub model id (set HF_HUB_OFFLINE=1 to fail fast offline)"
-            raise OSError(f"could not load a causal LM from {self.name_or_path!r} as a {where}: {err}") from err
+            where = "local directory" if looks_local else "hub model id"
+            raise OSError(f"could not load a causal LM from {self.name_or_path!r} as a {where}: {err}"
+                          f"{'' if looks_local else offline_hint(self.name_or_path)}") from err
 
 
 # Keys ``PretrainedConfig`` takes and converts instead of storing them under their own name, so that neither a

@@ -62,7 +62,7 @@ def test_in_hub_cache_looks_for_the_repository_snapshots(tmp_path: Path, monkeyp
 
 
 def test_hub_names_fail_in_seconds_when_the_hub_does_not_answer(tmp_path: Path) -> None:
-    """The real loaders with HF_HUB_OFFLINE unset and an endpoint nothing answers: without the probe, transformers and
+    """The real loaders (tokenizer, data, model) with HF_HUB_OFFLINE unset and an endpoint nothing answers: without the probe, transformers and
     datasets retry for 47 s and 23 s. The bound is about correctness (no retries), not speed."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
                                                              "TRANSFORMERS_OFFLINE")}
@@ -71,7 +71,9 @@ def test_hub_names_fail_in_seconds_when_the_hub_does_not_answer(tmp_path: Path) 
 import time
 from lit_prunedpo.data.sources import load_split
 from lit_prunedpo.data.tokenize import load_tokenizer
-for load in (lambda: load_tokenizer("gpt2"), lambda: load_split("Anthropic/hh-rlhf", "test")):
+from lit_prunedpo.models import Pretrained
+for load in (lambda: load_tokenizer("gpt2"), lambda: load_split("Anthropic/hh-rlhf", "test"),
+             lambda: Pretrained("gpt2").build()):
     start = time.monotonic()
     try:
         load()
@@ -80,10 +82,11 @@ for load in (lambda: load_tokenizer("gpt2"), lambda: load_split("Anthropic/hh-rl
 """
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
     lines = done.stdout.splitlines()
-    assert len(lines) == 2, done.stdout + done.stderr
-    for line, name, argument in zip(lines, ("gpt2", "Anthropic/hh-rlhf"), ("tokenizer", "path")):
+    assert len(lines) == 3, done.stdout + done.stderr
+    arguments = ("data.init_args.tokenizer", "data.init_args.path", "model.policy.init_args.name_or_path")
+    for line, name, argument in zip(lines, ("gpt2", "Anthropic/hh-rlhf", "gpt2"), arguments):
         seconds, kind, message = line.split(" ", 2)
         assert kind == "HubUnreachable" and float(seconds) < 20, line
-        assert message.startswith(f"'{name}' (data.init_args.{argument}) is not a local path, so it is a Hugging Face "
+        assert message.startswith(f"'{name}' ({argument}) is not a local path, so it is a Hugging Face "
                                   "Hub name, but the hub (http://127.0.0.1:9) does not answer (ConnectError"), line
         assert "set HF_HUB_OFFLINE=1 with a cache that holds it" in message
