@@ -144,7 +144,9 @@ class CachedReference(ReferenceSource):
             "scorer": f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}",
             "precision": runtime.precision,
         }
-        if path.exists() and not self.recompute:
+        # decided once: under DDP another rank may write the file while this one is still on its way to the build
+        reuse = path.exists() and not self.recompute
+        if reuse:
             cached = read_fingerprint(path)
             if cached != fingerprint:
                 differ = "; ".join(fingerprint_diff(cached, fingerprint))
@@ -153,19 +155,21 @@ class CachedReference(ReferenceSource):
                     f"{differ}. Delete it, point model.reference.init_args.path elsewhere, or rebuild it with "
                     "model.reference.init_args.recompute=true"
                 )
-        else:
-            self._build(model, data, fingerprint, path, runtime)
+        index, lengths = _data_rows(data, self.batch_size)
+        if not reuse:
+            self._build(model, data, fingerprint, path, runtime, total_pairs=len(index))
         del model  # a ModelSource reference is freed here; the policy is only borrowed
         if runtime.device.type == "cuda":
             torch.cuda.empty_cache()
         store = ReferenceLogpStore.load(path)
-        index, lengths = _data_rows(data, self.batch_size)
         store.check_against(index, lengths, what=f"the data module's pairs ({type(data).__name__})")
         self.store = store
 
     def _build(self, model: nn.Module, data: ReferenceData, fingerprint: dict[str, Any], path: Path,
-               runtime: ReferenceRuntime) -> None:
+               runtime: ReferenceRuntime, total_pairs: int | None = None) -> None:
         start = time.perf_counter()
+        if total_pairs is None:
+            total_pairs = len(_data_rows(data, self.batch_size)[0])
         original_device = model_device(model)
         batches = (
             b for i, b in enumerate(data.reference_batches(self.batch_size))
@@ -174,7 +178,8 @@ class CachedReference(ReferenceSource):
         model.to(runtime.device)
         try:
             with adapters_off(model):  # a LoRA policy's reference is its base model
-                shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context)
+                progress = BuildProgress(total_pairs, runtime.world_size, str(path))
+                shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context, progress)
         finally:
             model.to(original_device)  # the policy goes back where the strategy expects to find it
         self.builds += 1
@@ -230,6 +235,43 @@ def _data_rows(data: ReferenceData, batch_size: int) -> tuple[Tensor, Tensor]:
 
 
 # --------------------------------------------------------------------------------------------- computing
+class BuildProgress:
+    """Logs how far a cache build is, so that a build of minutes is not silent: a line when another tenth of the
+    pairs is done, at most one every ``min_interval_s`` seconds, and the last one, each with the time spent and the
+    time left at the pace so far (pairs come shortest first, so the estimate errs low).
+
+    Args:
+        total_pairs: pairs the whole build scores (all ranks).
+        world_size: ranks sharing the build; each logs from rank 0 only (``rank_zero_info``), on its own share.
+        what: the cache's path, for the lines.
+        min_interval_s: the least time between two lines but the last.
+        clock: seconds (``time.perf_counter``); a test passes its own.
+    """
+
+    def __init__(self, total_pairs: int, world_size: int, what: str, min_interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total = max(1, -(-total_pairs // max(1, world_size)))  # this rank's share, rounded up
+        self.what, self.min_interval_s, self.clock = what, min_interval_s, clock
+        self.start = self.last_time = clock()
+        self.next_share = 0.1
+        self.lines: list[str] = []
+
+    def __call__(self, done: int) -> None:
+        now, share = self.clock(), min(1.0, done / self.total)
+        last = done >= self.total
+        if not last and (share < self.next_share or now - self.last_time < self.min_interval_s):
+            return
+        spent = now - self.start
+        left = spent * (1 - share) / share if share > 0 else float("nan")
+        line = (f"reference cache {self.what}: {done} of {self.total} pairs ({share:.0%}) in {spent:.0f} s"
+                + ("" if last else f", about {left:.0f} s left"))
+        self.lines.append(line)
+        rank_zero_info(line)
+        self.last_time = now
+        while self.next_share <= share:
+            self.next_share += 0.1
+
+
 def model_device(model: nn.Module) -> torch.device:
     param = next(iter(model.parameters()), None)
     return param.device if param is not None else torch.device("cpu")
@@ -241,6 +283,7 @@ def compute_reference_logps(
     batches: Iterable[PreferenceBatch],
     scorer: TokenScorer | None = None,
     forward_context: Callable[[], ContextManager] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ReferenceLogpStore:
     """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
 
@@ -253,6 +296,7 @@ def compute_reference_logps(
         batches: the pairs to cache; their ``index`` values must be unique.
         scorer: how log-probs are computed; ``None`` is :class:`~lit_prunedpo.scoring.TokenScorer`.
         forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
+        progress: called after each batch with the number of pairs scored so far (e.g. :class:`BuildProgress`).
 
     Raises:
         ValueError: a batch is invalid, or an index repeats.
@@ -279,6 +323,8 @@ def compute_reference_logps(
             keys.extend(batch.index.cpu().tolist())
             lengths.extend(tuple(x) for x in per_pair.tolist())
             values.extend(logps.split(per_pair.sum(-1).tolist()))
+            if progress is not None:
+                progress(len(keys))
     finally:
         model.train(was_training)
     return ReferenceLogpStore.from_rows(keys, lengths, values)

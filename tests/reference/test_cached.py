@@ -139,6 +139,27 @@ def test_colliding_indices_are_refused(tiny_source):
         compute_reference_logps(tiny_source.build(), [batch, batch])
 
 
+def test_build_progress_reports_every_tenth_at_most_every_interval_and_the_end():
+    times = iter([0.0, 1.0, 20.0, 21.0, 40.0, 100.0])
+    progress = rc.BuildProgress(total_pairs=100, world_size=1, what="c.safetensors", min_interval_s=10.0,
+                                clock=lambda: next(times))
+    for done in (5, 15, 30, 35, 100):  # at t = 1, 20, 21, 40, 100
+        progress(done)
+    # 5% is below the first tenth; 35% comes 1 s after the last line; the end always reports
+    assert progress.lines == [
+        "reference cache c.safetensors: 15 of 100 pairs (15%) in 20 s, about 113 s left",
+        "reference cache c.safetensors: 35 of 100 pairs (35%) in 40 s, about 74 s left",
+        "reference cache c.safetensors: 100 of 100 pairs (100%) in 100 s",
+    ]
+    assert rc.BuildProgress(total_pairs=101, world_size=2, what="x").total == 51  # a rank's share, rounded up
+
+
+def test_a_build_reports_its_progress_after_every_batch(tiny_source):
+    seen = []
+    store = compute_reference_logps(tiny_source.build(), synthetic().reference_batches(8), progress=seen.append)
+    assert seen == list(range(8, 49, 8)) and store.num_rows == 48
+
+
 # ------------------------------------------------------------------------ fingerprint: reuse and refusal
 def test_prepare_reuses_refuses_stale_and_recomputes(tmp_path, tiny_source, builds):
     path = str(tmp_path / "ref.safetensors")
