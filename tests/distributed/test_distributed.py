@@ -313,7 +313,12 @@ def test_lora_trains_adapters_only(runs, strategy):
     from lit_prunedpo.models import FromConfig
     import yaml
 
-    base = yaml.safe_load((REPO / "configs/lora.yaml").read_text())["model"]["policy"]["init_args"]["base"]["init_args"]
+    from transformers import ByT5Tokenizer
+
+    config = yaml.safe_load((REPO / "configs/lora.yaml").read_text())
+    assert config["data"]["init_args"]["tokenizer"] == "byt5"
+    base = config["model"]["policy"]["init_args"]["base"]["init_args"]
+    base["config"].setdefault("vocab_size", len(ByT5Tokenizer()))  # what the CLI fills in from the data
     initial = LoRA(FromConfig(**base), target_modules="all-linear").build().state_dict()
     for name, tensor in full.items():
         assert (not torch.equal(tensor, initial[name])) == ("lora_" in name), name  # base frozen, adapters trained
