@@ -22,6 +22,13 @@ class _ReferenceFree(PreferenceLoss):
     def needs_reference(self) -> bool:
         return False
 
+    def reported(self, sums: BranchSums) -> BranchSums:
+        """Per-token means, as TRL's ``CPOTrainer`` (SimPO) and ``ORPOTrainer`` log them: rewards ``beta * m_b``
+        and ``logps/*`` the mean log-prob per token (TRL's ``trl/experimental/cpo/cpo_trainer.py``: ``cpo_loss``
+        returns ``beta * policy_chosen_logps``, averaged per token by ``concatenated_forward`` for ``simpo``;
+        ``orpo_trainer.py``'s ``odds_ratio_loss`` likewise, ``average_log_prob=True``; read at TRL 1.10)."""
+        return sums.means(type(self).__name__)
+
 
 class SimPOLoss(_ReferenceFree):
     """SimPO (Meng et al., 2024) with its target reward margin ``gamma``: ``-log sigmoid(beta (m_w - m_l) - gamma)``
