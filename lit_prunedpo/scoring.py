@@ -38,13 +38,17 @@ def token_stats(logits: Tensor, targets: Tensor, log_probs: Tensor | None = None
     """``[K, 3]`` float32, detached: each row's mean logit over the vocabulary, its entropy (nats), and 1.0 where its
     arg-max is the target (TRL's ``logits/*``, ``entropy`` and ``mean_token_accuracy`` before averaging).
 
-    ``log_probs`` (the rows' log-softmax, when the caller has it) saves recomputing it."""
-    logits = logits.float()
-    if log_probs is None:
-        log_probs = logits.log_softmax(-1)
-    entropy = -torch.linalg.vecdot(log_probs.exp(), log_probs)
-    correct = (logits.argmax(-1) == targets).float()
-    return torch.stack([logits.mean(-1), entropy, correct], dim=-1)
+    ``log_probs`` (the rows' log-softmax, when the caller has it) saves recomputing it. Rows are taken a block at a
+    time, so the temporaries stay near ``2**22`` floats (16 MiB) above what the caller already holds."""
+    rows = max(1, (1 << 22) // max(1, logits.shape[-1]))
+    out = logits.new_empty(logits.shape[0], 3, dtype=torch.float32)
+    for start in range(0, logits.shape[0], rows):
+        block = logits[start : start + rows].float()
+        logp = block.log_softmax(-1) if log_probs is None else log_probs[start : start + rows].float()
+        out[start : start + rows, 0] = block.mean(-1)
+        out[start : start + rows, 1] = -torch.linalg.vecdot(logp.exp(), logp)
+        out[start : start + rows, 2] = (block.argmax(-1) == targets[start : start + rows]).float()
+    return out
 
 
 def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:

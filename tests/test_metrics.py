@@ -20,7 +20,7 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.metrics import TOKEN_METRICS, input_tokens, token_metrics, weighted_mean
 from lit_prunedpo.plan import exact_plan, plan_step
 from lit_prunedpo.samplers import BernoulliPositions, BothBranches, FullPrefix
-from lit_prunedpo.scoring import TokenScorer, split_causal_lm
+from lit_prunedpo.scoring import TokenScorer, split_causal_lm, token_stats
 
 from helpers import config_args, make_batch
 
@@ -129,6 +129,19 @@ def test_position_pruned_token_metrics_are_ipw_weighted_means_of_the_scored_posi
     # the unweighted mean of the same positions differs: the weights matter here
     unweighted = sum(plain["entropy"]) / len(plain["entropy"])
     assert abs(float(got["entropy"]) - unweighted) > 1e-4
+
+
+def test_token_stats_of_a_large_vocabulary_go_by_blocks_and_equal_the_direct_computation():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 1 << 20, generator=g)  # 4 rows per block: 3 blocks
+    logits[2, 7] = 50.0  # a sure arg-max
+    targets = torch.randint(0, 1 << 20, (9,), generator=g)
+    targets[2] = 7
+    logp = logits.log_softmax(-1)
+    want = torch.stack([logits.mean(-1), -(logp.exp() * logp).sum(-1), (logits.argmax(-1) == targets).float()], -1)
+    for given in (None, logp):
+        torch.testing.assert_close(token_stats(logits, targets, given), want, **TOL)
+    assert want[:, 2].sum() == 1
 
 
 class NotLinear(nn.Module):
