@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.checkpoint import checkpoint
 
-from lit_prunedpo.scoring import TokenScorer
+from lit_prunedpo.scoring import TokenScorer, token_stats
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -41,9 +41,11 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor
 
 
 def _chunked_forward(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
+    stats: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(log_probs [K], logsumexp [K])`` in float32, one chunk of rows at a time."""
+    """``(log_probs [K], logsumexp [K])`` in float32, one chunk of rows at a time; with ``stats``, appends each
+    chunk's :func:`~lit_prunedpo.scoring.token_stats` (from the chunk's logits, before they are overwritten)."""
     K = hidden.shape[0]
     logps = torch.empty(K, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(K, dtype=torch.float32, device=hidden.device)
@@ -51,6 +53,8 @@ def _chunked_forward(
         stop = min(start + chunk_size, K)
         logits = _chunk_logits(hidden[start:stop], weight, bias)
         target_logit = logits.gather(-1, targets[start:stop, None]).squeeze(-1)
+        if stats is not None:
+            stats.append(token_stats(logits, targets[start:stop]))
         # logsumexp in place on the chunk's logits (torch.logsumexp would allocate a second chunk-sized tensor).
         peak = logits.amax(-1)
         chunk_lse = logits.sub_(peak[:, None]).exp_().sum(-1).log_().add_(peak)
@@ -65,9 +69,10 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int
+        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
+        stats: list[Tensor] | None = None,
     ) -> Tensor:
-        logps, lse = _chunked_forward(hidden, weight, bias, targets, chunk_size)
+        logps, lse = _chunked_forward(hidden, weight, bias, targets, chunk_size, stats)
         ctx.chunk_size = chunk_size
         ctx.has_bias = bias is not None
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
@@ -101,6 +106,7 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(weight.dtype) if grad_b is not None else None,
+            None,
             None,
             None,
         )
@@ -150,27 +156,38 @@ class ChunkedScorer(TokenScorer):
             )
         return self.fixed_chunk_size
 
-    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
-        """``[K]`` float32 log-probabilities of ``targets`` from gathered hidden states ``[K, d]``."""
+    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
+        """``[K]`` float32 log-probabilities of ``targets`` from gathered hidden states ``[K, d]``; with ``stats``,
+        appends each chunk's token statistics, computed on the chunk's logits in the forward (never in the
+        backward's recomputation)."""
         chunk = self.rows_per_chunk(hidden.shape[0])
         if isinstance(head, nn.Linear):
             if torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad or (
                 head.bias is not None and head.bias.requires_grad
             )):
-                return _ChunkedLinearLogProb.apply(hidden, head.weight, head.bias, targets, chunk)
-            return _chunked_forward(hidden, head.weight, head.bias, targets, chunk)[0]
-        return self._checkpointed(head, hidden, targets, chunk)
+                return _ChunkedLinearLogProb.apply(hidden, head.weight, head.bias, targets, chunk, stats)
+            return _chunked_forward(hidden, head.weight, head.bias, targets, chunk, stats)[0]
+        return self._checkpointed(head, hidden, targets, chunk, stats)
 
-    def _checkpointed(self, head: nn.Module, hidden: Tensor, targets: Tensor, chunk: int) -> Tensor:
+    def _checkpointed(
+        self, head: nn.Module, hidden: Tensor, targets: Tensor, chunk: int, stats: list[Tensor] | None = None
+    ) -> Tensor:
         """Any head module: plain log-softmax per chunk, activations recomputed by ``torch.utils.checkpoint``."""
         parent = super()
 
-        def score(h: Tensor, t: Tensor) -> Tensor:
-            return parent.log_probs(head, h, t)
+        def scorer(sink: list[Tensor] | None):
+            calls = []
+
+            def score(h: Tensor, t: Tensor) -> Tensor:
+                calls.append(None)  # backward's recomputation calls it again: statistics from the first call only
+                return parent.log_probs(head, h, t, sink if len(calls) == 1 else None)
+
+            return score
 
         parts = []
         for start in range(0, hidden.shape[0], chunk):
             h, t = hidden[start : start + chunk], targets[start : start + chunk]
+            score = scorer(stats)
             parts.append(checkpoint(score, h, t, use_reentrant=False) if torch.is_grad_enabled() else score(h, t))
         if not parts:
             return hidden.new_empty(0, dtype=torch.float32)

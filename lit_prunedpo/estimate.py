@@ -34,6 +34,11 @@ class Estimate:
         margin: ``[B]`` ``Delta_hat``, detached.
         loss: ``[B]`` the per-pair loss at the estimates, detached.
         objective: scalar whose value is ``loss.mean()`` and whose gradient is the surrogate's.
+        rewards: ``[B, 2]`` the rewards TRL's trainer for this loss logs (``beta * R_hat`` for DPO's losses,
+            ``beta`` times the mean log-prob per token for SimPO and ORPO: :meth:`PreferenceLoss.reported`),
+            detached; ``None`` reads as ``beta * log_ratio``.
+        reported_logps: ``[B, 2]`` the policy log-probs TRL logs as ``logps/*`` (sums, or per-token means where
+            its trainer averages), detached; ``None`` reads as ``policy_logps``.
     """
 
     policy_logps: Tensor
@@ -42,6 +47,8 @@ class Estimate:
     margin: Tensor
     loss: Tensor
     objective: Tensor
+    rewards: Tensor | None = None
+    reported_logps: Tensor | None = None
 
 
 def ipw_sums(plan: StepPlan, token_logps: Sequence[Tensor], num_pairs: int) -> Tensor:
@@ -79,4 +86,6 @@ def estimate(
     surrogate = (coefficient.to(dtype) * policy * keep).sum(-1).mean()
     per_pair_loss = loss.per_pair(sums, beta).detach()
     objective = per_pair_loss.mean() + surrogate - surrogate.detach()
-    return Estimate(policy, reference, sums.log_ratio, sums.margin, per_pair_loss, objective)
+    reported = loss.reported(sums)
+    return Estimate(policy, reference, sums.log_ratio, sums.margin, per_pair_loss, objective,
+                    beta * reported.log_ratio, reported.policy)

@@ -129,12 +129,16 @@ class StepLogps:
         reference: one ``[K_g]`` tensor per plan group, no graph.
         forwards: what ran.
         reference_tokens_executed: tokens the reference's model ran (0 for a source that runs none).
+        policy_token_stats: one ``[K_g, 3]`` tensor per plan group, the policy's
+            :func:`~lit_prunedpo.scoring.token_stats` at the scored positions, when the executor was asked for
+            them (``token_stats=True``); else ``None``.
     """
 
     policy: tuple[Tensor, ...]
     reference: tuple[Tensor, ...]
     forwards: StepForwards
     reference_tokens_executed: int
+    policy_token_stats: tuple[Tensor, ...] | None = None
 
 
 class StepExecutor:
@@ -145,12 +149,16 @@ class StepExecutor:
         reuse_keys_values: let a no-grad forward read the previous (gradient) forward's keys and values, where the
             layout can; ``False`` under gradient checkpointing (:func:`keeps_keys_values`).
         agree: under FSDP, the ranks' agreement on which forwards run (``None``: one process, no agreement).
+        token_stats: also collect the policy's per-position token statistics (:attr:`StepLogps.policy_token_stats`,
+            for the logged metrics); ``False`` computes nothing more than the log-probs.
     """
 
-    def __init__(self, layout: Layout | None = None, reuse_keys_values: bool = True, agree: Agreement | None = None):
+    def __init__(self, layout: Layout | None = None, reuse_keys_values: bool = True, agree: Agreement | None = None,
+                 token_stats: bool = False):
         self.layout = layout if layout is not None else PaddedLayout()
         self.reuse_keys_values = reuse_keys_values
         self.agree = agree
+        self.token_stats = token_stats
 
     def forwards(self, groups: Sequence[RowGroup], pairs: PairLengths) -> StepForwards:
         """The forwards that run a plan's ``groups``, laid out, without running them."""
@@ -174,11 +182,13 @@ class StepExecutor:
         return StepForwards(tuple(policy), tuple(groups), pairs, self.layout)
 
     def run_policy(self, model: nn.Module, scorer: TokenScorer, batch: PreferenceBatch,
-                   forwards: StepForwards) -> tuple[Tensor, ...]:
+                   forwards: StepForwards, stats: list[Tensor | None] | None = None) -> tuple[Tensor, ...]:
         """One forward after the other, a graph only for the gradient ones; one log-prob tensor per plan group.
 
         A placeholder's (empty) log-probs are appended to a plan group's, so that a gradient placeholder is part of
-        the graph that backward runs through (its all-gathers and reduce-scatters must run on every rank).
+        the graph that backward runs through (its all-gathers and reduce-scatters must run on every rank). With
+        ``stats`` (a list with one ``None`` per plan group), each group's ``[K_g, 3]`` token statistics are put
+        in its slot.
         """
         logps: list[Tensor | None] = [None] * len(forwards.groups)
         extra: list[Tensor] = []
@@ -194,13 +204,16 @@ class StepExecutor:
                 cache = DynamicCache()
             if cache is not None:
                 inputs = replace(inputs, cache=cache)
+            sink: list[Tensor] | None = [] if stats is not None and forward.plan_group is not None else None
             with torch.set_grad_enabled(forward.requires_grad and torch.is_grad_enabled()):
-                out = scorer(model, inputs)
+                out = scorer(model, inputs) if sink is None else scorer(model, inputs, sink)
             kept = cache if forward.keeps_keys_values else None
             if forward.plan_group is None:
                 extra.append(out)
             else:
                 logps[forward.plan_group] = out
+                if sink is not None:
+                    stats[forward.plan_group] = torch.cat(sink) if sink else out.new_zeros(0, 3).detach()
         if extra:
             logps[0] = torch.cat([logps[0], *extra])
         return tuple(logps)  # type: ignore[arg-type]
@@ -216,7 +229,8 @@ class StepExecutor:
                  batch: PreferenceBatch, plan: StepPlan) -> StepLogps:
         """Run ``plan``'s policy forwards with ``scorer``, then the reference's."""
         forwards = self.forwards(plan.groups, PairLengths.of(batch))
-        policy_logps = self.run_policy(policy, scorer, batch, forwards)
+        stats: list[Tensor | None] | None = [None] * len(plan.groups) if self.token_stats else None
+        policy_logps = self.run_policy(policy, scorer, batch, forwards, stats)
         online = reference.online_model()
         if online is None:
             reference_logps, reference_tokens = tuple(reference.token_logps(batch, plan)), 0
@@ -224,7 +238,8 @@ class StepExecutor:
             with online as (model, reference_scorer):
                 reference_logps = self.run_reference(model, reference_scorer, batch, forwards, plan.groups)
             reference_tokens = forwards.reference.tokens
-        return StepLogps(policy_logps, reference_logps, forwards, reference_tokens)
+        token_stats = None if stats is None else tuple(stats)  # type: ignore[arg-type]
+        return StepLogps(policy_logps, reference_logps, forwards, reference_tokens, token_stats)
 
 
 def score_groups(scorer: TokenScorer, model: nn.Module, batch: PreferenceBatch, groups: Sequence[RowGroup],

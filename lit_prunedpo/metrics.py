@@ -1,16 +1,22 @@
 """What a step reports: TRL's metric names (so dashboards carry over) and the pruning statistics.
 
 Per-pair values are returned as tensors so that epoch aggregation (``torchmetrics.MeanMetric``) weighs every
-pair equally, across batches of any size and across DDP ranks.
+pair equally, across batches of any size and across DDP ranks. The token metrics (:data:`TOKEN_METRICS`) are
+TRL's token-weighted means: a ``(value, weight)`` per pair, ``weight`` the (estimated) number of response
+tokens, aggregated as ``sum(value * weight) / sum(weight)``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
+import torch
 from torch import Tensor
 
+from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.estimate import Estimate
+from lit_prunedpo.plan import StepPlan
 
 PAIR_METRICS = (
     "loss",
@@ -23,10 +29,15 @@ PAIR_METRICS = (
 )
 
 
+#: TRL's token-level metrics, from the policy's logits at the scored positions (``lit_prunedpo.scoring.token_stats``).
+TOKEN_METRICS = ("logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy")
+
+
 def pair_metrics(est: Estimate, beta: float) -> dict[str, Tensor]:
-    """Per-pair ``[B]`` values under TRL's names; rewards are ``beta * R_hat``."""
-    rewards = beta * est.log_ratio
-    policy = est.policy_logps.detach()
+    """Per-pair ``[B]`` values under TRL's names; rewards are the loss's (:attr:`Estimate.rewards`: ``beta * R_hat``
+    for DPO's losses, per-token means for SimPO and ORPO as TRL logs them)."""
+    rewards = est.rewards if est.rewards is not None else beta * est.log_ratio
+    policy = (est.reported_logps if est.reported_logps is not None else est.policy_logps).detach()
     return {
         "loss": est.loss,
         "rewards/chosen": rewards[:, 0],
@@ -63,3 +74,57 @@ class StepStats:
             "pruning/positions_scored_frac": self.positions_scored / max(1, self.unpruned_positions),
             "pruning/branches_backpropagated_frac": self.branches_backpropagated / self.unpruned_branches,
         }
+
+
+def token_metrics(plan: StepPlan, token_stats: Sequence[Tensor], num_pairs: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """TRL's token metrics of one step as ``(value [B], weight [B])`` per name (see :data:`TOKEN_METRICS`).
+
+    ``token_stats`` holds one ``[K_g, 3]`` tensor per plan group (``StepLogps.policy_token_stats``). Each scored
+    position counts with its inverse-probability weight: ``value = sum_t w_t x_t / sum_t w_t`` over a branch's
+    scored positions, ``weight = sum_t w_t`` (the estimated number of its response positions), so the aggregate
+    ``sum(value * weight) / sum(weight)`` is the ratio of two IPW estimates (consistent, not unbiased) of TRL's
+    token mean, and exactly TRL's value when nothing is pruned. ``entropy`` covers both branches,
+    ``mean_token_accuracy`` the chosen one (as TRL's).
+    """
+    device = token_stats[0].device if token_stats else torch.device("cpu")
+    sums = torch.zeros(2 * num_pairs, 4, dtype=torch.float32, device=device)  # on the stats' device: no sync
+    for group, stats in zip(plan.groups, token_stats, strict=True):
+        weight = group.weight.to(device=device, dtype=torch.float32)
+        values = torch.cat([torch.ones_like(weight)[:, None], stats.detach().float()], dim=-1)
+        slots = (group.pair * 2 + group.branch)[group.scored_row].to(device)
+        sums.index_add_(0, slots, values * weight[:, None])
+    sums = sums.view(num_pairs, 2, 4)
+    count = sums[..., 0]
+    tiny = torch.finfo(torch.float32).tiny
+    mean = sums[..., 1:] / count.clamp(min=tiny)[..., None]
+    both = count.sum(-1)
+    return {
+        "logits/chosen": (mean[:, 0, 0], count[:, 0]),
+        "logits/rejected": (mean[:, 1, 0], count[:, 1]),
+        "entropy": (sums[..., 2].sum(-1) / both.clamp(min=tiny), both),
+        "mean_token_accuracy": (mean[:, 0, 2], count[:, 0]),
+    }
+
+
+def weighted_mean(value: Tensor, weight: Tensor) -> Tensor:
+    """``sum(value * weight) / sum(weight)`` (0 when every weight is 0)."""
+    return (value * weight).sum() / weight.sum().clamp(min=torch.finfo(weight.dtype).tiny)
+
+
+def input_tokens(batch: PreferenceBatch) -> int:
+    """TRL's ``num_tokens`` increment of a batch: the real tokens of its concatenated inputs, prompt + chosen and
+    prompt + rejected (each prompt counted twice), padding excluded; what the pairs hold, whatever a step prunes."""
+    return int(2 * batch.prompt_mask.sum() + batch.response_mask.sum())
+
+
+def gradient_norm(parameters: Iterable[Tensor]) -> Tensor | None:
+    """The total 2-norm of the parameters' gradients (``torch.nn.utils.clip_grad_norm_``'s return value, before
+    any clipping), or ``None`` when none has a gradient. Under FSDP2 the gradients are shards (``DTensor``): the
+    norm is made whole across ranks (``full_tensor``, a collective every rank runs); under DDP the gradients are
+    already all-reduced, so every rank's norm is the global one."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    full_tensor = getattr(norm, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else norm

@@ -31,7 +31,9 @@ from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
 from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
-from lit_prunedpo.metrics import PAIR_METRICS, StepStats, pair_metrics
+from lit_prunedpo.metrics import (
+    PAIR_METRICS, TOKEN_METRICS, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
+)
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR, apply_changes, describe
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
@@ -148,8 +150,9 @@ class PrunedDPO(L.LightningModule):
         self.skipped_steps = 0
         self.skipped_in_a_row = 0
         self._sharded = False  # set by configure_model under FSDP2
-        self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
-        self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS})
+        self.num_tokens = 0  # TRL's num_tokens: input tokens of every rank's training batches so far
+        self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS + TOKEN_METRICS})
+        self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS + TOKEN_METRICS})
 
     # ----------------------------------------------------------------------------------------- set-up
     def on_fit_start(self) -> None:
@@ -236,7 +239,8 @@ class PrunedDPO(L.LightningModule):
         )
 
     def step(
-        self, batch: PreferenceBatch, parts: StepParts | None = None, generator: torch.Generator | None = None
+        self, batch: PreferenceBatch, parts: StepParts | None = None, generator: torch.Generator | None = None,
+        token_stats: bool = False,
     ) -> StepOutput:
         """One training step up to its backward: plan, execute, estimate.
 
@@ -246,11 +250,13 @@ class PrunedDPO(L.LightningModule):
                 not changed: the benchmark passes each configuration's own parts to one shared module.
             generator: the samplers' generator for this step; ``None`` draws the next one of this module's
                 stream (``sampler_rng``, checkpointed).
+            token_stats: also collect the policy's token statistics at the scored positions
+                (``out.logps.policy_token_stats``, for TRL's ``logits/*``, ``entropy``, ``mean_token_accuracy``).
         """
         parts = self.parts if parts is None else parts
         batch.validate()
         plan = self.plan(batch, parts, generator)
-        logps = self.execute(batch, plan, parts)
+        logps = self.execute(batch, plan, parts, token_stats)
         return StepOutput(plan, logps, self.estimate(batch, plan, logps), parts.reference)
 
     def plan(
@@ -265,17 +271,19 @@ class PrunedDPO(L.LightningModule):
             score_common_prefix=not (parts.shared_prompt and self.loss.margin_only),
         )
 
-    def executor(self, parts: StepParts | None = None) -> StepExecutor:
+    def executor(self, parts: StepParts | None = None, token_stats: bool = False) -> StepExecutor:
         """What runs a step's forwards: the parts' layout; keys and values reused unless the policy recomputes its
-        activations (gradient checkpointing keeps none); under FSDP, the same forwards on every rank."""
+        activations (gradient checkpointing keeps none); under FSDP, the same forwards on every rank; with
+        ``token_stats``, the policy's token statistics collected too."""
         parts = self.parts if parts is None else parts
         agree = agree_on_forwards(self.trainer.strategy) if self._sharded else None
-        return StepExecutor(layout_for(parts.shared_prompt), keeps_keys_values(self.policy), agree)
+        return StepExecutor(layout_for(parts.shared_prompt), keeps_keys_values(self.policy), agree, token_stats)
 
-    def execute(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> StepLogps:
+    def execute(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None,
+                token_stats: bool = False) -> StepLogps:
         """Stage 2: the policy's forwards, then the reference's."""
         parts = self.parts if parts is None else parts
-        return self.executor(parts)(self.policy, parts.scorer, parts.reference, batch, plan)
+        return self.executor(parts, token_stats)(self.policy, parts.scorer, parts.reference, batch, plan)
 
     def estimate(self, batch: PreferenceBatch, plan: StepPlan, logps: StepLogps) -> Estimate:
         """Stage 3: the IPW estimate of the loss and its single-branch surrogate."""
@@ -292,17 +300,37 @@ class PrunedDPO(L.LightningModule):
         return self.estimate(batch, plan, self.execute(batch, plan, parts))
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        out = self.step(batch)
+        out = self.step(batch, token_stats=True)
         est = out.estimate
         self.step_stats = out.stats
+        self._count_tokens(batch)
         if not self._finite_or_skip(est, batch, batch_idx):
             return None
         B = batch.num_pairs
         values = {f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()}
+        tokens = token_metrics(out.plan, out.logps.policy_token_stats, B)
+        values.update({f"train/{k}": weighted_mean(v, w) for k, (v, w) in tokens.items()})
+        # float64, so that the count stays exact past float32's 2**24 (Lightning keeps a step-only value's dtype)
+        values["train/num_tokens"] = torch.tensor(self.num_tokens, dtype=torch.float64)
         values.update({f"train/{k}": v for k, v in self.step_stats.as_metrics().items()})
         self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=B)
         return est.objective
+
+    def _count_tokens(self, batch: PreferenceBatch) -> None:
+        """Add the batch's input tokens, summed over ranks (TRL gathers them too), to :attr:`num_tokens`."""
+        count = input_tokens(batch)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            count = int(self.trainer.strategy.reduce(torch.tensor(count, device=self.device), reduce_op="sum"))
+        self.num_tokens += count
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Lightning calls this after the (accumulated) backward, with gradients unscaled and not yet clipped:
+        # grad_norm is the norm that gradient clipping compares with gradient_clip_val, as TRL's (transformers').
+        self.log("train/learning_rate", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False)
+        norm = gradient_norm(p for group in optimizer.param_groups for p in group["params"])
+        if norm is not None:
+            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
         self._exact_step(batch, self.val_metrics, "val")
@@ -313,11 +341,17 @@ class PrunedDPO(L.LightningModule):
     def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
         """The unpruned objective: every position of every whole response, whatever the samplers are."""
         batch.validate()
-        est = self.execute_and_estimate(batch, exact_plan(batch))
+        plan = exact_plan(batch)
+        logps = self.execute(batch, plan, token_stats=True)
+        est = self.estimate(batch, plan, logps)
         for name, value in pair_metrics(est, self.beta).items():
             metric = metrics[_key(name)]
             metric.update(value)
             self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True, prog_bar=name == "rewards/accuracies")
+        for name, (value, weight) in token_metrics(plan, logps.policy_token_stats, batch.num_pairs).items():
+            metric = metrics[_key(name)]
+            metric.update(value, weight)  # token-weighted, as TRL's: sum(value * weight) / sum(weight)
+            self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True)
 
     # ---------------------------------------------------------------------------- failure policy
     def _finite_or_skip(self, est: Estimate, batch: PreferenceBatch, batch_idx: int) -> bool:

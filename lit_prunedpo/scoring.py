@@ -6,6 +6,11 @@ head and the log-softmax (position pruning shrinks the ``K x V`` logits, never c
 forward's 4-D mask is put in the form the model's attention takes. The scorer knows nothing about sampling or
 layouts; which forwards run, in which order, is the executor's (:mod:`lit_prunedpo.execute`).
 
+With a ``stats`` list (what a training step's metrics ask for), the scorer also appends ``[K, 3]`` detached
+per-position statistics of the logits it already computed (:func:`token_stats`: TRL's mean logit over the
+vocabulary, the entropy, and whether the arg-max is the target), a few element-wise passes over the ``K x V``
+logits while they exist anyway; without it, nothing more is computed.
+
 Departure from a stock ``model(input_ids).logits``: the body and the head are called separately, so models
 that transform logits after the head (Gemma-2's soft-capping, Cohere's ``logit_scale``) are refused rather
 than scored wrongly.
@@ -13,6 +18,7 @@ than scored wrongly.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
@@ -21,7 +27,28 @@ from lit_prunedpo.layout.packed import model_attention_mask
 from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
 
-__all__ = ["GroupInputs", "PastColumns", "TokenScorer", "group_inputs", "split_causal_lm"]
+__all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "split_causal_lm", "token_stats"]
+
+#: The columns of :func:`token_stats`.
+TOKEN_STATS = ("logits", "entropy", "correct")
+
+
+@torch.no_grad()
+def token_stats(logits: Tensor, targets: Tensor, log_probs: Tensor | None = None) -> Tensor:
+    """``[K, 3]`` float32, detached: each row's mean logit over the vocabulary, its entropy (nats), and 1.0 where its
+    arg-max is the target (TRL's ``logits/*``, ``entropy`` and ``mean_token_accuracy`` before averaging).
+
+    ``log_probs`` (the rows' log-softmax, when the caller has it) saves recomputing it. Rows are taken a block at a
+    time, so the temporaries stay near ``2**22`` floats (16 MiB) above what the caller already holds."""
+    rows = max(1, (1 << 22) // max(1, logits.shape[-1]))
+    out = logits.new_empty(logits.shape[0], 3, dtype=torch.float32)
+    for start in range(0, logits.shape[0], rows):
+        block = logits[start : start + rows].float()
+        logp = block.log_softmax(-1) if log_probs is None else log_probs[start : start + rows].float()
+        out[start : start + rows, 0] = block.mean(-1)
+        out[start : start + rows, 1] = -torch.linalg.vecdot(logp.exp(), logp)
+        out[start : start + rows, 2] = (block.argmax(-1) == targets[start : start + rows]).float()
+    return out
 
 
 def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:
@@ -60,7 +87,8 @@ def split_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 class TokenScorer:
     """Per-token log-probabilities at gathered positions: body on all kept columns, head on ``K`` rows.
 
-    Subclass and override :meth:`log_probs` for another head computation (e.g. a chunked one).
+    Subclass and override :meth:`log_probs` for another head computation (e.g. a chunked one); to report the
+    token metrics it appends :func:`token_stats` of its logits to ``stats`` when given one.
     """
 
     def hidden_states(self, body: nn.Module, inputs: GroupInputs) -> Tensor:
@@ -73,13 +101,21 @@ class TokenScorer:
         out = body(input_ids=inputs.input_ids, attention_mask=mask, position_ids=inputs.position_ids, **keys_values)
         return out.last_hidden_state
 
-    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
-        """``[K]`` log-probabilities of ``targets`` from gathered hidden states ``[K, d]``."""
+    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
+        """``[K]`` log-probabilities of ``targets`` from gathered hidden states ``[K, d]``; with ``stats``, appends
+        the rows' :func:`token_stats`."""
         logits = head(hidden).float()
-        return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        log_probs = logits.log_softmax(-1)
+        if stats is not None:
+            stats.append(token_stats(logits, targets, log_probs))
+        return log_probs.gather(-1, targets[:, None]).squeeze(-1)
 
-    def __call__(self, model: nn.Module, inputs: GroupInputs) -> Tensor:
+    def __call__(self, model: nn.Module, inputs: GroupInputs, stats: list[Tensor] | None = None) -> Tensor:
+        """``[K]`` log-probs of the scored positions of ``inputs``; with ``stats``, appends their ``[K, 3]``
+        :func:`token_stats` (possibly in several pieces, in row order)."""
         body, head = split_causal_lm(model)
         hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
-        return self.log_probs(head, gathered, inputs.targets)
+        if stats is None:  # a subclass's log_probs written without the stats argument still works
+            return self.log_probs(head, gathered, inputs.targets)
+        return self.log_probs(head, gathered, inputs.targets, stats)

@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lit-prunedpo-bench",
         description="Benchmark PrunedDPO training steps: every mode, alternating, on the same weights and batches.",
     )
-    parser.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model and batch sizes (default: small)")
+    parser.add_argument(
+        "--preset", default="small", choices=sorted(PRESETS),
+        help="model and batch sizes (default: small, a smoke test that every configuration runs: it states no "
+             "measured speedups; measure with quickstart or larger)",
+    )
     parser.add_argument("--modes", type=_csv, default=list(MODES), help=f"comma-separated, from {','.join(MODES)} (default: all)")
     parser.add_argument(
         "--references", type=_csv, default=list(REFERENCES), help="comma-separated: online,cached (default: both)"

@@ -1,6 +1,9 @@
 """Benchmark presets (model, batches, step counts) and the pruning modes compared.
 
-* ``small``: a tiny Llama and a few steps, seconds in all: a CI-sized check that the harness runs.
+* ``small``: a tiny Llama and 2 steps, seconds in all: a **smoke test** that every configuration runs (CI). Its
+  reports state no measured speedups: two runs of it gave 0.53x-1.59x for the same configurations, and even 30
+  steps (20 s on a shared 2-core machine) left run-to-run differences up to 0.23x around 1.0x, where the cost
+  model's ideal is 1.04x-1.92x: a model this small times overheads, not pruning.
 * ``quickstart``: a Llama at the quickstart config's size and batch shape (4 KV heads where the config has 2),
   for the branch-vs-vanilla ratio at that size.
 * ``medium``: representative of the step's cost split: Llama d=256, 4 layers, V=8192, 4 pairs of responses of
@@ -85,6 +88,8 @@ class Preset:
         lengths: quantile tables (``prompt``, ``chosen``, ``rejected``) to draw each pair's lengths from, with
             random tokens and length-grouped batches; ``None`` uses the synthetic task's pairs (3-token prompts,
             ``response_length``).
+        smoke_test: the preset checks that the configurations run, not how fast: reports leave out its measured
+            speedups (``lit_prunedpo.bench.report``).
     """
 
     name: str
@@ -98,6 +103,7 @@ class Preset:
     lr: float = 1e-5
     threads: int | None = None
     lengths: dict[str, tuple[int, ...]] | None = None
+    smoke_test: bool = False
 
 
 def _llama(vocab: int, d: int, layers: int, heads: int, ffn: int, max_len: int) -> dict[str, Any]:
@@ -113,7 +119,7 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset(
             name="small",
-            description="tiny Llama (d=32, 2 layers, V=64), 4 pairs of 8-24 tokens: seconds, for CI",
+            description="tiny Llama (d=32, 2 layers, V=64), 4 pairs of 8-24 tokens: a smoke test, seconds, for CI",
             model=_llama(64, 32, 2, 4, 64, 64),
             batch_size=4,
             response_length=(8, 24),
@@ -121,6 +127,7 @@ PRESETS: dict[str, Preset] = {
             steps=2,
             chunk_size=16,
             threads=1,
+            smoke_test=True,  # 2 steps of a tiny model: speedups within noise (see the module docstring)
         ),
         Preset(
             name="quickstart",

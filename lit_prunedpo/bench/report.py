@@ -1,7 +1,10 @@
 """Write a benchmark payload as ``bench.json``, ``bench.md`` (a markdown table) and ``bench.png`` (a chart).
 
 The PNG needs matplotlib (the ``bench`` extra); without it the JSON and markdown are still written and the
-chart is skipped with a message.
+chart is skipped with a message. A smoke-test preset's payload (``preset_config.smoke_test``, the ``small``
+preset) states no measured speedups in the markdown or the chart: its tiny model and few steps time overheads
+and noise, not pruning (two runs of ``--preset small`` gave 0.53x-1.59x for the same configurations). The JSON
+keeps every number.
 """
 
 from __future__ import annotations
@@ -29,8 +32,18 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 )
 
 
+MEASURED_SPEEDUPS = ("speedup", "efficiency", "speedup_total_time", "speedup_vs_peer")
+
+
+def is_smoke_test(payload: dict[str, Any]) -> bool:
+    """Whether the payload's preset is a smoke test, whose measured speedups mean nothing."""
+    return bool((payload.get("preset_config") or {}).get("smoke_test"))
+
+
 def to_markdown(payload: dict[str, Any]) -> str:
-    """A heading with the context lines and one table row per configuration."""
+    """A heading with the context lines and one table row per configuration (a smoke test's measured speedups
+    are written as "-")."""
+    smoke = is_smoke_test(payload)
     lines = [
         f"# lit-prunedpo benchmark: preset `{payload['preset']}`",
         "",
@@ -49,12 +62,20 @@ def to_markdown(payload: dict[str, Any]) -> str:
             "'speedup (sums)': ratio of total step times over the same batches, the like-for-like counterpart "
             "of the ideal (which sums FLOPs over the batches)"
         ),
+        *([(
+            "- **smoke test**: this preset checks that every configuration runs; its model is too small and its "
+            "steps too few for the measured speedups to mean anything, so none are stated (the ideal, from the cost "
+            "model, is exact). Measure with `--preset quickstart` or larger."
+        )] if smoke else []),
         "",
         "| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
         "|" + "|".join("---" for _ in COLUMNS) + "|",
     ]
     for row in payload["results"]:
-        cells = [fmt(row[key]) if row.get(key) is not None else "n/a" for key, _, fmt in COLUMNS]
+        cells = [
+            "-" if smoke and key in MEASURED_SPEEDUPS else fmt(row[key]) if row.get(key) is not None else "n/a"
+            for key, _, fmt in COLUMNS
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     peer = payload.get("peer")
     if peer:
@@ -70,8 +91,71 @@ def to_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+HATCHES = ("", "//", "..", "xx", "\\\\", "oo", "--", "++")
+
+
+def bench_figure(payload: dict[str, Any]) -> Any:
+    """The chart: configurations grouped by mode, one colour per mode and one hatch per variant (reference /
+    scorer / prompt); top, the measured speedup as bars and the cost model's ideal as a black marker on each;
+    bottom, each step's peak memory above the step's start (the process's total peak is mostly what it holds
+    anyway, weights and allocator caches, and drawn as bars looks flat: its range is in the panel's title).
+    Legends sit outside the axes.
+    A smoke test draws the ideal only."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = payload["results"]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    variants = list(dict.fromkeys(_variant(r) for r in rows))
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(modes)}
+    hatches = {v: HATCHES[i % len(HATCHES)] for i, v in enumerate(variants)}
+    width = 0.8 / len(variants)
+    where = {(m, v): i + (j - (len(variants) - 1) / 2) * width for i, m in enumerate(modes) for j, v in enumerate(variants)}
+    smoke = is_smoke_test(payload)
+
+    fig, (speed, memory) = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(modes) * max(1, len(variants)) ** 0.5 + 3), 7),
+                                        sharex=True)
+    for r in rows:
+        x, style = where[r["mode"], _variant(r)], dict(color=colours[r["mode"]], hatch=hatches[_variant(r)],
+                                                       edgecolor="black", linewidth=0.5)
+        if not smoke and r.get("speedup") is not None:
+            speed.bar(x, r["speedup"], width, **style)
+        speed.plot([x], [r["ideal_speedup"]], marker="_" if not smoke else "o", markersize=14 if not smoke else 6,
+                   markeredgewidth=2 if not smoke else 0.8, markeredgecolor="black",
+                   color="black" if not smoke else colours[r["mode"]], linestyle="none")
+        step = r.get("peak_step_memory_mb")
+        if step is not None:
+            memory.bar(x, step, width, **style)
+    speed.axhline(1.0, color="grey", linewidth=0.8)
+    speed.set_ylabel("speedup vs vanilla" + (" (ideal only)" if smoke else ""))
+    peaks = [r["peak_memory_mb"] for r in rows if r.get("peak_memory_mb") is not None]
+    title = f"lit-prunedpo bench: {payload['preset']} on {payload['device']}"
+    if smoke:
+        title += "\nsmoke test: measured speedups not shown"
+    speed.set_title(title)
+    memory.set_ylabel("step peak above start (MiB)")
+    if peaks:
+        memory.set_title(f"process peak {min(peaks):.0f}-{max(peaks):.0f} MiB ({payload.get('memory_measure', '')})",
+                         fontsize=8)
+    memory.set_xticks(range(len(modes)))
+    memory.set_xticklabels(modes)
+    ideal = plt.Line2D([], [], marker="_" if not smoke else "o", markersize=12 if not smoke else 6,
+                       markeredgewidth=2 if not smoke else 0.8, color="black" if not smoke else "white",
+                       markeredgecolor="black", linestyle="none", label="ideal (FLOPs)")
+    speed.legend(handles=[Patch(facecolor=colours[m], edgecolor="black", label=m) for m in modes] + [ideal],
+                 title="mode", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    memory.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=hatches[v], label=v) for v in variants],
+                  title="reference/scorer/prompt", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _variant(row: dict[str, Any]) -> str:
+    return f"{row['reference']}/{row['scorer']}/{row.get('prompt', 'shared')}"
+
+
 def write_png(payload: dict[str, Any], path: Path) -> bool:
-    """Speedup (measured and ideal) and peak memory per configuration; False if matplotlib is missing."""
+    """:func:`bench_figure` as a PNG; False if matplotlib is missing."""
     try:
         import matplotlib
 
@@ -79,25 +163,8 @@ def write_png(payload: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = payload["results"]
-    labels = [f"{r['mode']}\n{r['reference']}/{r['scorer']}/{r.get('prompt', 'shared')}" for r in rows]
-    x = list(range(len(rows)))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 0.9 * len(rows) + 2), 7), sharex=True)
-    w = 0.4
-    ax1.bar([i - w / 2 for i in x], [r["speedup"] or 0.0 for r in rows], w, label="measured")
-    ax1.bar([i + w / 2 for i in x], [r["ideal_speedup"] for r in rows], w, label="ideal (FLOPs)", alpha=0.6)
-    ax1.axhline(1.0, color="grey", linewidth=0.8)
-    ax1.set_ylabel("speedup vs vanilla")
-    ax1.legend()
-    ax1.set_title(f"lit-prunedpo bench: {payload['preset']} on {payload['device']}")
-    ax2.bar(x, [r["peak_memory_mb"] or 0.0 for r in rows], 0.6, label="peak")
-    ax2.bar(x, [r.get("peak_step_memory_mb") or 0.0 for r in rows], 0.3, label="above step start")
-    ax2.set_ylabel("peak memory (MiB)")
-    ax2.legend()
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig = bench_figure(payload)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight" keeps the legends outside the axes in the file
     plt.close(fig)
     return True
 

@@ -78,6 +78,11 @@ class PreferenceLoss(ABC):
     def per_pair(self, sums: BranchSums, beta: float) -> Tensor:
         """``[B]`` loss of each pair."""
 
+    def reported(self, sums: BranchSums) -> BranchSums:
+        """What ``rewards/*`` (``beta`` times the log-ratios of the result) and ``logps/*`` (its policy column)
+        report, as TRL's trainer for this loss logs them: the sums themselves (``DPOTrainer``) unless overridden."""
+        return sums
+
     def policy_partials(self, sums: BranchSums, beta: float) -> Tensor:
         """``[B, 2]`` detached ``d loss_i / d policy_ib``; autograd of :meth:`per_pair` unless overridden."""
         with torch.enable_grad():

@@ -7,6 +7,7 @@ from typing import Sequence
 from torch import Tensor
 
 from lit_prunedpo.losses.base import BranchSums, PreferenceLoss
+from lit_prunedpo.losses.nll import SftLoss
 
 
 class WeightedLoss(PreferenceLoss):
@@ -39,6 +40,12 @@ class WeightedLoss(PreferenceLoss):
     @property
     def needs_reference(self) -> bool:
         return any(loss.needs_reference for loss in self.losses)
+
+    def reported(self, sums: BranchSums) -> BranchSums:
+        """As its first part that is not an NLL term reports (ORPO, ``[SftLoss, OddsRatioLoss]``: per-token means,
+        as TRL's ``ORPOTrainer``; RPO, DPO + NLL: the sums)."""
+        preference = [loss for loss in self.losses if not isinstance(loss, SftLoss)] or self.losses
+        return preference[0].reported(sums)
 
     def per_pair(self, sums: BranchSums, beta: float) -> Tensor:
         return sum(w * loss.per_pair(sums, beta) for loss, w in zip(self.losses, self.weights, strict=True))

@@ -9,6 +9,7 @@ means over the full response length, estimated without bias as in ``lit_prunedpo
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,14 @@ class _ReferenceFree(PreferenceLoss):
     @property
     def needs_reference(self) -> bool:
         return False
+
+    def reported(self, sums: BranchSums) -> BranchSums:
+        """Per-token means, as TRL's ``CPOTrainer`` (SimPO) and ``ORPOTrainer`` log them: rewards ``beta * m_b``
+        and ``logps/*`` the mean log-prob per token (TRL's ``trl/experimental/cpo/cpo_trainer.py``: ``cpo_loss``
+        returns ``beta * policy_chosen_logps``, averaged per token by ``concatenated_forward`` for ``simpo``;
+        ``orpo_trainer.py``'s ``odds_ratio_loss`` likewise, ``average_log_prob=True``; read at TRL 1.10)."""
+        means = sums.means(type(self).__name__)
+        return replace(means, reference=torch.zeros_like(means.policy))  # no reference in these rewards, ever
 
 
 class SimPOLoss(_ReferenceFree):

@@ -245,9 +245,9 @@ def _count_steps(monkeypatch) -> list:
     """Record ``(module, parts)`` of every ``PrunedDPO.step`` call (the real step still runs)."""
     calls, step = [], PrunedDPO.step
 
-    def counted(self, batch, parts=None, generator=None):
+    def counted(self, batch, parts=None, generator=None, **kwargs):
         calls.append((self, parts))
-        return step(self, batch, parts, generator)
+        return step(self, batch, parts, generator, **kwargs)
 
     monkeypatch.setattr(PrunedDPO, "step", counted)
     return calls

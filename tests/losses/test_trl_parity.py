@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_prunedpo.estimate import estimate
+from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.losses import (
     ApoDownLoss, ApoZeroLoss, BcoPairLoss, DiscoPopLoss, ExoPairLoss, HingeLoss, IPOLoss, LengthNormalized,
     NcaPairLoss, OddsRatioLoss, RobustLoss, SftLoss, SigmoidLoss, SigmoidNormLoss, SimPOLoss, SppoHardLoss,
@@ -166,3 +167,51 @@ def test_value_and_gradient_equal_trls(name, loss, trl, seed):
     assert math.isfinite(float(expected.detach()))
     torch.testing.assert_close(est.objective, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+
+
+MEAN_REPORTING = ("simpo", "orpo_odds_ratio", "orpo")
+
+
+def trl_reported(name, logps, ref_logps, completion_mask, beta=BETA):
+    """``rewards/*`` and ``logps/*`` as TRL's trainer for the loss logs them (read at TRL 1.10):
+
+    * ``DPOTrainer`` (``dpo_trainer.py``, the metric block of ``_compute_loss``): ``beta * chosen_logratios``
+      of summed log-probs, and the summed log-probs;
+    * ``CPOTrainer`` with ``loss_type="simpo"`` (``cpo_loss``: ``chosen_rewards = self.beta * policy_chosen_logps``)
+      and ``ORPOTrainer`` (``odds_ratio_loss``, the same), whose ``policy_*_logps`` are per-token means
+      (``get_batch_logps(..., average_log_prob=True)``); ``logps/*`` log those means.
+    """
+    if name in MEAN_REPORTING:
+        chosen, rejected = (logps.sum(1) / completion_mask.sum(1)).chunk(2)
+        chosen_rewards, rejected_rewards = beta * chosen, beta * rejected
+    else:
+        chosen, rejected = logps.sum(1).chunk(2)
+        ref_chosen, ref_rejected = ref_logps.sum(1).chunk(2)
+        chosen_rewards, rejected_rewards = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
+    return {
+        "rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
+        "rewards/margins": chosen_rewards - rejected_rewards,
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).double(),
+        "logps/chosen": chosen, "logps/rejected": rejected,
+    }
+
+
+REPORTED = [(name, loss) for name, loss, _ in CASES] + [("orpo", WeightedLoss([SftLoss(), OddsRatioLoss()]))]
+
+
+@pytest.mark.parametrize("name, loss", REPORTED, ids=[c[0] for c in REPORTED])
+def test_reported_rewards_and_logps_equal_trls(name, loss):
+    policy, reference, mask, lengths = token_grid(0)
+    policy = policy.detach() * mask
+    expected = trl_reported(name, policy, reference, mask)
+    batch = synthetic_batch(torch.stack([lengths[:B], lengths[B:]], dim=1))
+    plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
+    rows = lambda g: g.branch[g.scored_row] * B + g.pair[g.scored_row]  # noqa: E731
+    est = estimate(plan, [policy[rows(g), g.scored_t] for g in plan.groups],
+                   [reference[rows(g), g.scored_t] for g in plan.groups], loss, BETA, batch.response_lengths)
+    got = pair_metrics(est, BETA)
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key].double(), value, rtol=1e-12, atol=1e-12, msg=key)
+    if name in MEAN_REPORTING:  # where a mean and a sum disagree on the ranking, accuracy follows the mean
+        sums = policy.sum(1).chunk(2)
+        assert not torch.equal((sums[0] > sums[1]).double(), expected["rewards/accuracies"])
