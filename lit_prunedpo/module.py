@@ -402,6 +402,7 @@ class PrunedDPO(L.LightningModule):
             install_atomic_io(self._trainer)
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
         checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
+        checkpoint["num_tokens"] = self.num_tokens  # a resumed run goes on counting (TRL's restarts from 0)
         checkpoint["skipped_nonfinite_in_a_row"] = self.skipped_in_a_row  # a resume keeps counting toward the limit
         if getattr(self, "_optimizer_setup", None) is not None:
             checkpoint["optimizer_setup"] = self._optimizer_setup[0]  # this run's configuration, for a resume
@@ -417,6 +418,7 @@ class PrunedDPO(L.LightningModule):
 
         restore_base(checkpoint, self.policy, self.policy_source, where=getattr(self._trainer, "ckpt_path", None))
         self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
+        self.num_tokens = int(checkpoint.get("num_tokens", 0))
         self.skipped_in_a_row = int(checkpoint.get("skipped_nonfinite_in_a_row", 0))
         # applied (or warned about) once Lightning has restored the optimizer state
         unrecorded = "unrecorded" if "optimizer_states" in checkpoint else None

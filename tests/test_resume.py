@@ -65,6 +65,9 @@ def test_resume_last_with_a_larger_max_steps_extends_the_schedule_and_trains(tmp
     assert rates[3] == pytest.approx(0.002 * 0.5)  # half-way through the cosine of 6 steps
     after = _weights(resumed)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    # TRL's num_tokens goes on counting from the checkpoint's
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["num_tokens"]
+    assert saved == first.model.num_tokens > 0 and resumed.model.num_tokens > saved
 
 
 def test_resume_last_with_nothing_to_resume_is_refused_naming_where_it_looked(tmp_path):
