@@ -33,7 +33,7 @@ from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.estimate import ipw_sums
-from lit_prunedpo.losses import BranchSums
+from lit_prunedpo.losses import BranchSums, PreferenceLoss
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
@@ -318,3 +318,66 @@ def check_reward_estimate(
     stacked = torch.stack(values)
     _mc(report, "E[reward(R_hat)]", stacked.mean(0), truth, stacked.std(0) / math.sqrt(num_draws), z)
     return report
+
+
+@dataclass(frozen=True)
+class CoefficientBias:
+    """What :func:`coefficient_bias` found for one pair: the pruned gradient's bias and its variance, with the
+    coefficient at the pruned sums (what the estimator does) and at the exact sums (the unbiased reference point).
+
+    Attributes:
+        exact: ``[P]`` the exact gradient ``sum_b c_b(R) grad R_b``.
+        mean: ``[P]`` ``E[sum_b c_b(R_hat) grad R_hat_b]``, the estimator's expectation.
+        bias_norm: ``|mean - exact|``.
+        exact_norm: ``|exact|``.
+        variance: ``E|g_hat - mean|^2`` with the coefficient at the pruned sums.
+        variance_exact_coefficient: the same with the coefficient at the exact sums (unbiased).
+    """
+
+    exact: Tensor
+    mean: Tensor
+    bias_norm: float
+    exact_norm: float
+    variance: float
+    variance_exact_coefficient: float
+
+
+def coefficient_bias(position: PositionSampler, rho: Tensor, grads: Tensor, loss: PreferenceLoss, beta: float,
+                     max_support: int = 4096) -> CoefficientBias:
+    """Exactly, by enumerating both branches' scored positions (drawn independently, from ``position.support``),
+    the bias the coefficient ``c = loss.policy_partials`` at the *pruned* margin trades for one pair with both
+    branches back-propagated, and the variance a coefficient at the exact margin would save.
+
+    ``rho`` is ``[2, L]`` per-token log-ratios (chosen, rejected; both responses ``L`` long) and ``grads``
+    ``[2, L, P]`` their per-token gradients. Coupled samplers draw the two branches jointly; this enumerates the
+    independent draws of their uncoupled marginals.
+
+    Raises:
+        ValueError: on mismatched shapes, or a sampler whose support is not enumerable within ``max_support``.
+    """
+    if rho.ndim != 2 or rho.shape[0] != 2 or grads.ndim != 3 or grads.shape[:2] != rho.shape:
+        raise ValueError(f"coefficient_bias needs rho [2, L] and grads [2, L, P], got {tuple(rho.shape)} and {tuple(grads.shape)}")
+    L = rho.shape[1]
+    outcomes = _support(position, L, max_support)
+    if outcomes is None:
+        raise ValueError(f"{type(position).__name__} does not enumerate a support of at most {max_support} outcomes at L={L}")
+    rho, grads = rho.to(torch.float64), grads.to(torch.float64)
+    p = position.inclusion(torch.tensor([L]), L)[0].to(torch.float64)
+    lengths = torch.full((1, 2), float(L), dtype=torch.float64)
+
+    def partials(sums: Tensor) -> Tensor:
+        return loss.policy_partials(BranchSums(sums[None, :], torch.zeros(1, 2, dtype=torch.float64), lengths), beta)[0]
+
+    c_exact = partials(rho.sum(1))
+    exact = (c_exact[:, None] * grads.sum(1)).sum(0)
+    draws = []  # (probability, pruned-coefficient gradient, exact-coefficient gradient)
+    for mask_w, prob_w in outcomes:
+        for mask_l, prob_l in outcomes:
+            w = torch.stack([mask_w, mask_l]).to(torch.float64) / p  # [2, L] IPW weights (0 where not scored)
+            g_hat = (w[:, :, None] * grads).sum(1)  # [2, P]
+            c_hat = partials((w * rho).sum(1))
+            draws.append((prob_w * prob_l, (c_hat[:, None] * g_hat).sum(0), (c_exact[:, None] * g_hat).sum(0)))
+    mean = sum(pr * g for pr, g, _ in draws)
+    variance = sum(pr * float((g - mean).pow(2).sum()) for pr, g, _ in draws)
+    variance_exact = sum(pr * float((g - exact).pow(2).sum()) for pr, _, g in draws)
+    return CoefficientBias(exact, mean, float((mean - exact).norm()), float(exact.norm()), variance, variance_exact)

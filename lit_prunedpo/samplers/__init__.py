@@ -2,6 +2,7 @@
 
 from lit_prunedpo.samplers.base import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.samplers.branch import AntitheticBranch, BothBranches, RandomBranch
+from lit_prunedpo.samplers.divergence import DivergentBranch, PerPairBranch, differing_share
 from lit_prunedpo.samplers.position import (
     AllPositions,
     BernoulliPositions,
@@ -20,11 +21,14 @@ __all__ = [
     "BranchSampler",
     "CoupledBernoulliPositions",
     "CoupledStratifiedPositions",
+    "DivergentBranch",
     "FixedCountPositions",
     "FullPrefix",
+    "PerPairBranch",
     "PositionSampler",
     "PrefixSampler",
     "RandomBranch",
     "SharedFractionPrefix",
     "StratifiedPositions",
+    "differing_share",
 ]

@@ -84,3 +84,9 @@ class BranchSampler(ABC):
     def support(self, num_pairs: int) -> Iterator[tuple[Tensor, float]]:
         """Yield every mask ``[num_pairs, 2]`` this sampler can draw, with its probability."""
         raise NotImplementedError(f"{type(self).__name__} does not enumerate its support")
+
+    def for_batch(self, response_ids: Tensor, response_mask: Tensor) -> "BranchSampler":
+        """The sampler that draws this batch's branches, given its responses (``[B, 2, T]`` ids and mask, on the
+        CPU), before any forward. A sampler whose probabilities depend on the pairs returns one bound to them
+        (:class:`lit_prunedpo.samplers.divergence.DivergentBranch`); the default is ``self``."""
+        return self

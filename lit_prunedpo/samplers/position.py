@@ -115,21 +115,30 @@ class StratifiedPositions(PositionSampler):
     Scored positions are spread along the response, which lowers the variance of the IPW sum compared with
     Bernoulli sampling at the same rate (neighbouring tokens' log-ratios are correlated).
 
+    With ``min_count`` the number of strata is ``min(L, max(min_count, ceil(rate * L)))``: every response keeps
+    at least ``min_count`` scored positions (all of them if it is shorter), not only in expectation as with
+    :class:`BernoulliPositions`'s ``min_expected``, and still spread along it.
+
     Args:
         rate: fraction of kept positions scored, in (0, 1].
+        min_count: the fewest positions scored per response (an integer >= 1); also caps the IPW weight at
+            about ``L / min_count``.
 
     Raises:
-        ValueError: if ``rate`` is outside (0, 1].
+        ValueError: if ``rate`` is outside (0, 1] or ``min_count`` is not an integer >= 1.
     """
 
-    def __init__(self, rate: float = 0.25) -> None:
+    def __init__(self, rate: float = 0.25, min_count: int = 1) -> None:
         check_probability("rate", rate)
+        if isinstance(min_count, bool) or not isinstance(min_count, (int, float)) or int(min_count) != min_count or min_count < 1:
+            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
         self.rate = float(rate)
+        self.min_count = int(min_count)
 
     def _strata(self, kept: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
         """Per position: stratum index, stratum start and stratum size (all ``[N, width]``)."""
         L = kept.clamp(min=1)[:, None]
-        m = torch.ceil(self.rate * L.to(torch.float64)).long().clamp(min=1)
+        m = torch.ceil(self.rate * L.to(torch.float64)).long().clamp(min=self.min_count).minimum(L)
         t = torch.arange(width)[None, :]
         j = (t * m) // L
         start = (j * L + m - 1) // m
