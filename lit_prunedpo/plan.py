@@ -170,6 +170,8 @@ def plan_step(
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
     lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
 
+    # a branch sampler whose probabilities depend on the pairs (DivergentBranch) binds to this batch's responses first
+    branch = branch.for_batch(batch.response_ids.cpu(), batch.response_mask.cpu())
     grad_mask = branch.draw(B, generator)
     branch_prob = branch.probabilities(B)
     kept = prefix.draw(lengths, generator)

@@ -115,10 +115,14 @@ def test_divergent_branch_through_the_planner():
     check_unbiased(position=StratifiedPositions(0.5), branch=PerPairBranch([0.0, 1.0, 0.5]), lengths=lengths, num_draws=2000)
 
 
-def test_an_unbound_divergent_branch_is_refused_by_the_planner():
-    batch = synthetic_batch(torch.tensor([[3, 3], [2, 4]]))
-    with pytest.raises(RuntimeError, match="for_batch"):
-        plan_step(batch, FullPrefix(), AllPositions(), DivergentBranch(), torch.Generator())
+def test_the_planner_binds_a_divergent_branch_to_its_batch():
+    batch = synthetic_batch(torch.tensor([[6, 6], [6, 6]]), seed=0)
+    # pair 0: the rejected response is the chosen one with its last token changed (a near-duplicate); pair 1 diverges
+    batch.response_ids[0, 1] = batch.response_ids[0, 0]
+    batch.response_ids[0, 1, 5] = (batch.response_ids[0, 0, 5] + 1) % 7
+    plan = plan_step(batch, FullPrefix(), AllPositions(), DivergentBranch(0.5), torch.Generator().manual_seed(0))
+    assert plan.branch_prob[0].tolist() == [1.0, 1.0]  # both branches of the near-duplicate, no weight
+    assert plan.branch_prob[1].tolist() == [0.5, 0.5] and int(plan.grad_mask[1].sum()) == 1
 
 
 @pytest.mark.parametrize("kwargs, match", [
