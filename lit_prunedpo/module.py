@@ -310,11 +310,15 @@ class PrunedDPO(L.LightningModule):
     def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
         self._exact_step(batch, self.test_metrics, "test")
 
-    def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
-        """The unpruned objective: every position of every whole response, whatever the samplers are."""
+    def exact_pair_metrics(self, batch: PreferenceBatch) -> dict[str, Tensor]:
+        """Per-pair metrics (``loss``, ``rewards/accuracies``, ...) of the unpruned objective: every position of
+        every whole response, whatever the samplers are. What validation and test log, and what the study's
+        harness evaluates with (``lit_prunedpo.study.runner.exact_eval``)."""
         batch.validate()
-        est = self.execute_and_estimate(batch, exact_plan(batch))
-        for name, value in pair_metrics(est, self.beta).items():
+        return pair_metrics(self.execute_and_estimate(batch, exact_plan(batch)), self.beta)
+
+    def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
+        for name, value in self.exact_pair_metrics(batch).items():
             metric = metrics[_key(name)]
             metric.update(value)
             self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True, prog_bar=name == "rewards/accuracies")
