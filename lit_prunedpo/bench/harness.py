@@ -11,7 +11,9 @@ per step, which does not change any shape or cost.
 
 Rounds: round ``r`` runs one step of every configuration, in order, on batch ``r`` (``A B C ... A B C ...``);
 the first ``warmup`` rounds are not recorded. Alternating spreads machine noise (other processes, frequency
-changes) evenly over the configurations; medians and p90 summarise it.
+changes) evenly over the configurations; medians and p90 summarise it. The rounds are this module's own loop, not
+Lightning's ``Trainer``: a ``fit`` trains one configuration, and the rounds alternate every configuration step by
+step on one module; each step is nonetheless the module's own, reached through public names only.
 
 Memory per step: the meter of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`
 (:class:`lit_prunedpo.callbacks.PeakMemoryMeter`): on CUDA ``torch.cuda.max_memory_allocated`` after
