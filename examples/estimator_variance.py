@@ -19,6 +19,8 @@ the two responses' common prefix are not scored (their log-ratios cancel exactly
 
     python examples/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
         [--skip-common-prefix] [--shared-prompt] [--modes sequence,branch]
+
+The modes are the shipped overlays ``configs/modes/<mode>.yaml`` (:mod:`lit_prunedpo.modes`).
 """
 
 from __future__ import annotations
@@ -39,34 +41,15 @@ import yaml  # noqa: E402
 from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
-from lit_prunedpo.plan import plan_step  # noqa: E402
-from lit_prunedpo.samplers import (  # noqa: E402
-    AllPositions,
-    AntitheticBranch,
-    BernoulliPositions,
-    BothBranches,
-    CoupledBernoulliPositions,
-    CoupledStratifiedPositions,
-    FullPrefix,
-    RandomBranch,
-    SharedFractionPrefix,
-    StratifiedPositions,
-)
+from lit_prunedpo.modes import load_mode  # noqa: E402
+from lit_prunedpo.plan import exact_samplers, plan_step  # noqa: E402
 
 # the quickstart's model, read from its config so that the two cannot drift apart
 QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[
     "model"]["policy"]["init_args"]
-MODES = {
-    "branch (random)": (FullPrefix(), AllPositions(), RandomBranch(0.5)),
-    "branch (antithetic)": (FullPrefix(), AllPositions(), AntitheticBranch()),
-    "sequence 0.5": (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
-    "position bernoulli 0.25": (FullPrefix(), BernoulliPositions(0.25, 2.0), BothBranches()),
-    "position stratified 0.25": (FullPrefix(), StratifiedPositions(0.25), BothBranches()),
-    "all (configs/modes/all.yaml)": (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
-    "position bernoulli 0.25, coupled": (FullPrefix(), CoupledBernoulliPositions(0.25, 2.0), BothBranches()),
-    "position stratified 0.25, coupled": (FullPrefix(), CoupledStratifiedPositions(0.25), BothBranches()),
-    "all, coupled positions": (SharedFractionPrefix(0.5), CoupledStratifiedPositions(0.5), AntitheticBranch()),
-}
+# shipped modes (configs/modes/<name>.yaml), each against the exact gradient
+MODES = ("branch", "antithetic", "sequence", "position", "stratified", "all", "position-coupled",
+         "stratified-coupled", "all-coupled")
 
 
 def gradient(module: PrunedDPO, batch, samplers, generator, skip_common: bool = False,
@@ -114,7 +97,7 @@ def main() -> None:
         for p in module.policy.parameters():
             p.add_(args.perturbation * torch.randn_like(p))
 
-    exact = gradient(module, batch, (FullPrefix(), AllPositions(), BothBranches()), torch.Generator())[0]
+    exact = gradient(module, batch, exact_samplers(), torch.Generator())[0]
     norm = float(exact.norm())
     print(f"{args.pairs} pairs of the {args.task} data, its model perturbed by N(0, {args.perturbation}^2); "
           f"{args.draws} draws per mode; common prefix {'not ' if args.skip_common_prefix else ''}scored; "
@@ -123,9 +106,10 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     g = torch.Generator().manual_seed(1)
     wanted = [w for w in args.modes.split(",") if w]
-    for name, samplers in MODES.items():
+    for name in MODES:
         if wanted and not any(w in name for w in wanted):
             continue
+        samplers = load_mode(name).samplers
         draws, tokens, positions = [], 0.0, 0.0
         for _ in range(args.draws):
             grad, plan, token_share = gradient(module, batch, samplers, g, args.skip_common_prefix,

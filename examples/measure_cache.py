@@ -37,19 +37,19 @@ import yaml  # noqa: E402
 from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
+from lit_prunedpo.modes import load_mode  # noqa: E402
 from lit_prunedpo.plan import plan_step  # noqa: E402
 from lit_prunedpo.reference import (  # noqa: E402
     CachedReference,
     ReferenceLogpStore,
     compute_reference_logps,
 )
-from lit_prunedpo.samplers import BothBranches, RandomBranch  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 # the quickstart's model, read from its config so that the two cannot drift apart
 QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[
     "model"]["policy"]["init_args"]
-SAMPLERS = {"vanilla": BothBranches, "branch": lambda: RandomBranch(0.5)}
+MODES = ("vanilla", "branch")  # shipped overlays, configs/modes/<name>.yaml
 
 
 def quickstart_setup(args):
@@ -100,10 +100,11 @@ def measure(name, source, dm, batch_size, args):
 
     loader = iter(dm.train_dataloader())
     batches = [next(loader) for _ in range(args.warmup + args.steps)]
-    for sampler_name, make_sampler in SAMPLERS.items():
+    for sampler_name in MODES:
         modules = {
-            "online": PrunedDPO(policy=source, branch_sampler=make_sampler()),
-            "cached": PrunedDPO(policy=source, reference=CachedReference.from_store(store), branch_sampler=make_sampler()),
+            "online": PrunedDPO(policy=source, **load_mode(sampler_name).module_kwargs()),
+            "cached": PrunedDPO(policy=source, reference=CachedReference.from_store(store),
+                                **load_mode(sampler_name).module_kwargs()),
         }
         optimizers = {k: torch.optim.AdamW(m.policy.parameters(), lr=1e-6) for k, m in modules.items()}
         times = {k: [] for k in modules}

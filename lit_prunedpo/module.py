@@ -338,12 +338,20 @@ class PrunedDPO(L.LightningModule):
     def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
         self._exact_step(batch, self.test_metrics, "test")
 
-    def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
-        """The unpruned objective: every position of every whole response, whatever the samplers are."""
+    def exact_pair_metrics(self, batch: PreferenceBatch) -> dict[str, Tensor]:
+        """Per-pair metrics (``loss``, ``rewards/accuracies``, ...) of the unpruned objective: every position of
+        every whole response, whatever the samplers are. What validation and test log, and what the study's
+        harness evaluates with (``lit_prunedpo.study.runner.exact_eval``)."""
+        return pair_metrics(self._exact(batch)[2], self.beta)
+
+    def _exact(self, batch: PreferenceBatch, token_stats: bool = False) -> tuple[StepPlan, StepLogps, Estimate]:
         batch.validate()
         plan = exact_plan(batch)
-        logps = self.execute(batch, plan, token_stats=True)
-        est = self.estimate(batch, plan, logps)
+        logps = self.execute(batch, plan, token_stats=token_stats)
+        return plan, logps, self.estimate(batch, plan, logps)
+
+    def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
+        plan, logps, est = self._exact(batch, token_stats=True)  # validation also logs TRL's token metrics
         for name, value in pair_metrics(est, self.beta).items():
             metric = metrics[_key(name)]
             metric.update(value)

@@ -11,29 +11,19 @@ import gc
 
 import pytest
 import torch
-from helpers import MODES, REPO, TINY_LLAMA, config_args, make_batch
+from helpers import REPO, TINY_LLAMA, config_args, make_batch
 from lit_prunedpo.callbacks import _memory
 from torch import nn
 
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.models import FromConfig
+from lit_prunedpo.modes import load_mode
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.samplers import (
-    AllPositions,
-    BernoulliPositions,
-    BothBranches,
-    FullPrefix,
-    RandomBranch,
-    SharedFractionPrefix,
-)
 from lit_prunedpo.scoring import TokenScorer
 
 TOL = dict(atol=1e-5, rtol=1e-4)
-MODES = {
-    "vanilla": (FullPrefix(), AllPositions(), BothBranches()),
-    "all": (SharedFractionPrefix(0.5), BernoulliPositions(0.5), RandomBranch(0.5)),
-}
+MODES = {name: load_mode(name).samplers for name in ("vanilla", "all")}
 
 
 def _module(tied: bool, scorer) -> PrunedDPO:

@@ -102,7 +102,7 @@ class ForcedBranch(BranchSampler):
         return self.mask
 
 
-@pytest.mark.parametrize("branch", [RandomBranch(0.3), AntitheticBranch()], ids=["random0.3", "antithetic"])
+@pytest.mark.parametrize("branch", [RandomBranch(0.3), AntitheticBranch()], ids=["random0.3", "antithetic-branch"])
 def test_branch_pruning_expected_gradient_is_exact_dpo_gradient(tiny_source, small_batch, branch):
     module = perturbed(tiny_source)
     handwritten_dpo(module, small_batch).backward()

@@ -17,6 +17,7 @@ from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
+from lit_prunedpo.modes import load_mode
 from lit_prunedpo.execute import StepExecutor, layout_for, score_groups
 from lit_prunedpo.layout import PairLengths, SharedPromptLayout
 from lit_prunedpo.plan import plan_step
@@ -37,15 +38,15 @@ from helpers import TINY_LLAMA, make_batch
 
 TOL = dict(atol=1e-5, rtol=1e-4)
 
-# the samplers of configs/{vanilla,branch,sequence,position,all}.yaml (position and prefix rates lowered so
-# that a small batch draws real pruning)
+# the shipped vanilla and branch modes, and prefix/position samplers at lower rates than the shipped modes' (a
+# deeper cut, more positions skipped), so that a small batch draws real pruning
+ALL_THREE = "prefix 0.3 + stratified 0.5 + antithetic"
 MODES = {
-    "vanilla": dict(),
-    "branch": dict(branch_sampler=RandomBranch(0.5)),
-    "sequence": dict(prefix_sampler=SharedFractionPrefix(0.3)),
-    "position": dict(position_sampler=BernoulliPositions(0.4, 1.0)),
-    "all": dict(prefix_sampler=SharedFractionPrefix(0.3), position_sampler=StratifiedPositions(0.5),
-                branch_sampler=AntitheticBranch()),
+    **{name: load_mode(name).module_kwargs() for name in ("vanilla", "branch")},
+    "prefix 0.3": dict(prefix_sampler=SharedFractionPrefix(0.3)),
+    "bernoulli 0.4": dict(position_sampler=BernoulliPositions(0.4, 1.0)),
+    ALL_THREE: dict(prefix_sampler=SharedFractionPrefix(0.3), position_sampler=StratifiedPositions(0.5),
+                    branch_sampler=AntitheticBranch()),
 }
 
 
@@ -117,14 +118,14 @@ def test_every_mode_equals_the_padded_layout(tiny_source, mode):
     assert_same_step(tiny_source, padded_everywhere(), **MODES[mode])
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "all"])
+@pytest.mark.parametrize("mode", ["vanilla", ALL_THREE])
 def test_chunked_scorer_and_gradient_checkpointing_equal_the_padded_layout(tiny_source, mode):
     # gradient checkpointing keeps no keys and values: no prompt cache there (test below)
     assert_same_step(tiny_source, padded_everywhere(), seeds=(0, 1), scorer=ChunkedScorer(chunk_size=5),
                      gradient_checkpointing=True, prompt_cache=False, **MODES[mode])
 
 
-@pytest.mark.parametrize("mode", ["branch", "all"])
+@pytest.mark.parametrize("mode", ["branch", ALL_THREE])
 def test_chunked_scorer_reads_the_prompt_cache(tiny_source, mode):
     assert_same_step(tiny_source, padded_everywhere(), seeds=(0, 1), scorer=ChunkedScorer(chunk_size=5),
                      **MODES[mode])
@@ -146,14 +147,14 @@ def test_gradient_checkpointing_reuses_no_keys_and_values_and_asking_to_fails_cl
 def test_eager_attention_equals_the_padded_layout():
     source = FromConfig("llama", {**TINY_LLAMA, "attn_implementation": "eager"}, seed=0)
     assert source.build().config._attn_implementation == "eager"
-    assert_same_step(source, padded_everywhere(), seeds=(0,), **MODES["all"])
+    assert_same_step(source, padded_everywhere(), seeds=(0,), **MODES[ALL_THREE])
 
 
 def test_validation_step_is_the_same_exact_objective(tiny_source):
     batch = padded_everywhere()
     values = []
     for shared in (True, False):
-        module = PrunedDPO(policy=tiny_source, shared_prompt=shared, **MODES["all"])
+        module = PrunedDPO(policy=tiny_source, shared_prompt=shared, **MODES[ALL_THREE])
         plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
         values.append(module.execute_and_estimate(batch, plan))
     torch.testing.assert_close(values[0].loss, values[1].loss, **TOL)

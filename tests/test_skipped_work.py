@@ -7,26 +7,17 @@ import pytest
 import torch
 
 from lit_prunedpo import PrunedDPO
-from lit_prunedpo.samplers import (
-    AntitheticBranch,
-    BernoulliPositions,
-    RandomBranch,
-    SharedFractionPrefix,
-)
+from lit_prunedpo.samplers import RandomBranch, SharedFractionPrefix
 from lit_prunedpo.execute import score_groups
 from lit_prunedpo.layout import PairLengths, SharedPromptLayout
+from lit_prunedpo.modes import load_mode
 from lit_prunedpo.scoring import split_causal_lm
 
+from helpers import MODES as SHIPPED_MODES
 from helpers import make_batch
 
-MODES = {
-    "vanilla": dict(),
-    "branch": dict(branch_sampler=RandomBranch(0.5)),
-    "sequence": dict(prefix_sampler=SharedFractionPrefix(0.3)),
-    "position": dict(position_sampler=BernoulliPositions(0.25, 1.0)),
-    "all": dict(prefix_sampler=SharedFractionPrefix(0.3), position_sampler=BernoulliPositions(0.25, 1.0),
-                branch_sampler=AntitheticBranch()),
-}
+# the shipped modes (configs/modes/<name>.yaml)
+MODES = {name: load_mode(name).module_kwargs() for name in SHIPPED_MODES}
 
 
 class Counter:

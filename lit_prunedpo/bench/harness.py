@@ -11,10 +11,12 @@ per step, which does not change any shape or cost.
 
 Rounds: round ``r`` runs one step of every configuration, in order, on batch ``r`` (``A B C ... A B C ...``);
 the first ``warmup`` rounds are not recorded. Alternating spreads machine noise (other processes, frequency
-changes) evenly over the configurations; medians and p90 summarise it.
+changes) evenly over the configurations; medians and p90 summarise it. The rounds are this module's own loop, not
+Lightning's ``Trainer``: a ``fit`` trains one configuration, and the rounds alternate every configuration step by
+step on one module; each step is nonetheless the module's own, reached through public names only.
 
 Memory per step: the meter of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`
-(:class:`lit_prunedpo.callbacks._memory.PeakMemoryMeter`): on CUDA ``torch.cuda.max_memory_allocated`` after
+(:class:`lit_prunedpo.callbacks.PeakMemoryMeter`): on CUDA ``torch.cuda.max_memory_allocated`` after
 ``reset_peak_memory_stats``; on the CPU the kernel's peak RSS (``VmHWM``) after resetting it through
 ``/proc/self/clear_refs``. The benchmark's meter settles first (``gc.collect()``, and glibc's ``malloc_trim(0)``)
 so that memory a previous configuration freed is given back to the OS and not counted again. Both the absolute
@@ -44,7 +46,7 @@ from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.peer_trl import TRLPeer
 from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Preset
-from lit_prunedpo.callbacks._memory import PeakMemoryMeter, PeakReading
+from lit_prunedpo.callbacks import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data.synthetic import BOS, EOS, PAD, SyntheticPreferenceData
 from lit_prunedpo.execute import StepExecutor, layout_for
@@ -52,7 +54,7 @@ from lit_prunedpo.layout import PairLengths
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.reference import ReferenceSource
+from lit_prunedpo.reference import CachedReference, ReferenceSource, compute_reference_logps
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
@@ -158,12 +160,6 @@ def train_step(
 
 def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch]) -> ReferenceSource:
     """The reference log-probs of ``model`` on exactly ``batches``, computed once."""
-    try:
-        from lit_prunedpo.reference_cache import CachedReference, compute_reference_logps
-    except ImportError as err:
-        raise RuntimeError(
-            f"reference cache not available (lit_prunedpo.reference_cache: {err}); run with --references online"
-        ) from err
     return CachedReference.from_store(compute_reference_logps(model, batches))
 
 
@@ -218,7 +214,6 @@ def run_benchmark(
 
     Raises:
         ValueError: on an unknown mode, reference or scorer, or a step count out of range.
-        RuntimeError: ``cached`` requested where :mod:`lit_prunedpo.reference_cache` is missing.
     """
     modes = _check_choice("modes", modes, tuple(MODES))
     references = _check_choice("references", references, REFERENCES)

@@ -20,40 +20,21 @@
 * ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``scripts/gpu-check``
   runs in bf16 on one GPU.
 
-Modes (every sampler at its documented default strength):
-
-* ``vanilla``: concatenated DPO, no pruning;
-* ``branch``: one branch per pair (``RandomBranch(0.5)``);
-* ``sequence``: prefix pruning (``SharedFractionPrefix(0.5)``);
-* ``position``: position pruning (``BernoulliPositions(0.25)``);
-* ``all``: the three together.
+Modes: the shipped overlays ``configs/modes/{vanilla,branch,sequence,position,all}.yaml``, loaded by
+:mod:`lit_prunedpo.modes`: the benchmark times the configurations users run.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lit_prunedpo.samplers import (
-    AllPositions,
-    BernoulliPositions,
-    BothBranches,
-    BranchSampler,
-    FullPrefix,
-    PositionSampler,
-    PrefixSampler,
-    RandomBranch,
-    SharedFractionPrefix,
-)
+from lit_prunedpo.modes import Samplers, samplers_of
 
-Samplers = tuple[PrefixSampler, PositionSampler, BranchSampler]
-
+#: The modes the benchmark compares (names of shipped overlays); each value returns new sampler objects.
 MODES: dict[str, Callable[[], Samplers]] = {
-    "vanilla": lambda: (FullPrefix(), AllPositions(), BothBranches()),
-    "branch": lambda: (FullPrefix(), AllPositions(), RandomBranch(0.5)),
-    "sequence": lambda: (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
-    "position": lambda: (FullPrefix(), BernoulliPositions(0.25), BothBranches()),
-    "all": lambda: (SharedFractionPrefix(0.5), BernoulliPositions(0.25), RandomBranch(0.5)),
+    name: functools.partial(samplers_of, name) for name in ("vanilla", "branch", "sequence", "position", "all")
 }
 REFERENCES = ("online", "cached")
 SCORERS = ("plain", "chunked")

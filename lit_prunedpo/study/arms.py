@@ -1,13 +1,9 @@
 """The study's arms: a pruning mode (the three samplers, as in the shipped configs) and a batch size.
 
-Modes mirror ``configs/modes/<mode>.yaml`` so that a study's verdict applies to the configs a user runs:
-
-* ``vanilla``: concatenated DPO; ``branch``: ``RandomBranch(0.5)``; ``antithetic``: ``AntitheticBranch()``;
-* ``sequence``: ``SharedFractionPrefix(0.5)``; ``position``: ``BernoulliPositions(0.25, min_expected=2)``;
-* ``all``: ``SharedFractionPrefix(0.5)`` + ``StratifiedPositions(0.5)`` + ``AntitheticBranch()``;
-* ``position-coupled``, ``stratified-coupled``, ``all-coupled``: ``position`` (and a stratified 0.25 variant)
-  and ``all`` with the position draw shared by a pair's two branches (``CoupledBernoulliPositions``,
-  ``CoupledStratifiedPositions``: common random numbers, same inclusion probabilities).
+Modes are the shipped overlays ``configs/modes/<mode>.yaml``, loaded by :mod:`lit_prunedpo.modes`, so that a
+study's verdict applies to the configs a user runs: ``vanilla``, ``branch``, ``antithetic``, ``sequence``,
+``position``, ``all``, and the coupled variants ``position-coupled``, ``stratified-coupled`` and ``all-coupled``
+(the position draw shared by a pair's two branches: common random numbers, same inclusion probabilities).
 
 An arm is ``same-batch`` (the task's batch), ``compute-matched``: a pruned mode with the batch enlarged by the
 FLOP cost model's ideal speedup of the mode on the task's own batches (:func:`matched_batch_size`), so that one
@@ -21,6 +17,7 @@ count its warm-up-then-cosine schedule spans (``schedule_steps``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -28,36 +25,14 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
+from lit_prunedpo.modes import Samplers, samplers_of
 from lit_prunedpo.plan import plan_step
-from lit_prunedpo.samplers import (
-    AllPositions,
-    AntitheticBranch,
-    BernoulliPositions,
-    BothBranches,
-    BranchSampler,
-    CoupledBernoulliPositions,
-    CoupledStratifiedPositions,
-    FullPrefix,
-    PositionSampler,
-    PrefixSampler,
-    RandomBranch,
-    SharedFractionPrefix,
-    StratifiedPositions,
-)
 
-Samplers = tuple[PrefixSampler, PositionSampler, BranchSampler]
-
-MODES: dict[str, Callable[[], Samplers]] = {
-    "vanilla": lambda: (FullPrefix(), AllPositions(), BothBranches()),
-    "branch": lambda: (FullPrefix(), AllPositions(), RandomBranch(0.5)),
-    "antithetic": lambda: (FullPrefix(), AllPositions(), AntitheticBranch()),
-    "sequence": lambda: (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
-    "position": lambda: (FullPrefix(), BernoulliPositions(0.25, min_expected=2.0), BothBranches()),
-    "all": lambda: (SharedFractionPrefix(0.5), StratifiedPositions(0.5), AntitheticBranch()),
-    "position-coupled": lambda: (FullPrefix(), CoupledBernoulliPositions(0.25, min_expected=2.0), BothBranches()),
-    "stratified-coupled": lambda: (FullPrefix(), CoupledStratifiedPositions(0.25), BothBranches()),
-    "all-coupled": lambda: (SharedFractionPrefix(0.5), CoupledStratifiedPositions(0.5), AntitheticBranch()),
-}
+#: The study's modes (names of shipped overlays), in the order its reports list them; each value returns new
+#: sampler objects.
+STUDY_MODES = ("vanilla", "branch", "antithetic", "sequence", "position", "all", "position-coupled",
+               "stratified-coupled", "all-coupled")
+MODES: dict[str, Callable[[], Samplers]] = {name: functools.partial(samplers_of, name) for name in STUDY_MODES}
 
 
 @dataclass(frozen=True)

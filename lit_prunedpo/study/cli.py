@@ -160,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warm-start-steps", type=count(0), default=None, metavar="N",
       help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
            "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
+    a("--data-path", default=None, metavar="FILE",
+      help="the task's data file (tasks that read one: hh-rlhf; default: shared/data/hh-rlhf/harmless-base-test.jsonl.gz "
+           "beside the repository)")
+    a("--tokenizer", default=None, help="the task's tokenizer, a folder or hub name (tasks that read a data file: "
+                                        "hh-rlhf; default: shared/tokenizers/gpt2 beside the repository)")
     a("--work-dir", default="study_results/work", help="where warm starts are cached (default: study_results/work)")
     a("--quick", action="store_true", help="a minutes-long study with fewer seeds: "
       + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + " unless given")
@@ -213,9 +218,18 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     for name in ("batch_size", "max_rows", "lr", "warm_start_steps"):  # checked by their argument types
         if getattr(args, name) is not None:
             task = dataclasses.replace(task, **{name: getattr(args, name)})
+    for option, name in (("--data-path", "path"), ("--tokenizer", "tokenizer")):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None:
+            if name not in {f.name for f in dataclasses.fields(task)}:
+                parser.error(f"{option}: task {task.name} reads no data file (it generates its pairs)")
+            task = dataclasses.replace(task, **{name: value})
     B = task.batch_size
     with tempfile.TemporaryDirectory(prefix="lit-prunedpo-study-") as work_dir:  # generated files, read once by setup
-        dm = task.datamodule(Path(work_dir))
+        try:
+            dm = task.datamodule(Path(work_dir))
+        except FileNotFoundError as exc:  # a data file or tokenizer not where the task was told to look
+            parser.error(str(exc))
     try:
         eval_pairs = sum(b.num_pairs for b in eval_batches(dm, opt["max_eval_pairs"]))
     except ValueError as exc:

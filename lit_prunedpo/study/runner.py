@@ -39,13 +39,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.callbacks.prune_early import SAMPLER_ATTRS, use_exact_samplers
+from lit_prunedpo.callbacks import SAMPLER_ATTRS, use_exact_samplers
 from lit_prunedpo.data import PreferenceDataModule
-from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.optim import WarmupCosineLR
-from lit_prunedpo.plan import exact_plan
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.tasks import StudyTask
@@ -166,14 +164,14 @@ def weights_checksum(model: torch.nn.Module) -> float:
 
 @torch.no_grad()
 def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch]) -> tuple[float, float]:
-    """Mean exact DPO loss and accuracy over every pair of ``batches`` (what ``validation_step`` computes)."""
+    """Mean exact DPO loss and accuracy over every pair of ``batches``: the module's own validation computation
+    (:meth:`PrunedDPO.exact_pair_metrics`), averaged over pairs."""
     was_training = module.training
     module.eval()
     losses, hits, pairs = 0.0, 0.0, 0
     try:
         for batch in batches:
-            plan = exact_plan(batch)
-            metrics = pair_metrics(module.execute_and_estimate(batch, plan), module.beta)
+            metrics = module.exact_pair_metrics(batch)
             losses += float(metrics["loss"].sum())
             hits += float(metrics["rewards/accuracies"].sum())
             pairs += batch.num_pairs

@@ -10,9 +10,12 @@ pairs are never trained on) and :meth:`StudyTask.policy` the model source for a 
 * ``edited``: near-duplicate pairs, one wrong letter at a random place, 10% of labels swapped
   (:mod:`lit_prunedpo.data.edited`; best achievable held-out accuracy 0.9), the quickstart's model.
 * ``edited-start``: the same with the wrong letter first: the near-duplicate regime's other end.
-* ``hh-rlhf``: 2,312 real HH-RLHF pairs (``../shared/data/hh-rlhf``), GPT-2's tokenizer, a Llama with GPT-2's
-  vocabulary (d=64, 4 layers: the LM head is most of a step), warm-started on the chosen responses; prompts and
-  prompts cut to 32 tokens and responses to 16 so that a study fits on 2 CPU cores.
+* ``hh-rlhf``: 2,312 real HH-RLHF pairs, GPT-2's tokenizer, a Llama with GPT-2's vocabulary (d=64, 4 layers:
+  the LM head is most of a step), warm-started on the chosen responses; prompts cut to 32 tokens and responses
+  to 16 so that a study fits on 2 CPU cores. Its data file and tokenizer are arguments (``HHRLHFTask(path=...,
+  tokenizer=...)``, ``lit-prunedpo-study --data-path ... --tokenizer ...``); by default
+  :data:`HH_RLHF_DATA` and :data:`GPT2_TOKENIZER`, in the ``shared/`` folder beside the repository (resolved
+  from this file, not from the working directory).
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ from typing import Any
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.data.edited import EditPlace, best_accuracy, edited_pairs
 from lit_prunedpo.models import FromConfig
+
+#: The folder beside the repository's root that holds the local copies of the real data and tokenizers.
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+#: HH-RLHF's harmless-base test file: the ``hh-rlhf`` task's default data.
+HH_RLHF_DATA = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
+#: GPT-2's tokenizer files: the ``hh-rlhf`` task's default tokenizer.
+GPT2_TOKENIZER = SHARED / "tokenizers/gpt2"
 
 QUICKSTART_MODEL: dict[str, Any] = dict(
     vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -139,8 +149,8 @@ class HHRLHFTask(StudyTask):
     lr: float = 1e-3
     warmup_steps: int = 10
     best_accuracy: float | None = None
-    path: str = "../shared/data/hh-rlhf/harmless-base-test.jsonl.gz"
-    tokenizer: str = "../shared/tokenizers/gpt2"
+    path: str | None = None  # the data file; None: HH_RLHF_DATA
+    tokenizer: str | None = None  # a tokenizer folder or hub name; None: GPT2_TOKENIZER
     max_length: int = 48
     max_prompt_length: int = 32
     max_rows: int | None = None
@@ -155,11 +165,16 @@ class HHRLHFTask(StudyTask):
     ))
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
-        for what, p in (("data file", self.path), ("tokenizer", self.tokenizer)):
-            if not Path(p).exists():
-                raise FileNotFoundError(f"hh-rlhf task: {what} {p!r} not found (run from the repository root, next to ../shared)")
+        path = Path(self.path) if self.path is not None else HH_RLHF_DATA
+        tokenizer = self.tokenizer if self.tokenizer is not None else str(GPT2_TOKENIZER)
+        if not path.is_file():
+            raise FileNotFoundError(f"hh-rlhf task: data file {str(path)!r} not found; give its location with "
+                                    "lit-prunedpo-study --data-path (HHRLHFTask(path=...))")
+        if self.tokenizer is None and not GPT2_TOKENIZER.is_dir():
+            raise FileNotFoundError(f"hh-rlhf task: tokenizer {str(GPT2_TOKENIZER)!r} not found; give its location "
+                                    "with lit-prunedpo-study --tokenizer (HHRLHFTask(tokenizer=...): a folder or a hub name)")
         dm = PreferenceDataModule(
-            path=self.path, tokenizer=self.tokenizer, max_length=self.max_length, max_prompt_length=self.max_prompt_length,
+            path=str(path), tokenizer=tokenizer, max_length=self.max_length, max_prompt_length=self.max_prompt_length,
             val_fraction=0.1, batch_size=self.batch_size, max_rows=self.max_rows, on_bad_row=self.on_bad_row,
         )
         dm.setup("fit")

@@ -17,20 +17,19 @@ from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.cli import main
 from lit_prunedpo.bench.harness import build_rounds, run_benchmark, run_rounds, train_step
 from lit_prunedpo.bench.presets import MODES, get_preset
-from lit_prunedpo.callbacks._memory import PeakMemoryMeter
+from lit_prunedpo.callbacks import PeakMemoryMeter
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.execute import StepExecutor
 from lit_prunedpo.layout import PairLengths, SharedPromptLayout
 from lit_prunedpo.models import FromConfig
+from lit_prunedpo.modes import load_mode
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
-    BernoulliPositions,
     BothBranches,
     FullPrefix,
     RandomBranch,
-    SharedFractionPrefix,
 )
 from lit_prunedpo.step import StepParts
 
@@ -38,7 +37,6 @@ FIELDS = (
     "mode", "reference", "scorer", "step_time_s", "step_time_p90_s", "peak_memory_mb", "tokens_executed",
     "positions_scored", "ideal_speedup", "speedup", "efficiency",
 )
-HAS_CACHE = importlib.util.find_spec("lit_prunedpo.reference_cache") is not None
 
 # Hand-computed shapes: 2 pairs, prompts of 3 tokens, all responses of 5 tokens -> width 3 + 5 - 1 = 7.
 DIMS = cost.ModelDims(body_params=1000, hidden_size=8, vocab_size=100, num_layers=2, attention_dim=8)
@@ -104,12 +102,6 @@ def test_harness_arguments_checked():
         get_preset("huge")
 
 
-def test_cached_reference_unavailable_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "lit_prunedpo.reference_cache", None)  # import now raises ImportError
-    with pytest.raises(RuntimeError, match="reference cache not available"):
-        run_benchmark(get_preset("small"), modes=["vanilla"], references=["cached"], scorers=["plain"], steps=1, warmup=0)
-
-
 def _check_payload(payload, modes, references, scorers, prompts=("shared",)):
     assert payload["preset"] == "small" and payload["device"] == "cpu"
     rows = payload["results"]
@@ -133,7 +125,7 @@ def _check_payload(payload, modes, references, scorers, prompts=("shared",)):
 
 
 def test_cli_small_in_process(tmp_path, capsys):
-    references = ["online", "cached"] if HAS_CACHE else ["online"]
+    references = ["online", "cached"]
     assert main(["--preset", "small", "--references", ",".join(references), "--out", str(tmp_path), "--quiet"]) == 0
     payload = json.loads((tmp_path / "bench.json").read_text())
     _check_payload(payload, list(MODES), references, ["plain", "chunked"])
@@ -263,8 +255,7 @@ def test_bench_step_is_the_training_step(monkeypatch):
                           dev=torch.device("cpu"))
     ((config, parts),) = rounds.parts.items()
     batch, bench = rounds.batches[0], rounds.module
-    built = PrunedDPO(policy=FromConfig("llama", small.model, seed=0), beta=0.1, prefix_sampler=SharedFractionPrefix(0.5),
-                      position_sampler=BernoulliPositions(0.25), branch_sampler=RandomBranch(0.5),
+    built = PrunedDPO(policy=FromConfig("llama", small.model, seed=0), beta=0.1, **load_mode("all").module_kwargs(),
                       scorer=ChunkedScorer(small.chunk_size), shared_prompt=False)
     built.train()
     for module in (built, bench):  # the policy moves away from the reference: margins and the reference matter

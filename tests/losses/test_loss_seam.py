@@ -122,7 +122,7 @@ class ForcedBranch(BranchSampler):
      WeightedLoss([SigmoidLoss(), SftLoss()], [1.0, 0.5])],
     ids=lambda x: type(x).__name__,
 )
-@pytest.mark.parametrize("branch", [RandomBranch(0.3), AntitheticBranch()], ids=["random0.3", "antithetic"])
+@pytest.mark.parametrize("branch", [RandomBranch(0.3), AntitheticBranch()], ids=["random0.3", "antithetic-branch"])
 def test_branch_pruning_gradient_is_exactly_unbiased(loss, branch):
     """Enumerating every branch choice: the expected surrogate gradient w.r.t. every token log-prob is the loss's
     exact gradient, for losses whose partials differ per branch (and for the NLL, which has none on one)."""

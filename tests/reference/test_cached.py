@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from helpers import MODES as SHIPPED_MODES
 from helpers import REPO, TINY_LLAMA
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -25,28 +26,13 @@ from lit_prunedpo.batch import collate_pairs
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.models import FromConfig
+from lit_prunedpo.modes import load_mode
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceLogpStore, ReferenceRuntime, compute_reference_logps
 from lit_prunedpo.reference.store import read_fingerprint, tensors_checksum
-from lit_prunedpo.samplers import (
-    AllPositions,
-    AntitheticBranch,
-    BernoulliPositions,
-    BothBranches,
-    FullPrefix,
-    RandomBranch,
-    SharedFractionPrefix,
-    StratifiedPositions,
-)
 
 ATOL = 1e-6
-MODES = {
-    "vanilla": (FullPrefix(), AllPositions(), BothBranches()),
-    "branch": (FullPrefix(), AllPositions(), RandomBranch(0.5)),
-    "sequence": (SharedFractionPrefix(0.5), AllPositions(), BothBranches()),
-    "position": (FullPrefix(), BernoulliPositions(rate=0.25, min_expected=2.0), BothBranches()),
-    "all": (SharedFractionPrefix(0.5), StratifiedPositions(rate=0.5), AntitheticBranch()),
-}
+MODES = {name: load_mode(name).samplers for name in SHIPPED_MODES}
 FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1"]
 HH_DATA = str(REPO.parent / "shared/data/hh-rlhf/harmless-base-test.jsonl.gz")
 GPT2_TOKENIZER = str(REPO.parent / "shared/tokenizers/gpt2")

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from lit_prunedpo.study import tasks
 from lit_prunedpo.study.map_cli import main
 from lit_prunedpo.study.map_plan import PlanOptions, Probe, cell_seconds, fit_budget
 from lit_prunedpo.study.map_plan import makespan
@@ -123,8 +124,9 @@ def test_command_errors(tmp_path, capsys):
 
 
 def test_a_cell_whose_data_is_missing_is_refused_before_training(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # HH-RLHF's data is found relative to the repository root (../shared)
+    missing = tmp_path / "harmless-base-test.jsonl.gz"
+    monkeypatch.setattr(tasks, "HH_RLHF_DATA", missing)  # the default data file, resolved beside the repository
     with pytest.raises(SystemExit):
         main(["--spec", "hh-rlhf", "--plan-only", "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "cell hh-rlhf-L64-B8: hh-rlhf task: data file '../shared/data/hh-rlhf/harmless-base-test.jsonl.gz' not found" in err
+    assert f"cell hh-rlhf-L64-B8: hh-rlhf task: data file '{missing}' not found" in err

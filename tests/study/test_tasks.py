@@ -1,0 +1,42 @@
+"""The study's tasks: a task that reads files takes their paths as arguments, its defaults are found beside the
+repository wherever the command runs, and a missing file is refused naming the path."""
+
+from __future__ import annotations
+
+import pytest
+
+from lit_prunedpo.study import tasks
+from lit_prunedpo.study.cli import main
+from lit_prunedpo.study.tasks import HHRLHFTask
+
+from helpers import REPO
+
+
+def test_default_paths_are_beside_the_repository_not_the_working_directory(tmp_path, monkeypatch):
+    assert tasks.HH_RLHF_DATA == REPO.parent / "shared/data/hh-rlhf/harmless-base-test.jsonl.gz"
+    assert tasks.GPT2_TOKENIZER == REPO.parent / "shared/tokenizers/gpt2"
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "none.jsonl.gz"
+    monkeypatch.setattr(tasks, "HH_RLHF_DATA", missing)
+    with pytest.raises(FileNotFoundError, match=f"data file '{missing}' not found.*--data-path"):
+        HHRLHFTask().datamodule(tmp_path)
+
+
+def test_a_missing_data_file_or_tokenizer_is_named(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=f"hh-rlhf task: data file '{tmp_path / 'x.jsonl'}' not found"):
+        HHRLHFTask(path=str(tmp_path / "x.jsonl")).datamodule(tmp_path)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("")
+    monkeypatch.setattr(tasks, "GPT2_TOKENIZER", tmp_path / "gpt2")
+    with pytest.raises(FileNotFoundError, match=f"hh-rlhf task: tokenizer '{tmp_path / 'gpt2'}' not found.*--tokenizer"):
+        HHRLHFTask(path=str(pairs)).datamodule(tmp_path)
+
+
+def test_study_command_takes_the_data_path(tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl.gz"
+    with pytest.raises(SystemExit):
+        main(["--task", "hh-rlhf", "--data-path", str(missing), "--quiet"])
+    assert f"hh-rlhf task: data file '{missing}' not found" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(SystemExit):
+        main(["--task", "quickstart", "--data-path", str(missing), "--quiet"])
+    assert "--data-path: task quickstart reads no data file" in capsys.readouterr().err.strip().splitlines()[-1]
