@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import tempfile
 from pathlib import Path
 
@@ -39,16 +40,17 @@ from lit_prunedpo.study.map_tasks import CellTask
 from lit_prunedpo.study.noise import between_variance, pair, predict, squared_distance, within_variance
 from lit_prunedpo.study.runner import make_run
 from lit_prunedpo.study.warm_start import warm_start
+from lit_prunedpo.modes import samplers_of
 from lit_prunedpo.testing import coefficient_bias
 
-# design -> its samplers; DivergentBranch is bound to each batch (what the planner would do, see docs/samplers.md)
+# design -> its samplers: the shipped modes from configs/modes (lit_prunedpo.modes), the new designs spelled out;
+# DivergentBranch is bound to each batch as the planner binds it (see docs/samplers.md)
 DESIGNS = {
-    "vanilla": lambda: (FullPrefix(), AllPositions(), BothBranches()),
-    "stratified-coupled (shipped)": lambda: (FullPrefix(), CoupledStratifiedPositions(0.25), BothBranches()),
-    "stratified-coupled min_count=8 (new)": lambda: (FullPrefix(), CoupledStratifiedPositions(0.125, min_count=8), BothBranches()),
-    "branch (shipped)": lambda: (FullPrefix(), AllPositions(), RandomBranch(0.5)),
-    "antithetic (shipped)": lambda: (FullPrefix(), AllPositions(), AntitheticBranch()),
-    "divergent 0.5 (new)": lambda: (FullPrefix(), AllPositions(), DivergentBranch(0.5)),
+    **{f"{name} (shipped)": functools.partial(samplers_of, name)
+       for name in ("vanilla", "stratified-coupled", "branch", "antithetic")},
+    "coupled stratified 0.125, min_count=8 (new)": lambda: (
+        FullPrefix(), CoupledStratifiedPositions(0.125, min_count=8), BothBranches()),
+    "divergent branch 0.5 (new)": lambda: (FullPrefix(), AllPositions(), DivergentBranch(0.5)),
 }
 
 
@@ -67,7 +69,7 @@ def gradient(module, batch, samplers, generator) -> torch.Tensor:
 
 
 def cost_ratio(batch, samplers, dims, generator, plans: int = 20) -> float:
-    vanilla = [cost.step_flops(plan_step(batch, *DESIGNS["vanilla"](), generator), dims) for _ in range(plans)]
+    vanilla = [cost.step_flops(plan_step(batch, *DESIGNS["vanilla (shipped)"](), generator), dims) for _ in range(plans)]
     pruned = [cost.step_flops(plan_step(batch, *bound(samplers, batch), generator), dims) for _ in range(plans)]
     return cost.ideal_speedup(vanilla, pruned)
 
@@ -93,7 +95,7 @@ def mixed_batch(near, unrelated) -> PreferenceBatch:
 def measure_cell(name: str, module, batch, draws: int, seed: int) -> list[dict]:
     dims = cost.ModelDims.from_model(module.policy)
     g = torch.Generator().manual_seed(seed)
-    exact_samplers = DESIGNS["vanilla"]()
+    exact_samplers = DESIGNS["vanilla (shipped)"]()
     per_pair = torch.stack([gradient(module, pair(batch, i), exact_samplers, g) for i in range(batch.num_pairs)])
     between = between_variance(per_pair)
     exact = gradient(module, batch, exact_samplers, g)

@@ -110,7 +110,10 @@ def mode_tables(source: str) -> list[tuple[int, str]]:
             labelled = node.args[1:] if getattr(node.func, "attr", None) == "parametrize" else node.args
             args = [*labelled, *(k.value for k in node.keywords)]
             pairs = [(a, [b for b in args if b is not a]) for a in args]
-            pairs += [(ast.Constant(k.arg), [k.value]) for k in node.keywords if k.arg]
+            # a keyword whose value is one call names that argument's role (check_unbiased(position=...)); a table
+            # entry pairs the name with several samplers (a tuple, a lambda, a dict)
+            pairs += [(ast.Constant(k.arg), [k.value]) for k in node.keywords
+                      if k.arg and not isinstance(k.value, ast.Call)]
         elif isinstance(node, (ast.Tuple, ast.List)):
             pairs = [(e, [o for o in node.elts if o is not e]) for e in node.elts]
         for key, values in pairs:
@@ -130,6 +133,8 @@ def test_scan_finds_a_mode_table():
     assert mode_tables('@pytest.mark.parametrize("m", [RandomBranch(0.5)], ids=["branch"])\ndef f(m): pass')
     assert not mode_tables('M = {"prefix 0.3": SharedFractionPrefix(0.3), "all": load_mode("all")}')
     assert not mode_tables('@pytest.mark.parametrize("branch", [RandomBranch(0.3)])\ndef f(branch): pass')
+    assert not mode_tables('check_unbiased(position=StratifiedPositions(0.5), branch=RandomBranch(0.5))')
+    assert mode_tables('MODES = dict(branch=(FullPrefix(), AllPositions(), RandomBranch(0.5)))')
 
 
 def test_no_other_sampler_table_carries_a_mode_name():
