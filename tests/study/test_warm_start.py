@@ -79,8 +79,11 @@ def test_the_cache_is_reused_per_seed_and_settings(warmed, task, dm):
     assert (files[0] / RECORD).stat().st_mtime_ns == stamp
     assert weights_checksum(again.build()) == weights_checksum(source.build())
     # another seed or another step count is another warm start
-    _, other = warm_start(task, 1, dm, work, 2, lr=task.warm_start_lr)
+    lines: list[str] = []
+    _, other = warm_start(task, 1, dm, work, 2, lr=task.warm_start_lr, log=lines.append)
     assert other["reused"] is False and other["path"] != record["path"]
+    # its progress: a line every 50 steps and the last one, here only the last (no time left to announce)
+    assert len(lines) == 1 and lines[0].startswith("warm start seed 1: step 2 of 2, NLL ") and "left" not in lines[0]
     assert len(list((work / "warm-start").iterdir())) == 2
     with pytest.raises(ValueError, match="steps"):
         warm_start(task, 0, dm, work, 0)
