@@ -132,11 +132,10 @@ def warm_start(
                 raise FloatingPointError(f"warm start seed {seed}: non-finite NLL at step {len(losses)}")
             losses.append(float(loss.detach()))
             seen.update(batch.index.tolist())
-            if len(losses) % 50 == 0 or len(losses) == steps:
-                recent = losses[-50:]
+            if len(losses) % 50 == 0 and len(losses) < steps:  # the last step has a summary line of its own
                 left = cpu_s / len(losses) * (steps - len(losses))
-                log(f"warm start seed {seed}: step {len(losses)} of {steps}, NLL {sum(recent) / len(recent):.3f} "
-                    f"({cpu_s:.0f} CPU-s" + (f", about {left:.0f} CPU-s left)" if len(losses) < steps else ")"))
+                log(f"warm start seed {seed}: step {len(losses)} of {steps}, NLL {sum(losses[-50:]) / 50:.3f} "
+                    f"({cpu_s:.0f} CPU-s, about {left:.0f} CPU-s left)")
             if len(losses) == steps:
                 break
         epoch += 1

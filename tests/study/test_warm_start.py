@@ -80,10 +80,11 @@ def test_the_cache_is_reused_per_seed_and_settings(warmed, task, dm):
     assert weights_checksum(again.build()) == weights_checksum(source.build())
     # another seed or another step count is another warm start
     lines: list[str] = []
-    _, other = warm_start(task, 1, dm, work, 2, lr=task.warm_start_lr, log=lines.append)
+    _, other = warm_start(task, 1, dm, work, 51, lr=task.warm_start_lr, log=lines.append)
     assert other["reused"] is False and other["path"] != record["path"]
-    # its progress: a line every 50 steps and the last one, here only the last (no time left to announce)
-    assert len(lines) == 1 and lines[0].startswith("warm start seed 1: step 2 of 2, NLL ") and "left" not in lines[0]
+    # its progress: a line every 50 steps with the time left, then the summary
+    assert len(lines) == 2 and lines[0].startswith("warm start seed 1: step 50 of 51, NLL ")
+    assert "CPU-s left)" in lines[0] and lines[1].startswith("warm start seed 1: 51 steps, NLL ")
     assert len(list((work / "warm-start").iterdir())) == 2
     with pytest.raises(ValueError, match="steps"):
         warm_start(task, 0, dm, work, 0)
