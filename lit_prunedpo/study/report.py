@@ -236,8 +236,17 @@ def warm_start_summary(runs: Sequence[Run]) -> dict[str, Any] | None:
     return out or None
 
 
+#: Line style of an arm by its batch: the task's, enlarged to a vanilla step's cost, shrunk to a pruned step's.
+ARM_STYLES = {"same batch": "-", "compute-matched": "--", "cost-matched": ":"}
+
+
+def arm_kind(run: dict[str, Any]) -> str:
+    """Which batch an arm runs: a key of :data:`ARM_STYLES`."""
+    return "compute-matched" if run.get("matched") else "cost-matched" if run.get("cost_matched") else "same batch"
+
+
 def plot(payload: dict[str, Any], path: Path) -> bool:
-    """Write the four panels to ``path``; False (and nothing written) without matplotlib."""
+    """Write :func:`study_figure` to ``path``; False (and nothing written) without matplotlib."""
     try:
         import matplotlib
 
@@ -245,12 +254,30 @@ def plot(payload: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    fig = study_figure(payload)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def study_figure(payload: dict[str, Any]) -> Any:
+    """The four panels (held-out loss and accuracy, on the training clock and on steps) as a matplotlib figure:
+    one colour per mode, one line style per kind of batch (:data:`ARM_STYLES`), the legend outside the panels;
+    the accuracy panels span the measured values (a title says so when every arm has saturated them)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
     clock = payload["clock"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for run in payload["runs"]:
         by_arm.setdefault(run["arm"], []).append(run)
+    modes = sorted({runs[0]["mode"] for runs in by_arm.values()}, key=lambda m: (m != "vanilla", m))
+    palette = plt.get_cmap("tab10" if len(modes) <= 10 else "tab20")
+    colour = {mode: palette(i) for i, mode in enumerate(modes)}
+    accuracy_ends: list[float] = []
     for name, runs in by_arm.items():
+        style = dict(color=colour[runs[0]["mode"]], linestyle=ARM_STYLES[arm_kind(runs[0])])
         for col, (grid, xkey, xlabel) in enumerate(((("time", f"{clock}_s", f"training {clock} seconds")),
                                                     ("steps", "step", "steps"))):
             pts = [[p for p in r["points"] for g in p["grids"] if g == grid] for r in runs]
@@ -258,18 +285,25 @@ def plot(payload: dict[str, Any], path: Path) -> bool:
             for row, what in enumerate(("loss", "accuracy")):
                 ys = [[p[what] for p in ps] for ps in pts]
                 ax = axes[row][col]
-                line, = ax.plot(xs, mean_curve(ys), label=name, linestyle="--" if "matched" in name else "-")
-                ax.fill_between(xs, [min(v) for v in zip(*ys)], [max(v) for v in zip(*ys)], alpha=0.15, color=line.get_color())
+                mean = mean_curve(ys)
+                ax.plot(xs, mean, label=name, **style)
+                ax.fill_between(xs, [min(v) for v in zip(*ys)], [max(v) for v in zip(*ys)], alpha=0.12,
+                                color=style["color"], linewidth=0)
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel(f"held-out {what} (exact)")
+                if what == "accuracy":
+                    accuracy_ends.append(mean[-1])
     axes[0][0].set_yscale("log")
     axes[0][1].set_yscale("log")
-    axes[0][0].legend(fontsize=7)
+    if accuracy_ends and min(accuracy_ends) >= 0.995:
+        for ax in axes[1]:
+            ax.set_title("every arm ends at accuracy >= 0.995: the loss panels tell the arms apart", fontsize=8)
+    handles = [Line2D([], [], color=colour[m], label=m) for m in modes]
+    handles += [Line2D([], [], color="black", linestyle=s, label=k) for k, s in ARM_STYLES.items()]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.84, 0.5), fontsize=8, title="mode / batch")
     fig.suptitle(f"{payload['task']['name']}: mean over {len(payload['seeds'])} seeds, band = min-max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
+    return fig
 
 
 def write_report(payload: dict[str, Any], out: Path) -> list[Path]:
