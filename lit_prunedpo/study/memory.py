@@ -25,7 +25,8 @@ that a GPU must confirm (:func:`needs_gpu`; ``scripts/gpu-check`` measures one m
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -105,3 +106,69 @@ def choose_fit(table: Mapping[Arm, tuple[float, float]], budget_mb: float, what:
 def needs_gpu(arms: Sequence[Arm]) -> bool:
     """True when any of ``arms`` (a verdict's arm and its references) was fitted with gradient accumulation."""
     return any(a.micro_batches > 1 for a in arms)
+
+
+@dataclass(frozen=True)
+class BudgetFit:
+    """What fitting a study's arms to a memory budget decided (:func:`fit_to_budget`)."""
+
+    budget_mb: float
+    fitted: dict[Arm, Arm]
+    """Each arm over the budget (vanilla and pruned at the task's batch) -> its fastest fitting variant."""
+    vanilla: Arm | None
+    """The memory-fitted vanilla control (``memory_fitted=True``); ``None`` when same-batch vanilla fits as is."""
+    same_batch_fits: bool
+    """Whether same-batch vanilla fits as is (then it stays a reference)."""
+    controls_fitting: list[Arm]
+    """The cost-matched controls within the budget (the others are no reference)."""
+    record: dict[str, Any]
+    """For the report: budget, measure, every measured peak, the tables of variants, references, the GPU note."""
+
+
+def fit_to_budget(budget_mb: float, vanilla: Arm, pruned: Sequence[Arm], controls: Sequence[Arm],
+                  measured: dict[Arm, Any], measure: Callable[[list[Arm]], Mapping[Arm, Any]], clock: str,
+                  measure_name: str = "") -> BudgetFit:
+    """Fit a study's arms to ``budget_mb``: measure the peaks not yet in ``measured`` (``{arm: StepCost}``, updated
+    in place with everything measured), then every exact variant of each arm over the budget, and choose
+    (:func:`choose_fit`). ``measure(arms)`` returns ``{arm: StepCost}`` with ``peak_mb``.
+
+    Raises:
+        ValueError: if this machine cannot measure peak memory, or nothing fits for same-batch vanilla or a
+            pruned arm (naming the budget and the smallest measured peak).
+    """
+    peak = lambda a: measured[a].peak_mb  # noqa: E731
+    cost = lambda a: measured[a].on(clock)  # noqa: E731
+    everyone = list(dict.fromkeys([vanilla, *pruned, *controls]))
+    missing = [a for a in everyone if a not in measured or measured[a].peak_mb is None]
+    if missing:
+        measured.update(measure(missing))
+    if any(peak(a) is None for a in everyone):
+        raise ValueError(f"memory budget {budget_mb:g} MB: this machine cannot measure a step's peak memory "
+                         "(no resettable /proc/self/status VmHWM and no CUDA device), so no arm can be fitted to it")
+    over = [a for a in [vanilla, *pruned] if peak(a) > budget_mb]
+    variants = {a: fit_candidates(a) for a in over}
+    fitted, tables = {}, {}
+    for a in over:  # one arm's variants at a time, round-robin among them: a refusal comes before the next arm's
+        todo = [v for v in variants[a] if v not in measured]
+        if todo:
+            measured.update(measure(todo))
+        table = {v: (peak(v), cost(v)) for v in [a, *variants[a]]}
+        fitted[a] = choose_fit(table, budget_mb, a.name)
+        tables[a.name] = [{"fit": v.fit, "peak_mb": p, "cost_s": c, "fits": p <= budget_mb, "chosen": v == fitted[a]}
+                          for v, (p, c) in sorted(table.items(), key=lambda kv: kv[1][1])]
+    fitted_vanilla = dataclasses.replace(fitted[vanilla], memory_fitted=True) if vanilla in fitted else None
+    controls_fitting = [c for c in controls if peak(c) <= budget_mb]
+    references = ([vanilla.name] if vanilla not in fitted else []) + [c.name for c in controls_fitting]
+    references += [fitted_vanilla.name] if fitted_vanilla is not None else []
+    chosen = [fitted.get(a, a) for a in [vanilla, *pruned]] + controls_fitting
+    record = {
+        "budget_mb": budget_mb, "measure": measure_name, "clock": clock,
+        "peaks": {**{a.name: peak(a) for a in everyone}, **{v.name: peak(v) for v in fitted.values() if v.mode != "vanilla"},
+                  **({fitted_vanilla.name: peak(fitted[vanilla])} if fitted_vanilla is not None else {})},
+        "tables": tables,
+        "fits": {a.name: fitted[a].fit for a in over},
+        "vanilla_fit": fitted[vanilla].fit if vanilla in fitted else "as is",
+        "references": references, "over": [c.name for c in controls if c not in controls_fitting],
+        "gpu_needed": needs_gpu(chosen), "gpu_note": GPU_NOTE,
+    }
+    return BudgetFit(budget_mb, fitted, fitted_vanilla, vanilla not in fitted, controls_fitting, record)
