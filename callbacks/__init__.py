@@ -12,4 +12,7 @@ from .prune_early import PruneEarly
 from .step_time import StepTimeMonitor
 from .validation_samples import ValidationSamples
 
-__all__ = ["FinalCheckpoint", "PeakMemoryMeter", "PeakMemoryMonitor", "PeakReading", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor", "ValidationSamples"]
+__all__ = [
+    "FinalCheckpoint", "PeakMemoryMeter", "PeakMemoryMonitor", "PeakReading",
+    "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor", "ValidationSamples",
+]

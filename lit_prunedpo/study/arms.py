@@ -125,7 +125,8 @@ class Arm:
 
     @property
     def fit(self) -> str:
-        """How the step is fitted to a memory budget, in words: ``"as is"`` or e.g. ``"chunked scorer + accumulation x2"``."""
+        """How the step is fitted to a memory budget, in words: ``"as is"`` or e.g.
+        ``"chunked scorer + accumulation x2"``."""
         parts = (["chunked scorer"] if self.chunked else []) + (["checkpointing"] if self.checkpointing else [])
         parts += [f"accumulation x{self.micro_batches}"] if self.micro_batches > 1 else []
         return " + ".join(parts) or "as is"

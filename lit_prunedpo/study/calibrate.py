@@ -74,7 +74,8 @@ def measure_step_costs(task: StudyTask, arms: Sequence[Arm], dm: PreferenceDataM
         for run in runs.values():
             run.train_step()
     return {arm: StepCost(_median(run.step_cpu[warmup:]), _median(run.step_wall[warmup:]), steps,
-                          max(run.step_peak_mb[warmup:]) if run.step_peak_mb[warmup:] else None) for arm, run in runs.items()}
+                          max(run.step_peak_mb[warmup:]) if run.step_peak_mb[warmup:] else None)
+            for arm, run in runs.items()}
 
 
 def vanilla_probe_sizes(batch_size: int) -> list[int]:

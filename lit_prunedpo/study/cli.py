@@ -248,7 +248,9 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     # calibration: measured step costs, the cost-matched vanilla batch per mode, each arm's schedule length
     probes = [Arm("vanilla", b) for b in vanilla_probe_sizes(B)]
     log(f"calibration: {opt['calibration_steps']} timed steps of {len(probes) + len(pruned) + len(enlarged)} arms")
-    measure = lambda arms: measure_step_costs(task, arms, dm, opt["calibration_steps"], warmup=1, seed=seeds[0], memory=True)  # noqa: E731
+    def measure(arms: list[Arm]) -> dict:  # step costs and peak step memory, from the first verdict seed's weights
+        return measure_step_costs(task, arms, dm, opt["calibration_steps"], warmup=1, seed=seeds[0], memory=True)
+
     costs = measure(probes + base[1:] + enlarged)
     line = fit_line({a.batch_size: costs[a].on(args.clock) for a in probes})
     vanilla_cost = lambda b: max(line[0] + line[1] * b, 1e-9)  # noqa: E731 - the fitted line; never 0 (it divides)
@@ -283,10 +285,12 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
             controls[m] = [c.name for c in fit.controls_fitting if c.batch_size == matched_info[m]["batch"]]
             controls[m] += [fit.vanilla.name] if fit.vanilla is not None else []
             if not controls[m] and not fit.same_batch_fits:
-                parser.error(f"--memory-budget-mb {args.memory_budget_mb:g}: mode {m} has no vanilla reference within the budget")
+                parser.error(f"--memory-budget-mb {args.memory_budget_mb:g}: mode {m} has no vanilla reference "
+                             "within the budget")
         for name, f in memory["fits"].items():
             log(f"memory budget: {name} ({memory['peaks'][name]:.1f} MB) fitted as {f}")
-        log("memory budget: references " + ", ".join(memory["references"]) + ("; " + memory["gpu_note"] if memory["gpu_needed"] else ""))
+        log("memory budget: references " + ", ".join(memory["references"])
+            + ("; " + memory["gpu_note"] if memory["gpu_needed"] else ""))
     calibration = {"clock": args.clock, "steps": opt["calibration_steps"], "warmup": 1, "seed": seeds[0],
                    "vanilla_measured": {a.batch_size: costs[a].on(args.clock) for a in probes}, "vanilla_line": list(line),
                    "arms": {a.name: dataclasses.asdict(c) for a, c in costs.items()}, "cost_matched": matched_info}

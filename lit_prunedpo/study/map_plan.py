@@ -38,7 +38,9 @@ from lit_prunedpo.study.tasks import StudyTask
 
 
 REPORT_S = 3.0  # CPU-s to write a cell's study report, its plot included (measured: 1-2 s on a tiny cell)
-SETTLE_S = 0.05  # CPU-s the memory meter's settling (gc.collect, malloc_trim) adds per calibration step, untimed (measured: ~0.02)
+# CPU-s the memory meter's settling (gc.collect, malloc_trim) adds per calibration step, untimed: measured 0.21 with a
+# 64-token cell's data and six runs alive (the collector walks every tokenized row)
+SETTLE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def cell_seconds(p: Probe, o: PlanOptions, budget: float, batch_size: int, warm_
     calibration = (len(vanilla_probe_sizes(batch_size)) + o.modes) * (o.calibration_steps + 1) * (c + g)
     if memory_budget:
         variants = len(fit_candidates(Arm("vanilla", batch_size)))
-        calibration += o.modes * (o.calibration_steps + 1) * (c + g) + (1 + o.modes) * variants * (o.calibration_steps + 1) * (2 * c + g)
+        calibration += o.modes * (o.calibration_steps + 1) * (c + g)
+        calibration += (1 + o.modes) * variants * (o.calibration_steps + 1) * (2 * c + g)
         train += per_arm * (max(budget, o.steps * 2 * c) + 2 * c)
         evals += per_arm * (2 * o.evals + 1) * p.eval_s
     noise = (o.noise_pairs + 1 + o.modes * o.noise_draws) * c

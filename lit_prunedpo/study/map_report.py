@@ -62,8 +62,8 @@ def _memory_columns(memory: Mapping[str, Any] | None, arm: Mapping[str, Any], by
         return {"memory_budget_mb": None, "peaks_mb": None, "vanilla_fit": None, "pruned_fit": None, "gpu": None}
     involved = [arm, *(by_name[n] for n in arm["references"] if n in by_name)]
     gpu = any(r.get("micro_batches", 1) > 1 for r in involved)
-    return {"memory_budget_mb": memory["budget_mb"], "peaks_mb": {n: memory["peaks"][n] for n in [arm["arm"], *arm["references"]]
-                                                                   if n in memory["peaks"]},
+    peaks = {n: memory["peaks"][n] for n in [arm["arm"], *arm["references"]] if n in memory["peaks"]}
+    return {"memory_budget_mb": memory["budget_mb"], "peaks_mb": peaks,
             "vanilla_fit": memory["vanilla_fit"], "pruned_fit": arm.get("fit", "as is"), "gpu": GPU_NOTE if gpu else None}
 
 

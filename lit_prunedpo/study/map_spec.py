@@ -14,10 +14,11 @@ Fields: ``task`` (``generated``: :class:`~lit_prunedpo.study.map_tasks.CellTask`
 generated cells ``head_share`` (the LM head's share of a vanilla step's FLOPs) and ``similarity``
 (``near-duplicate`` or ``unrelated``); optional for both, ``memory_budget_mb``: a cap on every arm's measured peak
 step memory (MiB above the step's start; ``null``: none), the memory axis (the cell's study runs with
-``--memory-budget-mb``: vanilla fitted its fastest exact way, :mod:`lit_prunedpo.study.memory`). Every cell's task is built while the spec is read, so an unreachable
-head share or a bad length is refused before anything runs, with the spec, block and field in the message.
-:data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue 17's map, 15 generated cells, 2 with a memory budget),
-``quick`` (two small cells) and ``hh-rlhf`` (the real pairs with 64-token responses).
+``--memory-budget-mb``: vanilla fitted its fastest exact way, :mod:`lit_prunedpo.study.memory`). Every cell's task
+is built while the spec is read, so an unreachable head share or a bad length is refused before anything runs, with
+the spec, block and field in the message. :data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue
+17's map, 15 generated cells, 2 with a memory budget), ``quick`` (two small cells) and ``hh-rlhf`` (the real pairs
+with 64-token responses).
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ DEFAULT_SPEC: dict[str, Any] = {
         # near or below it. Peaks measured on this project's CPU machine (peak RSS above the step's start, batch 8):
         # L256 head 0.25: vanilla 104 MB, position-coupled 97, vanilla + accumulation x2 61, chunked 97;
         # L64 head 0.97: vanilla 134 MB, position-coupled 61, vanilla + chunked scorer 36
-        {"task": "generated", "length": 256, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": 8, "memory_budget_mb": 80},
-        {"task": "generated", "length": 64, "head_share": 0.97, "similarity": "near-duplicate", "batch_size": 8, "memory_budget_mb": 100},
+        {"task": "generated", "length": 256, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": 8,
+         "memory_budget_mb": 80},
+        {"task": "generated", "length": 64, "head_share": 0.97, "similarity": "near-duplicate", "batch_size": 8,
+         "memory_budget_mb": 100},
     ],
 }
 QUICK_SPEC: dict[str, Any] = {

@@ -96,16 +96,16 @@ def test_plan_arithmetic_and_the_fitted_budget():
     p = Probe(step_s=0.5, eval_s=0.25, setup_s=1.0)
     # 3 arms x (3 x 1 + 3) = 18 runs; train 18 x (max(8, 5) + 0.5); evals 18 x 5 x 0.25; calibration (3 probes + 1) x 2
     # x 0.5; noise (4 + 1 + 2) x 0.5; setup 3 x 1; report 3
-    # (the calibration's steps also pay the memory meter's settling, SETTLE_S = 0.05 each)
-    expected = 18 * 8.5 + 18 * 5 * 0.25 + 4 * 2 * 0.55 + 7 * 0.5 + 3.0 + 3.0
+    # (the calibration's steps also pay the memory meter's settling, SETTLE_S = 0.2 each)
+    expected = 18 * 8.5 + 18 * 5 * 0.25 + 4 * 2 * 0.7 + 7 * 0.5 + 3.0 + 3.0
     assert cell_seconds(p, o, 8.0, batch_size=4) == pytest.approx(expected)
     # below the step budget's cost the budget does not matter; warm start: (3 + 1) x 10 x 0.5
     assert cell_seconds(p, o, 1.0, 4) == cell_seconds(p, o, 5.0, 4)
     assert cell_seconds(p, o, 8.0, 4, warm_start_steps=10) == pytest.approx(expected + 20.0)
-    # a memory budget: the cost-matched control's peak 1 x 2 x 0.55; 11 variants (chunked, checkpointing, accumulation
-    # x1/2/4 at batch 4, less the arm itself) of vanilla and the pruned mode, 2 x 11 x 2 x (2 x 0.5 + 0.05); the
+    # a memory budget: the cost-matched control's peak 1 x 2 x 0.7; 11 variants (chunked, checkpointing, accumulation
+    # x1/2/4 at batch 4, less the arm itself) of vanilla and the pruned mode, 2 x 11 x 2 x (2 x 0.5 + 0.2); the
     # memory-fitted vanilla's 6 runs at twice a vanilla step: 6 x (max(8, 10) + 1) training, 6 x 5 x 0.25 evaluation
-    memory = 1 * 2 * 0.55 + 2 * 11 * 2 * 1.05 + 6 * 11.0 + 6 * 5 * 0.25
+    memory = 1 * 2 * 0.7 + 2 * 11 * 2 * 1.2 + 6 * 11.0 + 6 * 5 * 0.25
     assert cell_seconds(p, o, 8.0, 4, memory_budget=True) == pytest.approx(expected + memory)
     assert fit_budget(lambda b: 10 + 3 * b, 40.0) == pytest.approx(10.0)
     assert fit_budget(lambda b: 10 + 3 * b, 41.0) == pytest.approx(10.3)
