@@ -10,8 +10,10 @@ import torch
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.study.arms import Arm
-from lit_prunedpo.study.calibrate import measure_step_costs
-from lit_prunedpo.study.memory import accumulate, base_of, choose_fit, fit_candidates, needs_gpu, split_batch
+from lit_prunedpo.study.calibrate import StepCost, measure_step_costs
+from lit_prunedpo.study.memory import (
+    GPU_NOTE, accumulate, base_of, choose_fit, fit_candidates, fit_to_budget, needs_gpu, split_batch,
+)
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 from lit_prunedpo.testing import synthetic_batch
 
@@ -121,3 +123,66 @@ def test_the_calibration_measures_peak_step_memory(tmp_path):
     assert peaks[plain] > 0
     assert peaks[chunked] < peaks[plain] and peaks[acc] < peaks[plain]
     assert measure_step_costs(task, [plain], dm, steps=1)[plain].peak_mb is None  # memory not asked for
+
+
+def _fake_cost(arm: Arm) -> StepCost:
+    """A hand-made calibration: the plain head's logits are most of vanilla@8's 134 MB; the chunked scorer drops them
+    at +10 % cost, accumulation divides the rest by the micro-batches at +20 % per extra one, checkpointing saves 10 %
+    at +30 %; position pruning and smaller batches scale the whole."""
+    base = {"vanilla": 134.0, "position-coupled": 61.0}[arm.mode] * arm.batch_size / 8
+    logits = 0.7 * base
+    peak = ((base - logits) * (0.9 if arm.checkpointing else 1.0) + (0.0 if arm.chunked else logits)) / arm.micro_batches
+    cost = 0.025 * arm.batch_size * (1.1 if arm.chunked else 1.0) * (1.3 if arm.checkpointing else 1.0)
+    cost *= 1 + 0.2 * (arm.micro_batches - 1)
+    return StepCost(cost, cost, 2, peak)
+
+
+def _fit(budget: float, controls: list[Arm], measured_peaks: bool = True):
+    vanilla, pruned = Arm("vanilla", 8), [Arm("position-coupled", 8)]
+    measured = {a: _fake_cost(a) for a in [vanilla, *pruned]}
+    calls: list[list[Arm]] = []
+
+    def measure(arms):
+        calls.append(list(arms))
+        return {a: _fake_cost(a) if measured_peaks else StepCost(1.0, 1.0, 2, None) for a in arms}
+
+    if not measured_peaks:
+        measured = {a: StepCost(1.0, 1.0, 2, None) for a in measured}
+    return fit_to_budget(budget, vanilla, pruned, controls, measured, measure, "cpu", "test"), calls
+
+
+def test_fit_to_budget_picks_the_memory_fitted_vanilla_and_the_references_that_fit():
+    control = Arm("vanilla", 3, cost_matched=True)  # 50 MB: fits 100
+    fit, calls = _fit(100.0, [control])
+    vanilla = Arm("vanilla", 8)
+    # vanilla@8 (134 MB) is over; the fastest variant under 100 MB: the chunked scorer (40 MB, 0.22 s) beats
+    # accumulation x2 (67 MB, 0.24 s); position-coupled@8 (61 MB) fits as is
+    assert fit.fitted == {vanilla: Arm("vanilla", 8, chunked=True)}
+    assert fit.vanilla == Arm("vanilla", 8, chunked=True, memory_fitted=True) and not fit.same_batch_fits
+    assert fit.controls_fitting == [control]
+    assert calls == [[control], fit_candidates(vanilla)]  # the control's peak, then vanilla's variants; nothing else
+    rec = fit.record
+    assert rec["references"] == ["vanilla@3 (cost-matched)", "vanilla@8 [chunked scorer] (memory-fitted)"]
+    assert rec["vanilla_fit"] == "chunked scorer" and rec["over"] == [] and not rec["gpu_needed"]
+    assert rec["peaks"]["vanilla@8 [chunked scorer] (memory-fitted)"] == pytest.approx(0.3 * 134)
+    assert [r["fit"] for r in rec["tables"]["vanilla@8"] if r["chosen"]] == ["chunked scorer"]
+
+
+def test_fit_to_budget_fits_pruned_arms_drops_controls_over_it_and_flags_accumulation():
+    control = Arm("vanilla", 7, cost_matched=True)  # 117 MB: over 30
+    fit, _ = _fit(30.0, [control])
+    # under 30 MB: vanilla needs the chunked scorer and accumulation x2 (20 MB) at least; position-coupled@8 the
+    # chunked scorer (18 MB, cheapest)
+    assert fit.fitted[Arm("vanilla", 8)] == Arm("vanilla", 8, chunked=True, micro_batches=2)
+    assert fit.fitted[Arm("position-coupled", 8)] == Arm("position-coupled", 8, chunked=True)
+    assert fit.controls_fitting == [] and fit.record["over"] == ["vanilla@7 (cost-matched)"]
+    assert fit.record["references"] == ["vanilla@8 [chunked scorer + accumulation x2] (memory-fitted)"]
+    assert fit.record["gpu_needed"] and fit.record["gpu_note"] == GPU_NOTE
+
+
+def test_fit_to_budget_refusals():
+    with pytest.raises(ValueError, match=r"memory budget 1 MB: no exact way of running vanilla@8 fits; the smallest measured "
+                                         r"peak step memory is 4\.5 MB \(chunked scorer \+ checkpointing \+ accumulation x8\)"):
+        _fit(1.0, [])
+    with pytest.raises(ValueError, match="this machine cannot measure a step's peak memory"):
+        _fit(100.0, [], measured_peaks=False)

@@ -51,13 +51,21 @@ def test_a_binding_budget_fits_vanilla_and_judges_against_the_vanillas_that_fit(
         or mem["gpu_needed"] == ("accumulation" in md)
 
 
-def test_a_budget_nothing_fits_is_refused_naming_the_smallest_peak(task, capsys):
-    small = EditedTask(name="tiny-heavy-2", num_rows=32, batch_size=2, model=dict(HEAVY))  # fewer variants to measure
+def test_a_budget_nothing_fits_is_refused_naming_the_smallest_peak(task, capsys, monkeypatch):
+    # the calibration replaced by a hand-made one (every variant peaks at 40 MB, the chunked ones at 12.5): the refusal
+    # is the command's last line, before any training (the real calibration's path: the test above)
+    from lit_prunedpo.study import calibrate
+    from lit_prunedpo.study.calibrate import StepCost
+
+    def fake(task, arms, dm, steps, warmup=1, seed=0, memory=False):
+        return {a: StepCost(0.01, 0.01, steps, 12.5 if a.chunked else 40.0) for a in arms}
+
+    monkeypatch.setattr(calibrate, "measure_step_costs", fake)
     with pytest.raises(SystemExit):
-        main(ARGS + ["--memory-budget-mb", "0.001"], task=small)
+        main(ARGS + ["--memory-budget-mb", "10"], task=task)
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--memory-budget-mb: memory budget 0.001 MB: no exact way of running vanilla@2 fits; the smallest measured peak" in err
-    assert "raise --memory-budget-mb to at least that" in err
+    assert err.endswith("--memory-budget-mb: memory budget 10 MB: no exact way of running vanilla@4 fits; the smallest measured "
+                        "peak step memory is 12.5 MB (chunked scorer); raise --memory-budget-mb to at least that")
 
 
 def test_memory_budget_arguments_are_checked(task, capsys):
