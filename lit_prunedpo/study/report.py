@@ -210,6 +210,10 @@ def to_markdown(payload: dict[str, Any]) -> str:
         lines += ["", f"Calibration (median of {cal['steps']} timed steps per arm after {cal['warmup']} untimed, seed {cal['seed']}): "
                   f"vanilla step cost {cal['vanilla_line'][0]:.4f} + {cal['vanilla_line'][1]:.4f} x batch {clock}-s (fitted on "
                   f"batches {', '.join(str(b) for b in cal['vanilla_measured'])})."]
+        peaks = {name: a.get("peak_mb") for name, a in cal.get("arms", {}).items()}
+        if any(p is not None for p in peaks.values()):
+            lines.append("- Peak step memory above the step's start (MB, the largest over the timed steps): "
+                         + ", ".join(f"{name} {p:.1f}" for name, p in peaks.items() if p is not None) + ".")
         for mode, m in cal.get("cost_matched", {}).items():
             lines.append(f"- {mode}: pruned step {m['pruned_cost_s']:.4f} {clock}-s -> cost-matched vanilla batch "
                          f"**{m['batch']}** (measured); the FLOP model's ideal speedup {m['flop_speedup']:.2f}x gives {m['flop_batch']}.")

@@ -47,6 +47,7 @@ def test_a_binding_budget_fits_vanilla_and_judges_against_the_vanillas_that_fit(
     assert len(chosen) == 1 and chosen[0]["fits"] and chosen[0]["cost_s"] == min(r["cost_s"] for r in table if r["fits"])
     md = (out / "study.md").read_text()
     assert "Memory budget: **15 MB**" in md and f"fitted as **{mem['vanilla_fit']}**" in md
+    assert f"Peak step memory above the step's start (MB, the largest over the timed steps): vanilla@4 {mem['peaks']['vanilla@4']:.1f}" in md
     assert mem["gpu_needed"] == any(r["micro_batches"] > 1 for r in rows.values() if r["arm"] in pruned["references"] + [pruned["arm"]]) \
         or mem["gpu_needed"] == ("accumulation" in md)
 
