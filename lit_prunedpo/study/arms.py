@@ -11,6 +11,10 @@ step costs what a vanilla step costs and the arm sees more pairs per second of c
 steps; or ``cost-matched``: the control every pruned mode must beat, vanilla with its batch *shrunk* so that
 one step costs what the pruned step costs (chosen from measured step costs, :mod:`lit_prunedpo.study.calibrate`).
 
+An arm can also be *fitted to a memory budget* (:mod:`lit_prunedpo.study.memory`): the same exact step run with the
+chunked scorer, activation checkpointing and/or gradient accumulation over ``micro_batches`` micro-batches;
+``memory_fitted`` marks the memory-fitted vanilla control.
+
 An arm also carries its own learning rate (the sweep's choice, :mod:`lit_prunedpo.study.sweep`) and the step
 count its warm-up-then-cosine schedule spans (``schedule_steps``).
 """
@@ -50,6 +54,10 @@ class Arm:
         lr: the AdamW learning rate; ``None``: the task's.
         schedule_steps: the steps the warm-up-then-cosine schedule decays over (``WarmupCosineLR``'s
             ``total_steps``); ``None``: constant after the warm-up.
+        chunked: score with :class:`~lit_prunedpo.chunked_scorer.ChunkedScorer` (no ``K x V`` logits).
+        checkpointing: the policy's gradient checkpointing (``PrunedDPO(gradient_checkpointing=True)``).
+        micro_batches: split each step's batch into this many micro-batches, gradients accumulated (same step).
+        memory_fitted: True for the memory-fitted vanilla control (vanilla at the task's batch, fitted to a budget).
     """
 
     mode: str
@@ -59,6 +67,10 @@ class Arm:
     cost_matched: bool = False
     lr: float | None = None
     schedule_steps: int | None = None
+    chunked: bool = False
+    checkpointing: bool = False
+    micro_batches: int = 1
+    memory_fitted: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,12 +85,26 @@ class Arm:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if self.schedule_steps is not None and self.schedule_steps < 1:
             raise ValueError(f"schedule_steps must be >= 1, got {self.schedule_steps!r}")
+        if not 1 <= self.micro_batches <= self.batch_size:
+            raise ValueError(f"micro_batches must be in [1, batch_size={self.batch_size}], got {self.micro_batches!r}")
+        if self.memory_fitted and self.mode != "vanilla":
+            raise ValueError(f"a memory-fitted control is a vanilla arm, got mode {self.mode!r}")
 
     @property
     def name(self) -> str:
         early = f" then exact after {self.prune_fraction:g}" if self.prune_fraction is not None else ""
         kind = " (matched)" if self.matched else " (cost-matched)" if self.cost_matched else ""
-        return f"{self.mode}@{self.batch_size}{early}{kind}"
+        kind += " (memory-fitted)" if self.memory_fitted else ""
+        fit = f" [{self.fit}]" if self.fit != "as is" else ""
+        return f"{self.mode}@{self.batch_size}{early}{fit}{kind}"
+
+    @property
+    def fit(self) -> str:
+        """How the step is fitted to a memory budget, in words: ``"as is"`` or e.g.
+        ``"chunked scorer + accumulation x2"``."""
+        parts = (["chunked scorer"] if self.chunked else []) + (["checkpointing"] if self.checkpointing else [])
+        parts += [f"accumulation x{self.micro_batches}"] if self.micro_batches > 1 else []
+        return " + ".join(parts) or "as is"
 
     def samplers(self) -> Samplers:
         return MODES[self.mode]()

@@ -11,6 +11,9 @@ machine hits every arm alike) and takes the median cost of the last ``steps`` on
   cost is nearest to the pruned step's measured cost (ties: the larger batch; never above ``B``). The FLOP
   cost model's answer, ``round(B / ideal_speedup)``, is recorded beside it as a cross-check
   (:func:`flop_matched_batch`).
+* **Peak memory** (``measure_step_costs(memory=True)``): each measured step's peak memory above its start
+  (:class:`~lit_prunedpo.callbacks.PeakMemoryMeter`, settled before each step, outside the timed work); an arm's
+  peak is the largest over its measured steps. A memory budget fits arms with it (:mod:`lit_prunedpo.study.memory`).
 * **Schedule length** (:func:`schedule_steps`): a run lasts until it has passed both the time budget and the
   step budget, so its learning-rate schedule spans ``max(steps, ceil(budget / cost per step))`` steps: the
   measured cost on the study's clock, for a prune-early arm the pruned cost for its share of the budget and
@@ -23,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from lit_prunedpo.callbacks import PeakMemoryMeter
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.runner import Clock, make_run
@@ -36,6 +40,8 @@ class StepCost:
     cpu_s: float
     wall_s: float
     steps: int
+    peak_mb: float | None = None
+    """Largest peak step memory above the step's start over the measured steps, MiB (``None``: not measured)."""
 
     def on(self, clock: Clock) -> float:
         return self.cpu_s if clock == "cpu" else self.wall_s
@@ -48,10 +54,12 @@ def _median(values: Sequence[float]) -> float:
 
 
 def measure_step_costs(task: StudyTask, arms: Sequence[Arm], dm: PreferenceDataModule, steps: int, warmup: int = 1,
-                       seed: int = 0) -> dict[Arm, StepCost]:
+                       seed: int = 0, memory: bool = False) -> dict[Arm, StepCost]:
     """Train each arm ``warmup + steps`` steps from ``seed``'s initial weights, round-robin one step at a time,
     and return the median cost of the last ``steps`` per arm (the first steps pay one-off costs). Arms that
     prune early are not measured: :func:`schedule_steps` prices them from their mode's and vanilla's costs.
+    With ``memory`` every step's peak memory is measured too (``StepCost.peak_mb``; ``None`` where this machine
+    cannot read it).
 
     Raises:
         ValueError: if ``steps`` < 1, ``warmup`` < 0 or an arm prunes early.
@@ -59,10 +67,15 @@ def measure_step_costs(task: StudyTask, arms: Sequence[Arm], dm: PreferenceDataM
     if steps < 1 or warmup < 0:
         raise ValueError(f"calibration needs steps >= 1 and warmup >= 0, got {steps!r} and {warmup!r}")
     runs = {arm: make_run(task, arm, seed, dm) for arm in dict.fromkeys(arms)}
+    if memory:
+        for run in runs.values():
+            run.meter = PeakMemoryMeter(next(run.module.policy.parameters()).device, settle=True)
     for _ in range(warmup + steps):
         for run in runs.values():
             run.train_step()
-    return {arm: StepCost(_median(run.step_cpu[warmup:]), _median(run.step_wall[warmup:]), steps) for arm, run in runs.items()}
+    return {arm: StepCost(_median(run.step_cpu[warmup:]), _median(run.step_wall[warmup:]), steps,
+                          max(run.step_peak_mb[warmup:]) if run.step_peak_mb[warmup:] else None)
+            for arm, run in runs.items()}
 
 
 def vanilla_probe_sizes(batch_size: int) -> list[int]:

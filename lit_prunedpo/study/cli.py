@@ -24,6 +24,13 @@ The protocol (issue 17), the command's default:
    seeded); WIN only when the interval's upper end is below 1.0, LOSS when its lower end is above, TIE
    otherwise; plus the best quality each arm reaches within the budget, with its interval.
 
+**Memory budget** (``--memory-budget-mb``, :mod:`lit_prunedpo.study.memory`): the calibration measures every
+arm's peak step memory (above the step's start); an arm over the budget is fitted its fastest exact way (chunked
+scorer, activation checkpointing, gradient accumulation, or a combination, chosen by measurement). Vanilla at the
+task's batch so fitted is the **memory-fitted vanilla** control; a pruned arm over the budget is replaced by its
+fitted variant; the verdict's reference is the better of the vanillas that fit (same-batch, cost-matched,
+memory-fitted). Compute-matched arms (larger batches) are not run under a budget, and ``--prune-early`` is refused.
+
 Every numeric option is checked while parsing (``argument --max-eval-pairs: must be >= 1, got 0``), and
 ``--out`` is created and test-written before any training; the calibration, every evaluation and every
 finished run are appended to ``--out``/``progress.jsonl`` as they happen. ``--quick`` is a version of a few
@@ -168,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--work-dir", default="study_results/work", help="where warm starts are cached (default: study_results/work)")
     a("--quick", action="store_true", help="a minutes-long study with fewer seeds: "
       + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + " unless given")
+    a("--memory-budget-mb", type=real(0.0), default=None, metavar="MB",
+      help="cap on each arm's measured peak step memory (MiB above the step's start: CPU peak RSS, CUDA allocator "
+           "peak); arms over it are fitted their fastest exact way (chunked scorer, checkpointing, gradient accumulation) "
+           "and vanilla so fitted joins the controls (default: no budget; peaks are still measured and reported)")
     a("--threads", type=count(1), default=1, help="torch threads (default 1: CPU seconds then measure work)")
     a("--out", default=None, help="folder for progress.jsonl (written as the study goes), study.json, study.md, "
                                   "study.png; created and test-written before any training (default: print the table)")
@@ -188,6 +199,9 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     if args.sweep and set(opt["tune_seeds"]) & set(seeds):
         parser.error(f"--tune-seeds {opt['tune_seeds']} and --seeds {seeds} share {sorted(set(opt['tune_seeds']) & set(seeds))}: "
                      "the sweep must run on seeds the verdict does not use")
+    if args.memory_budget_mb is not None and args.prune_early is not None:
+        parser.error("--prune-early cannot be combined with --memory-budget-mb: a prune-early arm's peak changes when it "
+                     "turns exact, so it cannot be fitted to one budget")
     command = "lit-prunedpo-study " + " ".join(sys.argv[1:] if argv is None else argv)
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -243,12 +257,15 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     speedups = {m: ideal_speedup(m, sample, dims) for m in pruned}
     base = [Arm(m, B) for m in modes]
     enlarged = [Arm(m, matched_batch_size(B, speedups[m]), matched=True) for m in pruned if args.matched]
-    enlarged = [a for a in enlarged if a.batch_size > B]
+    enlarged = [a for a in enlarged if a.batch_size > B and args.memory_budget_mb is None]
 
     # calibration: measured step costs, the cost-matched vanilla batch per mode, each arm's schedule length
     probes = [Arm("vanilla", b) for b in vanilla_probe_sizes(B)]
     log(f"calibration: {opt['calibration_steps']} timed steps of {len(probes) + len(pruned) + len(enlarged)} arms")
-    costs = measure_step_costs(task, probes + base[1:] + enlarged, dm, opt["calibration_steps"], warmup=1, seed=seeds[0])
+    def measure(arms: list[Arm]) -> dict:  # step costs and peak step memory, from the first verdict seed's weights
+        return measure_step_costs(task, arms, dm, opt["calibration_steps"], warmup=1, seed=seeds[0], memory=True)
+
+    costs = measure(probes + base[1:] + enlarged)
     line = fit_line({a.batch_size: costs[a].on(args.clock) for a in probes})
     vanilla_cost = lambda b: max(line[0] + line[1] * b, 1e-9)  # noqa: E731 - the fitted line; never 0 (it divides)
     fitted = {b: vanilla_cost(b) for b in range(1, B + 1)}
@@ -262,6 +279,32 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
         if b < B:  # else the pruned step is no cheaper: same-batch vanilla is its own cost-matched control
             cost_matched.setdefault(Arm("vanilla", b, cost_matched=True), vanilla_cost(b))
         controls[m] = Arm("vanilla", b, cost_matched=b < B).name
+    memory, same_batch_reference = None, True
+    if args.memory_budget_mb is not None:
+        from lit_prunedpo.callbacks import PeakMemoryMeter
+        from lit_prunedpo.study.memory import fit_to_budget
+
+        log(f"memory budget {args.memory_budget_mb:g} MB: measuring peaks, and the exact variants of every arm over it")
+        try:
+            fit = fit_to_budget(args.memory_budget_mb, Arm("vanilla", B), base[1:], list(cost_matched), costs, measure,
+                                args.clock, PeakMemoryMeter(torch.device("cpu"), settle=True).measure)
+        except ValueError as exc:
+            parser.error(f"--memory-budget-mb: {exc}")
+        memory, same_batch_reference = fit.record, fit.same_batch_fits
+        # same-batch vanilla runs as is even over the budget: it sets the targets (the fitted one computes the same steps)
+        base = base[:1] + [fit.fitted.get(a, a) for a in base[1:]]
+        if fit.vanilla is not None:
+            cost_matched[fit.vanilla] = costs[fit.fitted[Arm("vanilla", B)]].on(args.clock)
+        for m in pruned:
+            controls[m] = [c.name for c in fit.controls_fitting if c.batch_size == matched_info[m]["batch"]]
+            controls[m] += [fit.vanilla.name] if fit.vanilla is not None else []
+            if not controls[m] and not fit.same_batch_fits:
+                parser.error(f"--memory-budget-mb {args.memory_budget_mb:g}: mode {m} has no vanilla reference "
+                             "within the budget")
+        for name, f in memory["fits"].items():
+            log(f"memory budget: {name} ({memory['peaks'][name]:.1f} MB) fitted as {f}")
+        log("memory budget: references " + ", ".join(memory["references"])
+            + ("; " + memory["gpu_note"] if memory["gpu_needed"] else ""))
     calibration = {"clock": args.clock, "steps": opt["calibration_steps"], "warmup": 1, "seed": seeds[0],
                    "vanilla_measured": {a.batch_size: costs[a].on(args.clock) for a in probes}, "vanilla_line": list(line),
                    "arms": {a.name: dataclasses.asdict(c) for a, c in costs.items()}, "cost_matched": matched_info}
@@ -270,6 +313,8 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
             f"{info['batch']} (FLOP model: {info['flop_batch']})")
     if journal is not None:
         journal.append("calibration", **calibration)
+        if memory is not None:
+            journal.append("memory", **memory)
 
     def priced(arm: Arm) -> Arm:
         own = cost_matched.get(arm) or (costs[arm].on(args.clock) if arm in costs else costs[Arm(arm.mode, B)].on(args.clock))
@@ -299,9 +344,9 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     payload = payload_of(
         runs, task.describe(), args.clock, budget, steps, evals, seeds, eval_pairs, command,
         extra={"torch_threads": args.threads, "ideal_speedups": speedups, "torch": torch.__version__,
-               "warm_start": warm_start_summary(runs), "calibration": calibration, "sweep": swept},
+               "warm_start": warm_start_summary(runs), "calibration": calibration, "sweep": swept, "memory": memory},
         protocol={"share": args.target_share, "resamples": args.bootstrap, "confidence": args.confidence,
-                  "seed": args.bootstrap_seed, "controls": controls},
+                  "seed": args.bootstrap_seed, "controls": controls, "same_batch_reference": same_batch_reference},
     )
     if out is not None:
         for path in write_report(payload, out):

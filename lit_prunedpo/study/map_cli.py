@@ -83,14 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def study_argv(out: Path, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace, work_dir: Path) -> list[str]:
-    """The ``lit-prunedpo-study`` arguments of one cell."""
+def study_argv(out: Path, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace, work_dir: Path,
+               memory_budget_mb: float | None = None) -> list[str]:
+    """The ``lit-prunedpo-study`` arguments of one cell (with ``--memory-budget-mb`` when the cell has one)."""
     csv = lambda xs: ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)  # noqa: E731
     argv = ["--out", str(out), "--modes", ",".join(modes), "--no-matched", "--budget", f"{budget:g}", "--steps", str(opt["steps"]),
             "--evals", str(opt["evals"]), "--seeds", csv(opt["seeds"]), "--tune-seeds", csv(opt["tune_seeds"]),
             "--lr-factors", csv(args.lr_factors), "--calibration-steps", str(opt["calibration_steps"]),
             "--max-eval-pairs", str(opt["max_eval_pairs"]), "--bootstrap", str(args.bootstrap), "--threads", str(args.threads),
             "--work-dir", str(work_dir), "--quiet"]
+    argv += [] if memory_budget_mb is None else ["--memory-budget-mb", f"{memory_budget_mb:g}"]
     return argv + ([] if args.sweep else ["--no-sweep"])
 
 
@@ -171,12 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_s = 60 * opt["limit_minutes"]
 
     def total(budget: float) -> float:  # the planned wall time: the longest of --jobs queues
-        return makespan([cell_seconds(probes[c.name], plan_options, budget, c.task.batch_size, c.task.warm_start_steps)
+        return makespan([cell_seconds(probes[c.name], plan_options, budget, c.task.batch_size, c.task.warm_start_steps,
+                                      c.memory_budget_mb is not None)
                          for c in spec.cells], args.jobs)
 
     budget = opt["budget"] if opt["budget"] is not None else fit_budget(total, limit_s)
     shown = budget if budget is not None else 0.1  # the plan is shown even when it cannot fit
-    planned = {c.name: cell_seconds(probes[c.name], plan_options, shown, c.task.batch_size, c.task.warm_start_steps) for c in spec.cells}
+    planned = {c.name: cell_seconds(probes[c.name], plan_options, shown, c.task.batch_size, c.task.warm_start_steps,
+                                      c.memory_budget_mb is not None) for c in spec.cells}
     wall = makespan(list(planned.values()), args.jobs)
     plan = {"budget_s": budget, "limit_min": opt["limit_minutes"], "jobs": args.jobs, "cpu_s": sum(planned.values()),
             "total_s": wall, "total_min": wall / 60,
@@ -276,7 +280,7 @@ def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float
             cell_dir.mkdir(parents=True, exist_ok=True)
             (cell_dir / "noise.json").write_text(json.dumps(noise, indent=1))
             with contextlib.redirect_stdout(io.StringIO()):
-                rc = study_main(study_argv(cell_dir, modes, opt, budget, args, work_dir), task=cell.task)
+                rc = study_main(study_argv(cell_dir, modes, opt, budget, args, work_dir, cell.memory_budget_mb), task=cell.task)
             if rc != 0:
                 raise RuntimeError(f"the study exited with status {rc}")
         study = json.loads((cell_dir / "study.json").read_text())

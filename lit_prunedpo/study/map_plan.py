@@ -10,7 +10,12 @@ a vanilla step at the cell's batch, every pruned mode assumed to add a cost-matc
 * training ``R (max(budget, steps c) + c)``: a run passes both the time and the step budget, and its last step
   may overshoot;
 * evaluation ``R (2 E + 1) e``: at step 0 and at up to ``E`` points of each grid;
-* calibration ``(probes + M) (n + 1) c``; noise model ``(pairs + 1 + M draws) c``; warm start (HH-RLHF cells)
+* calibration ``(probes + M) (n + 1) (c + g)``, ``g`` = :data:`SETTLE_S` per step for the memory meter's settling;
+  a cell with a memory budget adds the peaks of the ``M`` cost-matched controls ``M (n + 1) (c + g)``, every exact
+  variant of vanilla and of each pruned mode (``(1 + M) V (n + 1) (2 c + g)``, ``V`` variants:
+  :func:`~lit_prunedpo.study.memory.fit_candidates`; a variant priced at twice a vanilla step, checkpointing and the
+  chunked scorer's recomputation included) and the memory-fitted vanilla arm's runs (``FT + S``, each step ``2 c``);
+  noise model ``(pairs + 1 + M draws) c``; warm start (HH-RLHF cells)
   ``(S + T) W c``; setup: the probe's own time, three times (the noise model and the study build the data and
   model again); the report (``study.json``, ``study.md``, ``study.png``): :data:`REPORT_S`.
 
@@ -27,11 +32,15 @@ from typing import Callable, Sequence
 
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.calibrate import vanilla_probe_sizes
+from lit_prunedpo.study.memory import fit_candidates
 from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run
 from lit_prunedpo.study.tasks import StudyTask
 
 
 REPORT_S = 3.0  # CPU-s to write a cell's study report, its plot included (measured: 1-2 s on a tiny cell)
+# CPU-s the memory meter's settling (gc.collect, malloc_trim) adds per calibration step, untimed: measured 0.21 with a
+# 64-token cell's data and six runs alive (the collector walks every tokenized row)
+SETTLE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -75,14 +84,22 @@ def probe(task: StudyTask, max_eval_pairs: int | None, seed: int = 0) -> Probe:
     return Probe(step, time.process_time() - start, setup)
 
 
-def cell_seconds(p: Probe, o: PlanOptions, budget: float, batch_size: int, warm_start_steps: int = 0) -> float:
-    """The planned CPU seconds of one cell (module docstring)."""
+def cell_seconds(p: Probe, o: PlanOptions, budget: float, batch_size: int, warm_start_steps: int = 0,
+                 memory_budget: bool = False) -> float:
+    """The planned CPU seconds of one cell (module docstring); ``memory_budget``: the cell has one."""
     arms = 1 + 2 * o.modes
-    runs = arms * (o.lr_factors * o.tune_seeds + o.seeds)
-    c = p.step_s
+    per_arm = o.lr_factors * o.tune_seeds + o.seeds
+    runs = arms * per_arm
+    c, g = p.step_s, SETTLE_S
     train = runs * (max(budget, o.steps * c) + c)
     evals = runs * (2 * o.evals + 1) * p.eval_s
-    calibration = (len(vanilla_probe_sizes(batch_size)) + o.modes) * (o.calibration_steps + 1) * c
+    calibration = (len(vanilla_probe_sizes(batch_size)) + o.modes) * (o.calibration_steps + 1) * (c + g)
+    if memory_budget:
+        variants = len(fit_candidates(Arm("vanilla", batch_size)))
+        calibration += o.modes * (o.calibration_steps + 1) * (c + g)
+        calibration += (1 + o.modes) * variants * (o.calibration_steps + 1) * (2 * c + g)
+        train += per_arm * (max(budget, o.steps * 2 * c) + 2 * c)
+        evals += per_arm * (2 * o.evals + 1) * p.eval_s
     noise = (o.noise_pairs + 1 + o.modes * o.noise_draws) * c
     warm = (o.seeds + o.tune_seeds) * warm_start_steps * c
     return train + evals + calibration + noise + warm + 3 * p.setup_s + REPORT_S

@@ -6,7 +6,10 @@ vanilla on the loss and the accuracy target (:mod:`lit_prunedpo.study.curves`), 
 ``k`` (vanilla step / pruned step at the cell's batch, from the fitted vanilla line; the cost-matched
 batch beside it), the LM head's share of a vanilla step (cost model), and the noise model
 (:mod:`lit_prunedpo.study.noise`): ``between``, the mode's ``within``, the budget ``(k - 1) between``, the
-prediction and whether the measured loss verdict agrees.
+prediction and whether the measured loss verdict agrees. Under a memory budget, also: the budget, every arm's
+measured peak step memory, how vanilla (and the pruned arm, if it was over) was fitted, and ``gpu``: the
+verdict leans on gradient accumulation (the pruned arm's fit or a reference's), nearly free on the CPU but not
+on a GPU, so it is a CPU verdict that a GPU must confirm (:data:`lit_prunedpo.study.memory.GPU_NOTE`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from lit_prunedpo.study.memory import GPU_NOTE
 from lit_prunedpo.study.noise import agreement, predict
 
 
@@ -26,7 +30,10 @@ def cell_rows(cell: Mapping[str, Any], study: Mapping[str, Any], noise: Mapping[
         ValueError: if the study has no same-batch arm or no calibration for a mode.
     """
     batch = study["task"]["batch_size"]
-    arms = {(r["mode"], r["batch_size"], r["matched"], r["cost_matched"]): r for r in study["summary"]["arms"]}
+    arms = {(r["mode"], r["batch_size"], r["matched"], r["cost_matched"]): r for r in study["summary"]["arms"]
+            if not r.get("memory_fitted")}
+    by_name = {r["arm"]: r for r in study["summary"]["arms"]}
+    memory = study.get("memory")
     rows = []
     for mode in modes:
         arm = arms.get((mode, batch, False, False))
@@ -45,8 +52,27 @@ def cell_rows(cell: Mapping[str, Any], study: Mapping[str, Any], noise: Mapping[
             "accuracy_reference": accuracy["reference"], "between": between, "within": within,
             "variance_budget": (k - 1.0) * between, "prediction": prediction,
             "agreement": agreement(prediction, loss["verdict"]),
+            **_memory_columns(memory, arm, by_name),
         })
     return rows
+
+
+def _memory_columns(memory: Mapping[str, Any] | None, arm: Mapping[str, Any], by_name: Mapping[str, Any]) -> dict[str, Any]:
+    if memory is None:
+        return {"memory_budget_mb": None, "peaks_mb": None, "vanilla_fit": None, "pruned_fit": None, "gpu": None}
+    involved = [arm, *(by_name[n] for n in arm["references"] if n in by_name)]
+    gpu = any(r.get("micro_batches", 1) > 1 for r in involved)
+    peaks = {n: memory["peaks"][n] for n in [arm["arm"], *arm["references"]] if n in memory["peaks"]}
+    return {"memory_budget_mb": memory["budget_mb"], "peaks_mb": peaks,
+            "vanilla_fit": memory["vanilla_fit"], "pruned_fit": arm.get("fit", "as is"), "gpu": GPU_NOTE if gpu else None}
+
+
+def _memory_text(r: Mapping[str, Any]) -> str:
+    if r.get("memory_budget_mb") is None:
+        return "none | - | - |"
+    peaks = ", ".join(f"{n} {p:.0f}" for n, p in r["peaks_mb"].items())
+    return (f"{r['memory_budget_mb']:g} MB ({peaks}) | vanilla: {r['vanilla_fit']}; {r['mode']}: {r['pruned_fit']} | "
+            f"{r['gpu'] or 'no'} |")
 
 
 def to_markdown(payload: Mapping[str, Any]) -> str:
@@ -62,16 +88,19 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
         "Verdicts on the loss target against the better vanilla (same batch or cost-matched), with the "
         "95 % bootstrap interval over seeds. k: calibrated cost ratio, vanilla step / pruned step at the cell's batch. "
         "Noise model at the initial weights: between = trace of the per-pair gradient covariance, within = the "
-        "mode's extra within-pair variance; prediction: prune better iff within < (k - 1) between.", "",
+        "mode's extra within-pair variance; prediction: prune better iff within < (k - 1) between. "
+        "Memory budget: a cap on each arm's measured peak step memory (MB above the step's start; the peaks of the arm and "
+        "its references in brackets); an arm over it runs its fastest exact fit, and the reference is the better vanilla "
+        f"that fits. GPU: '{GPU_NOTE}' where a fit uses gradient accumulation (nearly free on the CPU only).", "",
         "| cell | mode | head share | k (batch) | loss verdict | loss ratio [interval] | accuracy verdict | between | "
-        "within | (k-1) between | prediction |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "within | (k-1) between | prediction | memory budget (peaks, MB) | fitted | GPU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['mode']} | {r['head_share']:.3f} | {r['k']:.2f} ({r['cost_matched_batch']}) | "
             f"**{r['loss_verdict']}** | {r['loss_text']} vs {r['loss_reference']} | {r['accuracy_verdict']} {r['accuracy_text']} | "
-            f"{r['between']:.4g} | {r['within']:.4g} | {r['variance_budget']:.4g} | {r['prediction']} |")
+            f"{r['between']:.4g} | {r['within']:.4g} | {r['variance_budget']:.4g} | {r['prediction']} | {_memory_text(r)}")
     lines += ["", "Noise model against the measurement (loss verdict):", ""]
     lines += [f"- {r['name']}, {r['mode']}: predicted {r['prediction']}; measured {r['loss_verdict']}: {r['agreement']}"
               for r in rows]

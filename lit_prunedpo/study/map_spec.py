@@ -12,10 +12,13 @@ A spec names the pruning modes and lists **blocks**; each block is a factorial p
 Fields: ``task`` (``generated``: :class:`~lit_prunedpo.study.map_tasks.CellTask`; ``hh-rlhf``: the real pairs,
 :func:`~lit_prunedpo.study.map_tasks.hh_cell`), ``length`` (tokens per response), ``batch_size``, and for
 generated cells ``head_share`` (the LM head's share of a vanilla step's FLOPs) and ``similarity``
-(``near-duplicate`` or ``unrelated``). Every cell's task is built while the spec is read, so an unreachable
-head share or a bad length is refused before anything runs, with the spec, block and field in the message.
-:data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue 17's map, 13 generated cells),
-``quick`` (two small cells) and ``hh-rlhf`` (the real pairs with 64-token responses).
+(``near-duplicate`` or ``unrelated``); optional for both, ``memory_budget_mb``: a cap on every arm's measured peak
+step memory (MiB above the step's start; ``null``: none), the memory axis (the cell's study runs with
+``--memory-budget-mb``: vanilla fitted its fastest exact way, :mod:`lit_prunedpo.study.memory`). Every cell's task
+is built while the spec is read, so an unreachable head share or a bad length is refused before anything runs, with
+the spec, block and field in the message. :data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue
+17's map, 15 generated cells, 2 with a memory budget), ``quick`` (two small cells) and ``hh-rlhf`` (the real pairs
+with 64-token responses).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from lit_prunedpo.study.tasks import StudyTask
 
 TASK_KINDS = ("generated", "hh-rlhf")
 FIELDS = {"generated": ("task", "length", "batch_size", "head_share", "similarity"), "hh-rlhf": ("task", "length", "batch_size")}
+OPTIONAL = ("memory_budget_mb",)  # fields a block may leave out (every kind)
 
 DEFAULT_SPEC: dict[str, Any] = {
     "modes": ["position-coupled", "antithetic"],
@@ -47,6 +51,14 @@ DEFAULT_SPEC: dict[str, Any] = {
         {"task": "generated", "length": [16, 64, 256], "head_share": 0.25, "similarity": "unrelated", "batch_size": 8},
         # batch size around the middle cell
         {"task": "generated", "length": 64, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": [4, 32]},
+        # memory budgets that bind (the paper's regime): vanilla's peak step memory above the budget, position pruning's
+        # near or below it. Peaks measured on this project's CPU machine (peak RSS above the step's start, batch 8):
+        # L256 head 0.25: vanilla 104 MB, position-coupled 97, vanilla + accumulation x2 61, chunked 97;
+        # L64 head 0.97: vanilla 134 MB, position-coupled 61, vanilla + chunked scorer 36
+        {"task": "generated", "length": 256, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": 8,
+         "memory_budget_mb": 80},
+        {"task": "generated", "length": 64, "head_share": 0.97, "similarity": "near-duplicate", "batch_size": 8,
+         "memory_budget_mb": 100},
     ],
 }
 QUICK_SPEC: dict[str, Any] = {
@@ -75,14 +87,15 @@ class Cell:
     head_share: float | None
     similarity: str | None
     task: StudyTask
+    memory_budget_mb: float | None = None
 
     @property
     def name(self) -> str:
-        return self.task.name
+        return self.task.name + (f"-mem{self.memory_budget_mb:g}MB" if self.memory_budget_mb is not None else "")
 
     def settings(self) -> dict[str, Any]:
         return {"task": self.kind, "length": self.length, "batch_size": self.batch_size, "head_share": self.head_share,
-                "similarity": self.similarity}
+                "similarity": self.similarity, "memory_budget_mb": self.memory_budget_mb}
 
 
 @dataclass(frozen=True)
@@ -103,9 +116,13 @@ def _cell(where: str, settings: Mapping[str, Any]) -> Cell:
     for name, value, low in (("length", length, 2), ("batch_size", batch, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
+    budget = settings.get("memory_budget_mb")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf")):
+        raise ValueError(f"{where}: memory_budget_mb must be a number > 0 (MiB of peak step memory) or null, got {budget!r}")
+    budget = None if budget is None else float(budget)
     try:
         if kind == "hh-rlhf":
-            return Cell(kind, length, batch, None, None, hh_cell(length, batch))
+            return Cell(kind, length, batch, None, None, hh_cell(length, batch), budget)
         share, similarity = settings.get("head_share"), settings.get("similarity")
         if isinstance(share, bool) or not isinstance(share, (int, float)):
             raise ValueError(f"head_share must be a number in (0, 1), got {share!r}")
@@ -114,7 +131,7 @@ def _cell(where: str, settings: Mapping[str, Any]) -> Cell:
         task = CellTask(length=length, similarity=similarity, target_head_share=float(share), batch_size=batch)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    return Cell(kind, length, batch, float(share), similarity, task)
+    return Cell(kind, length, batch, float(share), similarity, task, budget)
 
 
 def parse_spec(spec: Mapping[str, Any], source: str = "the spec") -> MapSpec:
@@ -145,10 +162,10 @@ def parse_spec(spec: Mapping[str, Any], source: str = "the spec") -> MapSpec:
         kind = block.get("task")
         if kind not in TASK_KINDS:
             raise ValueError(f"{where}: task must be one of {', '.join(TASK_KINDS)}, got {kind!r}")
-        extra = sorted(set(block) - set(FIELDS[kind]))
+        extra = sorted(set(block) - set(FIELDS[kind]) - set(OPTIONAL))
         missing = sorted(set(FIELDS[kind]) - set(block))
         if extra or missing:
-            raise ValueError(f"{where}: a {kind} block has the fields {', '.join(FIELDS[kind])}; "
+            raise ValueError(f"{where}: a {kind} block has the fields {', '.join(FIELDS[kind])} (optional: {', '.join(OPTIONAL)}); "
                              + (f"unknown {extra}" if extra else "") + ("; " if extra and missing else "")
                              + (f"missing {missing}" if missing else ""))
         axes = {k: _values(v) for k, v in block.items() if k != "task"}

@@ -64,30 +64,36 @@ def _by_seed(runs: Sequence[Run]) -> dict[int, Run]:
 
 
 def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, share: float = 0.8, resamples: int = 2000,
-              confidence: float = 0.95, seed: int = 0, controls: Mapping[str, str] | None = None) -> dict[str, Any]:
+              confidence: float = 0.95, seed: int = 0, controls: Mapping[str, str | Sequence[str]] | None = None,
+              same_batch_reference: bool = True) -> dict[str, Any]:
     """Per arm: best and final quality within the budget, quality at the step budget, and the time to the
     improvement targets as a ratio to the better vanilla arm, with bootstrap intervals and verdicts.
 
     Args:
-        controls: per pruned mode, the name of its cost-matched vanilla arm; every arm of that mode is judged
-            against the better of it and the same-batch vanilla arm (only the latter without one).
+        controls: per pruned mode, the name (or names) of its control vanilla arms (cost-matched, memory-fitted);
+            every arm of that mode is judged against the best of them and the same-batch vanilla arm (only the
+            latter without one).
+        same_batch_reference: False when the same-batch vanilla arm is over a memory budget: it still sets the
+            targets (a memory-fitted vanilla computes the same steps), but pruned arms are judged against their
+            controls only.
 
     Raises:
         ValueError: if no run is a same-batch ``vanilla`` arm (the reference every ratio needs), or a control
-            arm or a seed is missing.
+            arm or a seed is missing, or a pruned mode is left without a reference.
     """
     arms: dict[str, list[Run]] = {}
     for run in runs:
         arms.setdefault(run.arm.name, []).append(run)
-    vanilla = [r for r in runs if r.arm.mode == "vanilla" and not r.arm.matched and not r.arm.cost_matched]
+    vanilla = [r for r in runs if r.arm.mode == "vanilla" and not r.arm.matched and not r.arm.cost_matched and not r.arm.memory_fitted]
     if not vanilla:
         raise ValueError("a study summary needs the vanilla arm")
     vanilla_name = vanilla[0].arm.name
     seeds = [r.seed for r in vanilla]
-    controls = dict(controls or {})
-    for mode, name in controls.items():
-        if name not in arms:
-            raise ValueError(f"the cost-matched control {name!r} of mode {mode!r} has no runs")
+    controls = {mode: [names] if isinstance(names, str) else list(names) for mode, names in (controls or {}).items()}
+    for mode, names in controls.items():
+        for name in names:
+            if name not in arms:
+                raise ValueError(f"the control {name!r} of mode {mode!r} has no runs")
     grid = [0.0] + [budget_s * k / evals for k in range(1, evals + 1)]
     clock_attr = f"{clock}_s"
 
@@ -110,11 +116,14 @@ def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, sh
     for name, rs in arms.items():
         arm = rs[0].arm
         refs = [vanilla_name]
-        if arm.mode != "vanilla" and controls.get(arm.mode, vanilla_name) != vanilla_name:
-            refs.append(controls[arm.mode])
+        if arm.mode != "vanilla":
+            refs = ([vanilla_name] if same_batch_reference else []) + [c for c in controls.get(arm.mode, []) if c != vanilla_name]
+            if not refs:
+                raise ValueError(f"arm {name}: no vanilla reference (the same-batch arm is excluded and mode {arm.mode!r} has no control)")
         row: dict[str, Any] = {
             "arm": name, "mode": arm.mode, "batch_size": arm.batch_size, "matched": arm.matched,
-            "cost_matched": arm.cost_matched, "lr": rs[0].summary()["lr"], "schedule_steps": arm.schedule_steps,
+            "cost_matched": arm.cost_matched, "memory_fitted": arm.memory_fitted, "fit": arm.fit,
+            "micro_batches": arm.micro_batches, "lr": rs[0].summary()["lr"], "schedule_steps": arm.schedule_steps,
             "seeds": [r.seed for r in rs],
             "median_step_s": spread([r.summary()[f"median_step_{clock}_s"] for r in rs])[0],
             "steps_in_budget": spread([r.on_grid("time")[-1].step for r in rs])[0],
@@ -131,13 +140,13 @@ def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, sh
             ratio = time_ratio(times[what][name], {ref: times[what][ref] for ref in refs}, budget_s, resamples, confidence, seed)
             row[f"{what}_time_ratio"] = ratio.as_dict()
             row[f"{what}_seed_times"] = times[what][name]
-            if len(refs) > 1:
+            if len(refs) > 1 or refs != [vanilla_name]:
                 same = time_ratio(times[what][name], {vanilla_name: times[what][vanilla_name]}, budget_s, resamples, confidence, seed)
                 row[f"{what}_time_ratio_same_batch"] = same.as_dict()
         rows.append(row)
     return {"target_share": share, "target_loss": targets["loss"], "target_accuracy": targets["accuracy"],
             "reference": vanilla_name, "controls": controls, "resamples": resamples, "confidence": confidence,
-            "bootstrap_seed": seed, "time_grid": grid, "arms": rows}
+            "bootstrap_seed": seed, "time_grid": grid, "same_batch_reference": same_batch_reference, "arms": rows}
 
 
 def _pm(triple: Sequence[float], fmt: str = ".4f") -> str:
@@ -201,9 +210,16 @@ def to_markdown(payload: dict[str, Any]) -> str:
         lines += ["", f"Calibration (median of {cal['steps']} timed steps per arm after {cal['warmup']} untimed, seed {cal['seed']}): "
                   f"vanilla step cost {cal['vanilla_line'][0]:.4f} + {cal['vanilla_line'][1]:.4f} x batch {clock}-s (fitted on "
                   f"batches {', '.join(str(b) for b in cal['vanilla_measured'])})."]
+        peaks = {name: a.get("peak_mb") for name, a in cal.get("arms", {}).items()}
+        if any(p is not None for p in peaks.values()):
+            lines.append("- Peak step memory above the step's start (MB, the largest over the timed steps): "
+                         + ", ".join(f"{name} {p:.1f}" for name, p in peaks.items() if p is not None) + ".")
         for mode, m in cal.get("cost_matched", {}).items():
             lines.append(f"- {mode}: pruned step {m['pruned_cost_s']:.4f} {clock}-s -> cost-matched vanilla batch "
                          f"**{m['batch']}** (measured); the FLOP model's ideal speedup {m['flop_speedup']:.2f}x gives {m['flop_batch']}.")
+    mem = payload.get("memory")
+    if mem:
+        lines += ["", memory_markdown(mem, clock)]
     sw = payload.get("sweep")
     if sw:
         chosen = [row for row in sw["rows"] if row["chosen"]]
@@ -221,6 +237,25 @@ def to_markdown(payload: dict[str, Any]) -> str:
                   "NLL over the first / last 10 steps: "
                   + ", ".join(f"seed {s} {w['nll_first']:.2f} -> {w['nll_last']:.2f}" for s, w in warm.items()) + "."]
     lines += ["", "![study](study.png)", ""]
+    return "\n".join(lines)
+
+
+def memory_markdown(mem: Mapping[str, Any], clock: str) -> str:
+    """The memory budget's paragraph: the budget, each arm's measured peak and fit, the references, the GPU note."""
+    peaks = ", ".join(f"{name} {peak:.1f}" if peak is not None else f"{name} unmeasured" for name, peak in mem["peaks"].items())
+    lines = [f"Memory budget: **{mem['budget_mb']:g} MB** of peak step memory above the step's start ({mem['measure']}, "
+             f"the largest over the calibration's steps). Measured peaks (MB): {peaks}."]
+    for name, rows in mem["tables"].items():
+        chosen = next(r for r in rows if r["chosen"])
+        lines.append(f"- {name} is over the budget: fitted as **{chosen['fit']}** ({chosen['peak_mb']:.1f} MB, "
+                     f"{chosen['cost_s']:.4f} {clock}-s/step), the fastest of " + ", ".join(
+                         f"{r['fit']} {r['peak_mb']:.1f} MB {r['cost_s']:.4f} s" for r in rows) + ".")
+    lines.append("- References of the pruned arms (the better vanilla that fits the budget): " + ", ".join(mem["references"]) + ".")
+    if mem["over"]:
+        lines.append(f"- Over the budget, not a reference: {', '.join(mem['over'])}.")
+    if mem["gpu_needed"]:
+        lines.append(f"- {mem['gpu_note']}: a fit uses gradient accumulation, nearly free on the CPU but not on a GPU, "
+                     "where small micro-batches under-use the device (scripts/gpu-check measures it).")
     return "\n".join(lines)
 
 

@@ -22,6 +22,11 @@ held-out pair, at fixed points of the training clock (``k * budget / evals``) an
 (``k * steps / evals``): one run serves the same-time and the same-steps comparisons. A run ends when it has
 passed both the time budget and the step budget.
 
+An arm fitted to a memory budget (:mod:`lit_prunedpo.study.memory`) runs the same step with the chunked scorer,
+the policy's gradient checkpointing and/or gradient accumulation over micro-batches. A run given a ``meter``
+(the calibration's) records each step's peak memory above the step's start (``step_peak_mb``); the meter starts
+and stops outside the timed work.
+
 Every evaluation can be handed to ``on_point`` and every finished run to ``on_done`` as they happen (the
 command appends them to ``progress.jsonl``, so a study stopped late keeps what it measured).
 """
@@ -39,13 +44,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.callbacks import SAMPLER_ATTRS, use_exact_samplers
+from lit_prunedpo.callbacks import SAMPLER_ATTRS, PeakMemoryMeter, use_exact_samplers
+from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
+from lit_prunedpo.study.memory import accumulate
 from lit_prunedpo.study.tasks import StudyTask
 from lit_prunedpo.study.warm_start import warm_start
 
@@ -87,6 +94,8 @@ class Run:
     clock_name: Clock = "cpu"
     diverged: bool = False  # a non-finite training loss stopped the run (only with ``stop_on_nonfinite``)
     warm_start: dict[str, Any] | None = None  # the seed's warm-start record (its cost is not in this run's clocks)
+    meter: PeakMemoryMeter | None = None  # measures each step's peak memory (the calibration's runs only)
+    step_peak_mb: list[float] = field(default_factory=list)  # per step, MiB above the step's start
     _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
 
@@ -111,14 +120,23 @@ class Run:
         if self.exact_after_s is not None:
             self._configured = self._configured or tuple(getattr(module, n) for n in SAMPLER_ATTRS)
             use_exact_samplers(module, self.clock(self.clock_name) >= self.exact_after_s, self._configured)
+        if self.meter is not None:
+            self.meter.start()
         wall, cpu = time.perf_counter(), time.process_time()
-        est = module.step(batch).estimate
-        est.objective.backward()
+        if self.arm.micro_batches > 1:
+            objective = accumulate(module, batch, self.arm.micro_batches)
+        else:
+            objective = module.step(batch).estimate.objective
+            objective.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         dw, dc = time.perf_counter() - wall, time.process_time() - cpu
-        if not torch.isfinite(est.objective):
+        if self.meter is not None:
+            reading = self.meter.stop()
+            if reading is not None:
+                self.step_peak_mb.append(reading.above_start / 2**20)
+        if not torch.isfinite(objective):
             raise FloatingPointError(f"study run {self.arm.name} seed {self.seed}: non-finite loss at step {self.step}")
         self.wall_s += dw
         self.cpu_s += dc
@@ -143,7 +161,8 @@ class Run:
         steps = max(1, len(self.step_cpu))
         return {
             "arm": self.arm.name, "mode": self.arm.mode, "batch_size": self.arm.batch_size, "matched": self.arm.matched,
-            "cost_matched": self.arm.cost_matched, "lr": self.optimizer.param_groups[0]["initial_lr"],
+            "cost_matched": self.arm.cost_matched, "memory_fitted": self.arm.memory_fitted, "fit": self.arm.fit,
+            "micro_batches": self.arm.micro_batches, "lr": self.optimizer.param_groups[0]["initial_lr"],
             "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step, "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
             "eval_wall_s": self.eval_wall_s,
             "median_step_wall_s": sorted(self.step_wall)[steps // 2] if self.step_wall else None,
@@ -192,6 +211,7 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
     prefix, position, branch = arm.samplers()
     module = PrunedDPO(
         policy=policy if policy is not None else task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
+        scorer=ChunkedScorer() if arm.chunked else None, gradient_checkpointing=arm.checkpointing,
         optimizer=partial(torch.optim.AdamW, lr=arm.lr if arm.lr is not None else task.lr, weight_decay=0.0),
     )
     module.sampler_rng = SamplerRNG(seed=seed)

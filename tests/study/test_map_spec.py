@@ -19,7 +19,10 @@ CELL = {"task": "generated", "length": 16, "head_share": 0.25, "similarity": "ne
 def test_the_built_in_maps():
     spec = load_spec("default")
     assert spec == parse_spec(DEFAULT_SPEC, "the built-in map 'default'")
-    assert len(spec.cells) == 13 and len({c.name for c in spec.cells}) == 13
+    assert len(spec.cells) == 15 and len({c.name for c in spec.cells}) == 15
+    budgeted = [c for c in spec.cells if c.memory_budget_mb is not None]
+    assert [(c.length, c.head_share, c.memory_budget_mb) for c in budgeted] == [(256, 0.25, 80.0), (64, 0.97, 100.0)]
+    assert budgeted[0].name == "near-duplicate-L256-head0.25-B8-mem80MB"
     assert {c.length for c in spec.cells} == {16, 64, 256}
     assert {c.head_share for c in spec.cells} == {0.03, 0.25, 0.97}
     assert {c.similarity for c in spec.cells} == {"near-duplicate", "unrelated"}
@@ -51,7 +54,7 @@ def test_a_block_is_a_factorial_product():
     ({"modes": ["branch"], "blocks": [{k: v for k, v in CELL.items() if k != "similarity"}]}, r"missing \['similarity'\]"),
     ({"modes": ["branch"], "blocks": [{**CELL, "task": "imagenet"}]}, "block 1: task must be one of generated, hh-rlhf"),
     ({"modes": ["branch"], "blocks": [{"task": "hh-rlhf", "length": 64, "batch_size": 8, "head_share": 0.1}]},
-     r"a hh-rlhf block has the fields task, length, batch_size; unknown \['head_share'\]"),
+     r"a hh-rlhf block has the fields task, length, batch_size \(optional: memory_budget_mb\); unknown \['head_share'\]"),
     ({"modes": ["branch"], "blocks": [CELL, {**CELL}]}, "block 2: cell near-duplicate-L16-head0.25-B8 is already in block 1"),
     ({"modes": ["branch"], "blocks": []}, "blocks must be a non-empty list"),
     ({"modes": ["branch"], "blocks": [CELL], "budget": 3}, r"unknown keys \['budget'\]"),
@@ -60,6 +63,20 @@ def test_a_block_is_a_factorial_product():
 def test_bad_specs_are_refused(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_spec(spec, "my.yaml")
+
+
+def test_the_memory_budget_is_an_axis():
+    spec = parse_spec({"modes": "branch", "blocks": [{**CELL, "memory_budget_mb": [None, 50, 12.5]}]})
+    assert [(c.memory_budget_mb, c.name) for c in spec.cells] == [
+        (None, "near-duplicate-L16-head0.25-B8"), (50.0, "near-duplicate-L16-head0.25-B8-mem50MB"),
+        (12.5, "near-duplicate-L16-head0.25-B8-mem12.5MB")]
+    assert spec.cells[1].settings()["memory_budget_mb"] == 50.0
+    (hh,) = parse_spec({"modes": "branch", "blocks": [{"task": "hh-rlhf", "length": 64, "batch_size": 8, "memory_budget_mb": 300}]}).cells
+    assert hh.memory_budget_mb == 300.0 and hh.name == "hh-rlhf-L64-B8-mem300MB"
+    for bad in (0, -5, "lots", True, float("inf")):
+        with pytest.raises(ValueError, match=r"my.yaml, block 1, cell .*: memory_budget_mb must be a number > 0 \(MiB of peak step "
+                                             r"memory\) or null, got"):
+            parse_spec({"modes": "branch", "blocks": [{**CELL, "memory_budget_mb": bad}]}, "my.yaml")
 
 
 def test_spec_files(tmp_path):
@@ -80,11 +97,17 @@ def test_plan_arithmetic_and_the_fitted_budget():
     p = Probe(step_s=0.5, eval_s=0.25, setup_s=1.0)
     # 3 arms x (3 x 1 + 3) = 18 runs; train 18 x (max(8, 5) + 0.5); evals 18 x 5 x 0.25; calibration (3 probes + 1) x 2
     # x 0.5; noise (4 + 1 + 2) x 0.5; setup 3 x 1; report 3
-    expected = 18 * 8.5 + 18 * 5 * 0.25 + 4 * 2 * 0.5 + 7 * 0.5 + 3.0 + 3.0
+    # (the calibration's steps also pay the memory meter's settling, SETTLE_S = 0.2 each)
+    expected = 18 * 8.5 + 18 * 5 * 0.25 + 4 * 2 * 0.7 + 7 * 0.5 + 3.0 + 3.0
     assert cell_seconds(p, o, 8.0, batch_size=4) == pytest.approx(expected)
     # below the step budget's cost the budget does not matter; warm start: (3 + 1) x 10 x 0.5
     assert cell_seconds(p, o, 1.0, 4) == cell_seconds(p, o, 5.0, 4)
     assert cell_seconds(p, o, 8.0, 4, warm_start_steps=10) == pytest.approx(expected + 20.0)
+    # a memory budget: the cost-matched control's peak 1 x 2 x 0.7; 11 variants (chunked, checkpointing, accumulation
+    # x1/2/4 at batch 4, less the arm itself) of vanilla and the pruned mode, 2 x 11 x 2 x (2 x 0.5 + 0.2); the
+    # memory-fitted vanilla's 6 runs at twice a vanilla step: 6 x (max(8, 10) + 1) training, 6 x 5 x 0.25 evaluation
+    memory = 1 * 2 * 0.7 + 2 * 11 * 2 * 1.2 + 6 * 11.0 + 6 * 5 * 0.25
+    assert cell_seconds(p, o, 8.0, 4, memory_budget=True) == pytest.approx(expected + memory)
     assert fit_budget(lambda b: 10 + 3 * b, 40.0) == pytest.approx(10.0)
     assert fit_budget(lambda b: 10 + 3 * b, 41.0) == pytest.approx(10.3)
     assert fit_budget(lambda b: 10 + 3 * b, 10.0) is None

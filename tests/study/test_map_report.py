@@ -1,0 +1,57 @@
+"""The map's rows under a memory budget, from a hand-made study: the budget, the peaks of the arm and its
+references, how vanilla and the pruned arm were fitted, and the GPU flag exactly where a fit accumulates."""
+
+from __future__ import annotations
+
+from lit_prunedpo.study.map_report import cell_rows, to_markdown
+from lit_prunedpo.study.memory import GPU_NOTE
+
+
+def _ratio(reference: str) -> dict:
+    return {"verdict": "WIN", "value": 0.6, "low": 0.5, "high": 0.8, "interval_text": "0.60x [0.50x-0.80x]", "reference": reference}
+
+
+def _arm(name: str, mode: str, micro: int = 1, fit: str = "as is", memory_fitted: bool = False, refs: list | None = None) -> dict:
+    return {"arm": name, "mode": mode, "batch_size": 8, "matched": False, "cost_matched": "cost-matched" in name,
+            "memory_fitted": memory_fitted, "fit": fit, "micro_batches": micro, "references": refs or ["vanilla@8"],
+            "loss_time_ratio": _ratio((refs or ["vanilla@8"])[-1]), "accuracy_time_ratio": _ratio((refs or ["vanilla@8"])[-1])}
+
+
+def _study(vanilla_micro: int, vanilla_fit: str) -> dict:
+    fitted = f"vanilla@8 [{vanilla_fit}] (memory-fitted)"
+    refs = ["vanilla@3 (cost-matched)", fitted]
+    return {
+        "task": {"batch_size": 8},
+        "calibration": {"cost_matched": {"position-coupled": {"measured_speedup": 3.0, "batch": 3}}},
+        "summary": {"arms": [_arm("vanilla@8", "vanilla"), _arm("position-coupled@8", "position-coupled", refs=refs),
+                             _arm("vanilla@3 (cost-matched)", "vanilla"),
+                             _arm(fitted, "vanilla", vanilla_micro, vanilla_fit, True)]},
+        "memory": {"budget_mb": 100.0, "vanilla_fit": vanilla_fit,
+                   "peaks": {"vanilla@8": 134.0, "position-coupled@8": 61.0, "vanilla@3 (cost-matched)": 66.6, fitted: 90.0}},
+    }
+
+
+NOISE = {"between": 1.0, "within": {"position-coupled": 0.5}}
+CELL = {"name": "near-duplicate-L64-head0.97-B8-mem100MB", "memory_budget_mb": 100.0}
+
+
+def test_rows_carry_the_budget_the_peaks_and_the_fits():
+    (row,) = cell_rows(CELL, _study(2, "accumulation x2"), NOISE, 0.97, ["position-coupled"])
+    assert row["memory_budget_mb"] == 100.0 and row["vanilla_fit"] == "accumulation x2" and row["pruned_fit"] == "as is"
+    assert row["peaks_mb"] == {"position-coupled@8": 61.0, "vanilla@3 (cost-matched)": 66.6,
+                               "vanilla@8 [accumulation x2] (memory-fitted)": 90.0}
+    assert row["gpu"] == GPU_NOTE  # the memory-fitted reference accumulates
+    (row,) = cell_rows(CELL, _study(1, "chunked scorer"), NOISE, 0.97, ["position-coupled"])
+    assert row["gpu"] is None and row["vanilla_fit"] == "chunked scorer"
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    assert ("| 100 MB (position-coupled@8 61, vanilla@3 (cost-matched) 67, vanilla@8 [chunked scorer] (memory-fitted) 90) | "
+            "vanilla: chunked scorer; position-coupled: as is | no |") in md
+
+
+def test_rows_without_a_budget_say_none():
+    study = _study(1, "chunked scorer")
+    del study["memory"]
+    (row,) = cell_rows({"name": "x"}, study, NOISE, 0.97, ["position-coupled"])
+    assert row["memory_budget_mb"] is None and row["gpu"] is None
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    assert "| none | - | - |" in md
