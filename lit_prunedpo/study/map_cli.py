@@ -112,7 +112,9 @@ def measure_noise(cell: Any, modes: Sequence[str], seed: int, pairs: int, draws:
         dm = task.datamodule(Path(tmp))
     policy = None
     if task.warm_start_steps > 0:
-        policy, _ = warm_start(task, seed, dm, work_dir, task.warm_start_steps, lr=task.warm_start_lr)
+        # the cell's first warm start (the study reuses it): its progress goes where the study's does
+        policy, _ = warm_start(task, seed, dm, work_dir, task.warm_start_steps, lr=task.warm_start_lr,
+                               log=lambda line: print(line, file=sys.stderr, flush=True))
     run = make_run(task, Arm("vanilla", task.batch_size), seed, dm, policy=policy)
     share = head_share([b for _, b in zip(range(8), run.loader)], ModelDims.from_model(run.module.policy))
     data = copy.copy(dm)
