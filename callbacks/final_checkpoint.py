@@ -152,7 +152,7 @@ class FinalCheckpoint(Callback):
             path = trainer.strategy.broadcast(os.path.join(self._folder(trainer), self.filename + ".ckpt"))
             self._saving = True
             try:
-                trainer.save_checkpoint(path)
+                trainer.save_checkpoint(path, weights_only=False)
             finally:
                 self._saving = False
             self.saved_path = path

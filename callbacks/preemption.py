@@ -114,7 +114,7 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
     def _save(self, trainer: "pl.Trainer", reason: str) -> None:
         if self._saved_step == trainer.global_step or self.ckpt_path is None:
             return
-        trainer.save_checkpoint(self.ckpt_path)
+        trainer.save_checkpoint(self.ckpt_path, weights_only=False)
         self._saved_step = trainer.global_step
         self.saved_path = self.ckpt_path
         checkpoint = trainer.checkpoint_callback

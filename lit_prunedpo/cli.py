@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,9 @@ def quiet_lightning_tips() -> None:
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and with ``run=True`` run) the CLI on ``args`` (default: ``sys.argv``)."""
+    # torch 2.13 deprecates the LeafSpec that Lightning's own _pytree still builds: one warning per run about code that
+    # is neither the user's nor ours, and works
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     given = sys.argv[1:] if args is None else args
     has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in given)
     defaults = [] if has_config else [str(quickstart_config())]
