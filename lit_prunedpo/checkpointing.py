@@ -104,15 +104,17 @@ def launched_as_rank_zero() -> bool:
     return all(int(os.environ.get(name, "0") or 0) == 0 for name in RANK_VARIABLES)
 
 
-def claim_log_version(trainer: "pl.Trainer") -> None:
-    """Give each of the trainer's versioned loggers (CSV, TensorBoard) a ``version_N`` folder no other run has.
+def claim_log_version(trainer: "pl.Trainer") -> list[Path]:
+    """Give each of the trainer's versioned loggers (CSV, TensorBoard) a ``version_N`` folder no other run has;
+    returns the folders it created (for :func:`release_empty_claims`).
 
     Only a logger whose version was left to Lightning is changed; an explicit ``version`` is the user's choice
     (e.g. a requeued job resuming into its own folder). Runs on the first process only: the others never
     write logs, and Lightning broadcasts rank 0's folders to them.
     """
+    claimed: list[Path] = []
     if not launched_as_rank_zero():
-        return
+        return claimed
     for logger in trainer.loggers:
         if getattr(logger, "_version", 0) is not None or not hasattr(logger, "_get_next_version"):
             continue
@@ -127,6 +129,18 @@ def claim_log_version(trainer: "pl.Trainer") -> None:
                 version += 1
         # Loggers read their version lazily from this attribute; set before anything asked for it.
         logger._version = version
+        claimed.append(root / f"version_{version}")
+    return claimed
+
+
+def release_empty_claims(claimed: list[Path]) -> None:
+    """Remove the ``version_N`` folders :func:`claim_log_version` created that are still empty: a run that failed
+    before writing anything (bad data, a refused resume) leaves no empty folder, and the next run takes its number."""
+    for folder in claimed:
+        try:
+            folder.rmdir()  # only an empty folder goes
+        except OSError:
+            pass
 
 
 class SaveRunConfig(SaveConfigCallback):

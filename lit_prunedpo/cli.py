@@ -36,7 +36,7 @@ from lit_prunedpo.callbacks.model_summary import RichSummaryWithoutZeroFlops, Su
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpointing import (
     SaveRunConfig, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
-    resolve_resume,
+    release_empty_claims, resolve_resume,
 )
 from lit_prunedpo.distributed import destroy_process_groups
 from lit_prunedpo.models import fill_vocab_size
@@ -138,18 +138,26 @@ class PrunedDPOCLI(LightningCLI):
         # a forced callback: every fit saves its last step, whatever the config's callbacks are
         parser.add_lightning_class_args(FinalCheckpoint, "final")
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        self._claimed: list[Path] = []
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            release_empty_claims(self._claimed)  # a run that failed before writing anything leaves no empty version_N
+            raise
+
     def before_fit(self) -> None:
-        claim_log_version(self.trainer)
+        self._claimed = claim_log_version(self.trainer)
         lock_checkpoint_dirs(self.trainer)  # the folders the user named; before the claim names the others
         claim_checkpoint_folder(self.trainer)
         config = self.config_init["fit"]
         config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
 
     def before_validate(self) -> None:
-        claim_log_version(self.trainer)
+        self._claimed = claim_log_version(self.trainer)
 
     def before_test(self) -> None:
-        claim_log_version(self.trainer)
+        self._claimed = claim_log_version(self.trainer)
 
 
 def fill_logger_save_dirs(config: Namespace) -> list[str]:
