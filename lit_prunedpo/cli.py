@@ -249,6 +249,8 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     # torch 2.13 deprecates the LeafSpec that Lightning's own _pytree still builds: one warning per run about code that
     # is neither the user's nor ours, and works
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # the same for peft's own call of a transformers property renamed in transformers 5
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated")
     given = sys.argv[1:] if args is None else args
     has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in given)
     defaults = [] if has_config else [str(quickstart_config())]

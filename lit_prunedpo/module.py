@@ -136,7 +136,12 @@ class PrunedDPO(L.LightningModule):
                 if isinstance(layer, nn.Dropout):
                     layer.p = 0.0
         if gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers 5 renamed it (the old name warns at every run); transformers 4 has only the old one
+            enable = getattr(self.policy, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
         self.shared_prompt = bool(shared_prompt)
