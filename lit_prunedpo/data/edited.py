@@ -18,7 +18,7 @@ The same seed gives the same rows; the swap and edit draws use their own generat
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import datasets
 import torch
@@ -56,14 +56,42 @@ def edited_pairs(
     Raises:
         ValueError: an argument is out of range (named in the message).
     """
+    if edit_at not in ("random", "start"):
+        raise ValueError(f"edit_at must be 'random' or 'start', got {edit_at!r}")
+
+    def edit(ordered: list[int], texts: torch.Generator) -> list[int]:
+        n, n_sym = len(ordered), len(LETTERS)
+        place = 0 if edit_at == "start" else int(torch.randint(n, (), generator=texts))
+        edited = list(ordered)
+        edited[place] = (ordered[place] + int(torch.randint(1, n_sym, (), generator=texts))) % n_sym
+        return edited
+
+    return letter_pairs(edit, num_rows, seed, min_length, max_length, max_stride, label_noise)
+
+
+def letter_pairs(
+    corrupt: Callable[[list[int], torch.Generator], list[int]],
+    num_rows: int,
+    seed: int,
+    min_length: int,
+    max_length: int,
+    max_stride: int,
+    label_noise: float,
+) -> datasets.Dataset:
+    """The generated tasks' common frame: per row an ordered letter progression (the chosen response), the
+    rejected one made from it by ``corrupt(ordered, generator)`` (letter indices in, letter indices out, drawing
+    from the texts' generator), and labels swapped with probability ``label_noise`` (their own generator). The
+    arguments are those of :func:`edited_pairs`.
+
+    Raises:
+        ValueError: an argument is out of range (named in the message).
+    """
     if num_rows < 1:
         raise ValueError(f"num_rows must be >= 1, got {num_rows!r}")
     if not 1 <= min_length <= max_length:
         raise ValueError(f"need 1 <= min_length <= max_length, got {min_length!r} and {max_length!r}")
     if not 1 <= max_stride < len(LETTERS):
         raise ValueError(f"max_stride must be in [1, {len(LETTERS)}), got {max_stride!r}")
-    if edit_at not in ("random", "start"):
-        raise ValueError(f"edit_at must be 'random' or 'start', got {edit_at!r}")
     if not 0.0 <= label_noise < 0.5:
         raise ValueError(f"label_noise must be in [0, 0.5), got {label_noise!r}")
     texts = torch.Generator().manual_seed(seed)
@@ -75,10 +103,7 @@ def edited_pairs(
         stride = int(torch.randint(1, max_stride + 1, (), generator=texts))
         n = int(torch.randint(min_length, max_length + 1, (), generator=texts))
         ordered = [(start + stride * (k + 1)) % n_sym for k in range(n)]
-        place = 0 if edit_at == "start" else int(torch.randint(n, (), generator=texts))
-        edited = list(ordered)
-        edited[place] = (ordered[place] + int(torch.randint(1, n_sym, (), generator=texts))) % n_sym
-        good, bad = "".join(LETTERS[i] for i in ordered), "".join(LETTERS[i] for i in edited)
+        good, bad = "".join(LETTERS[i] for i in ordered), "".join(LETTERS[i] for i in corrupt(ordered, texts))
         swapped = bool(torch.rand((), generator=labels) < label_noise)
         rows["prompt"].append(f"count from {LETTERS[start]} by {stride}:")
         rows["chosen"].append(bad if swapped else good)

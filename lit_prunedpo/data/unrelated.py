@@ -13,6 +13,7 @@ from __future__ import annotations
 import datasets
 import torch
 
+from lit_prunedpo.data.edited import letter_pairs
 from lit_prunedpo.data.generated import LETTERS
 
 
@@ -37,30 +38,11 @@ def unrelated_pairs(
     Raises:
         ValueError: an argument is out of range (named in the message).
     """
-    if num_rows < 1:
-        raise ValueError(f"num_rows must be >= 1, got {num_rows!r}")
-    if not 1 <= min_length <= max_length:
-        raise ValueError(f"need 1 <= min_length <= max_length, got {min_length!r} and {max_length!r}")
-    if not 1 <= max_stride < len(LETTERS):
-        raise ValueError(f"max_stride must be in [1, {len(LETTERS)}), got {max_stride!r}")
-    if not 0.0 <= label_noise < 0.5:
-        raise ValueError(f"label_noise must be in [0, 0.5), got {label_noise!r}")
-    texts = torch.Generator().manual_seed(seed)
-    labels = torch.Generator().manual_seed(seed + 1_000_003)
-    n_sym = len(LETTERS)
-    rows: dict[str, list] = {"prompt": [], "chosen": [], "rejected": [], "swapped": []}
-    for _ in range(num_rows):
-        start = int(torch.randint(n_sym, (), generator=texts))
-        stride = int(torch.randint(1, max_stride + 1, (), generator=texts))
-        n = int(torch.randint(min_length, max_length + 1, (), generator=texts))
-        ordered = [(start + stride * (k + 1)) % n_sym for k in range(n)]
+
+    def unrelated(ordered: list[int], texts: torch.Generator) -> list[int]:
         other = ordered
-        while other == ordered:
-            other = torch.randint(n_sym, (n,), generator=texts).tolist()
-        good, bad = "".join(LETTERS[i] for i in ordered), "".join(LETTERS[i] for i in other)
-        swapped = bool(torch.rand((), generator=labels) < label_noise)
-        rows["prompt"].append(f"count from {LETTERS[start]} by {stride}:")
-        rows["chosen"].append(bad if swapped else good)
-        rows["rejected"].append(good if swapped else bad)
-        rows["swapped"].append(swapped)
-    return datasets.Dataset.from_dict(rows)
+        while other == ordered:  # an equal string would be no preference
+            other = torch.randint(len(LETTERS), (len(ordered),), generator=texts).tolist()
+        return other
+
+    return letter_pairs(unrelated, num_rows, seed, min_length, max_length, max_stride, label_noise)
