@@ -305,7 +305,9 @@ class PrunedDPO(L.LightningModule):
         return self.estimate(batch, plan, self.execute(batch, plan, parts))
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        out = self.step(batch, token_stats=True)
+        # TRL's token metrics take one more pass over the scored logits: only on the steps whose logs are written
+        logged = self._logs_this_step()
+        out = self.step(batch, token_stats=logged)
         est = out.estimate
         self.step_stats = out.stats
         self._count_tokens(batch)
@@ -313,14 +315,21 @@ class PrunedDPO(L.LightningModule):
             return None
         B = batch.num_pairs
         values = {f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()}
-        tokens = token_metrics(out.plan, out.logps.policy_token_stats, B)
-        values.update({f"train/{k}": weighted_mean(v, w) for k, (v, w) in tokens.items()})
+        if logged:
+            tokens = token_metrics(out.plan, out.logps.policy_token_stats, B)
+            values.update({f"train/{k}": weighted_mean(v, w) for k, (v, w) in tokens.items()})
         # float64, so that the count stays exact past float32's 2**24 (Lightning keeps a step-only value's dtype)
         values["train/num_tokens"] = torch.tensor(self.num_tokens, dtype=torch.float64)
         values.update({f"train/{k}": v for k, v in self.step_stats.as_metrics().items()})
         self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=B)
         return est.objective
+
+    def _logs_this_step(self) -> bool:
+        """Whether Lightning writes this training step's on-step logs (every ``log_every_n_steps``, and the last);
+        True outside a trainer."""
+        connector = getattr(self._trainer, "_logger_connector", None)
+        return bool(getattr(connector, "should_update_logs", True))
 
     def _count_tokens(self, batch: PreferenceBatch) -> None:
         """Add the batch's input tokens, summed over ranks (TRL gathers them too), to :attr:`num_tokens`."""

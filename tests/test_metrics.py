@@ -238,3 +238,23 @@ def test_a_pruned_fit_through_the_cli_logs_trls_names_with_their_values(tmp_path
     torch.testing.assert_close([row["train/learning_rate"] for row in train], recorder.rates, **TOL)
     assert len(set(recorder.rates)) > 1  # the warm-up moves the rate
     assert [row["train/num_tokens"] for row in train] == recorder.tokens
+
+
+def test_token_metrics_are_computed_only_on_the_steps_whose_logs_are_written(tmp_path):
+    cli = build_cli([
+        *config_args("all"), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=4", "--trainer.val_check_interval=4",
+        "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=2", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.save_dir={tmp_path}", "--data.init_args.max_rows=96", "--data.init_args.batch_size=8",
+    ], run=False)
+    asked, step = [], cli.model.step
+
+    def recording_step(batch, *args, token_stats=False, **kwargs):
+        asked.append(token_stats)
+        return step(batch, *args, token_stats=token_stats, **kwargs)
+
+    cli.model.step = recording_step
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert asked == [False, True, False, True]  # one more pass over the scored logits, every log_every_n_steps only
+    rows = [r for r in csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()) if r.get("train/loss")]
+    assert len(rows) == 2 and all(r[f"train/{name}"] for r in rows for name in TOKEN_METRICS)
