@@ -15,7 +15,8 @@ ratio ``k`` (batch ``B / k``, the same cost per step when a step's cost is propo
 
     within < (k - 1) between                                          (:func:`predict`)
 
-Measured (:func:`measure`) at a cell's initial weights, where the policy equals the reference: every margin
+The variances and the gradients are :mod:`lit_prunedpo.gradient_noise`'s (shared with the ``AutoPruning``
+callback's calibration). Measured (:func:`measure`) at a cell's initial weights, where the policy equals the reference: every margin
 is exactly 0, also the pruned estimate's, so the pruned estimator has no bias there and ``within`` is a pure
 variance. ``between`` is the unbiased sample variance of per-pair gradients ``(1/(n-1)) sum_i |g_i - mean|^2``
 (:func:`between_variance`), each ``g_i`` the gradient of the real exact step on pair ``i`` alone; ``within``
@@ -33,34 +34,16 @@ import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.gradient_noise import between_variance, gradient, pair, squared_distance, within_variance
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.study.arms import MODES
 
-
-def between_variance(per_pair: Tensor) -> float:
-    """Trace of the covariance of per-pair gradients ``[n, P]`` (``n >= 2``), unbiased: ``sum_i |g_i - mean|^2 / (n - 1)``."""
-    if per_pair.ndim != 2 or per_pair.shape[0] < 2:
-        raise ValueError(f"between_variance needs [n >= 2, P] per-pair gradients, got shape {tuple(per_pair.shape)}")
-    g = per_pair.double()
-    return float(((g - g.mean(0)) ** 2).sum() / (g.shape[0] - 1))
+__all__ = ["NoiseReport", "agreement", "between_variance", "measure", "pair", "predict", "squared_distance",
+           "within_variance"]
 
 
-def squared_distance(a: Tensor, b: Tensor) -> float:
-    """``|a - b|^2`` in double precision."""
-    if a.shape != b.shape:
-        raise ValueError(f"squared_distance needs equal shapes, got {tuple(a.shape)} and {tuple(b.shape)}")
-    return float((a.double() - b.double()).pow(2).sum())
-
-
-def within_variance(squared_distances: Sequence[float], batch_size: int) -> float:
-    """``batch_size * mean_d |g_hat_d - g_B|^2`` from the draws' squared distances to the exact batch gradient:
-    the extra within-pair variance per pair (module docstring). The draws' distances are streamed so that no
-    more than one pruned gradient is held at a time."""
-    if not squared_distances:
-        raise ValueError("within_variance needs at least one draw")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-    return batch_size * sum(squared_distances) / len(squared_distances)
+def _gradient(module: PrunedDPO, batch: PreferenceBatch, mode: str, generator: torch.Generator) -> Tensor:
+    return gradient(module, batch, MODES[mode](), generator)
 
 
 def predict(between: float, within: float, k: float) -> str:
@@ -81,20 +64,6 @@ def agreement(prediction: str, verdict: str) -> str:
         return "undecided (TIE)"
     measured = "prune better" if verdict == "WIN" else "vanilla better"
     return "agrees" if measured == prediction else "disagrees"
-
-
-def pair(batch: PreferenceBatch, i: int) -> PreferenceBatch:
-    """Pair ``i`` of ``batch`` alone (its padding columns kept: they are masked)."""
-    return PreferenceBatch(**{f.name: getattr(batch, f.name)[i:i + 1] for f in dataclasses.fields(batch)})
-
-
-def _gradient(module: PrunedDPO, batch: PreferenceBatch, mode: str, generator: torch.Generator) -> Tensor:
-    module.zero_grad(set_to_none=True)
-    prefix, position, branch = MODES[mode]()
-    parts = dataclasses.replace(module.parts, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch)
-    module.step(batch, parts, generator).estimate.objective.backward()
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-                      for p in module.policy.parameters() if p.requires_grad])
 
 
 @dataclass(frozen=True)

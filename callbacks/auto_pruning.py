@@ -1,0 +1,246 @@
+"""Auto pruning: a short calibration on the run's first batch picks the pruning mode, or none, and logs why.
+
+Whether pruning pays depends on the run (issue 17's regime map, ``docs/time-to-quality.md``): a pruned step is
+cheaper than a vanilla one by a factor ``k`` but adds gradient noise ``within`` to the batch's own ``between``
+(:mod:`lit_prunedpo.gradient_noise`). Against the user's simplest alternative, vanilla with the batch shrunk to the
+same cost per step, pruning lowers the gradient variance per second only when ``(1 + within / between) / k < 1``.
+:class:`AutoPruning` measures these on the run itself before the first optimizer step, on the first training
+batch at the initial weights:
+
+1. ``between``: the unbiased variance of the exact per-pair gradients of up to ``pairs`` pairs of the batch;
+2. per arm (vanilla and each candidate mode), ``draws`` forward + backward passes of the module's own step on the
+   whole batch, interleaved and timed (wall clock; the median is the arm's step time, ``k`` = vanilla's over the
+   arm's), the pruned draws' squared distances to the exact batch gradient giving the mode's ``within``;
+3. the choice: the candidate with the lowest ``(1 + within / between) / k`` if that is at most ``1 - min_gain``,
+   else vanilla (the module's exact samplers); the rule and every arm's figures are logged (console lines,
+   ``auto/*`` metrics) and kept in checkpoints, so a resumed run keeps its choice without calibrating again.
+
+Departures from the noise model, stated: the step times leave out the optimizer step (the same for every arm), so
+``k`` is slightly optimistic for pruning; ``min_gain`` is the margin that absorbs it and the measurement's noise.
+The model compares variances, which decide the pace only while gradient noise dominates; where it does not,
+cheaper steps pay more than the model says and the rule errs towards vanilla. The calibration's passes are not
+training steps (no optimizer step follows them) and cost about ``1 + pairs / B + draws (1 + sum 1/k)`` vanilla
+steps once per run (the logged ``auto/calibration_s``).
+
+Single process only: under DDP or FSDP each rank would measure its own batch (and pick on its own); calibrate with
+one process and put the mode it picks into the distributed config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.gradient_noise import (
+    between_variance,
+    gradient,
+    pair,
+    relative_inefficiency,
+    squared_distance,
+    timed_gradient,
+    within_variance,
+)
+from lit_prunedpo.modes import load_mode, mode_names
+from lit_prunedpo.plan import exact_samplers
+
+from .prune_early import SAMPLER_ATTRS
+
+VANILLA = "vanilla"
+DEFAULT_CANDIDATES = ("position-coupled", "antithetic")  # the modes issue 17's regime map measures
+
+
+@dataclass(frozen=True)
+class ArmCalibration:
+    """One arm's calibration: its median step time, ``k`` (vanilla's time over its own), the extra within-pair
+    variance it adds (0 for vanilla) and its relative inefficiency ``(1 + within / between) / k``."""
+
+    mode: str
+    step_s: float
+    k: float
+    within: float
+    inefficiency: float
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """What :func:`calibrate` found and chose."""
+
+    choice: str
+    """The mode the run trains with (``vanilla``: the module's exact samplers)."""
+    reason: str
+    """One sentence: the rule and the figures that decided."""
+    between: float
+    """Trace of the covariance of the exact per-pair gradients."""
+    arms: tuple[ArmCalibration, ...]
+    """Vanilla first, then the candidates in the order given."""
+    pairs: int
+    draws: int
+    calibration_s: float
+    """Wall seconds the calibration took."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> "AutoDecision":
+        return cls(**{**state, "arms": tuple(ArmCalibration(**a) for a in state["arms"])})
+
+
+def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, float]], min_gain: float) -> tuple[str, str, tuple[ArmCalibration, ...]]:
+    """The choice rule on measured figures: ``candidates`` maps a mode to ``(step_s, within)``.
+
+    Returns:
+        ``(choice, reason, arms)``: the candidate with the lowest relative inefficiency if it is at most
+        ``1 - min_gain`` (ties: the first given), else ``vanilla``.
+    """
+    if not vanilla_s > 0 or any(not s > 0 for s, _ in candidates.values()):
+        raise ValueError(f"step times must be > 0, got vanilla {vanilla_s!r} and {candidates!r}")
+    arms = [ArmCalibration(VANILLA, vanilla_s, 1.0, 0.0, 1.0)]
+    for mode, (step_s, within) in candidates.items():
+        k = vanilla_s / step_s
+        arms.append(ArmCalibration(mode, step_s, k, within, relative_inefficiency(between, within, k)))
+    best = min(arms[1:], key=lambda a: a.inefficiency, default=None)
+    figures = "; ".join(f"{a.mode}: k {a.k:.2f}, within/between {a.within / between if between else float('nan'):.2f}, "
+                        f"(1 + within/between)/k {a.inefficiency:.2f}" for a in arms[1:])
+    if best is not None and best.inefficiency <= 1.0 - min_gain:
+        return best.mode, f"{best.mode}: (1 + within/between)/k {best.inefficiency:.2f} <= {1 - min_gain:.2f} ({figures})", tuple(arms)
+    return VANILLA, f"no candidate reaches (1 + within/between)/k <= {1 - min_gain:.2f}: vanilla ({figures})", tuple(arms)
+
+
+def calibrate(module: Any, batch: PreferenceBatch, candidates: dict[str, Sequence[Any]], pairs: int = 8, draws: int = 4,
+              min_gain: float = 0.1, seed: int = 0) -> AutoDecision:
+    """Measure ``between``, each arm's step time and each candidate's ``within`` on ``batch`` through ``module``'s
+    own step, and choose (module docstring). ``candidates`` maps a mode name to its three samplers. The module's
+    gradients are cleared afterwards; its weights, samplers and sampler stream are not touched (the draws use a
+    generator of their own, seeded by ``seed``).
+
+    Raises:
+        ValueError: on a batch of fewer than 2 pairs, ``pairs`` < 2 or ``draws`` < 1.
+    """
+    if batch.num_pairs < 2:
+        raise ValueError(f"AutoPruning needs a first batch of >= 2 pairs to measure the batch's own noise, got {batch.num_pairs}")
+    if pairs < 2 or draws < 1:
+        raise ValueError(f"AutoPruning needs pairs >= 2 and draws >= 1, got pairs={pairs!r}, draws={draws!r}")
+    start = time.perf_counter()
+    g = torch.Generator().manual_seed(seed)
+    exact = exact_samplers()
+    exact_gradient = gradient(module, batch, exact, g)  # also the untimed warm-up
+    per_pair = torch.stack([gradient(module, pair(batch, i), exact, g) for i in range(min(pairs, batch.num_pairs))])
+    between = between_variance(per_pair)
+    del per_pair
+    times: dict[str, list[float]] = {VANILLA: [], **{m: [] for m in candidates}}
+    distances: dict[str, list[float]] = {m: [] for m in candidates}
+    for _ in range(draws):  # interleaved, so that a slow spell of a shared machine hits every arm alike
+        times[VANILLA].append(timed_gradient(module, batch, exact, g)[1])
+        for mode, samplers in candidates.items():
+            estimate, seconds = timed_gradient(module, batch, tuple(samplers), g)
+            times[mode].append(seconds)
+            distances[mode].append(squared_distance(estimate, exact_gradient))
+    module.zero_grad(set_to_none=True)
+    measured = {m: (statistics.median(times[m]), within_variance(distances[m], batch.num_pairs)) for m in candidates}
+    choice, reason, arms = decide(between, statistics.median(times[VANILLA]), measured, min_gain)
+    return AutoDecision(choice, reason, between, arms, min(pairs, batch.num_pairs), draws, time.perf_counter() - start)
+
+
+class AutoPruning(Callback):
+    """Before the first optimizer step, calibrate on the first training batch and train with the pruning mode that
+    the calibration picks, or with none (module docstring).
+
+    Args:
+        candidates: shipped modes (``configs/modes/<name>.yaml``) to choose from besides vanilla.
+        pairs: pairs of the first batch whose exact gradients measure the batch's own noise (>= 2).
+        draws: timed passes per arm, and pruned draws per candidate (>= 1).
+        min_gain: a candidate is chosen only when its relative inefficiency is at most ``1 - min_gain``, in [0, 1).
+        seed: seed of the calibration's own sampler draws.
+
+    Raises:
+        ValueError: on an unknown or repeated mode, ``vanilla`` among the candidates, a bad count or gain; at fit
+            start, on more than one process, or on a module configured with pruning samplers (the callback
+            chooses them).
+
+    Example::
+
+        trainer:
+          callbacks:
+            - class_path: lit_prunedpo.callbacks.AutoPruning
+              init_args: {candidates: [position-coupled, antithetic]}
+    """
+
+    def __init__(self, candidates: Sequence[str] = DEFAULT_CANDIDATES, pairs: int = 8, draws: int = 4,
+                 min_gain: float = 0.1, seed: int = 0) -> None:
+        candidates = list(candidates)
+        known = mode_names()
+        unknown = [m for m in candidates if m not in known]
+        if unknown:
+            raise ValueError(f"AutoPruning: unknown candidate mode(s) {unknown}; the shipped modes are {', '.join(known)}")
+        if VANILLA in candidates:
+            raise ValueError("AutoPruning: 'vanilla' is always measured; list only pruning modes as candidates")
+        if len(set(candidates)) != len(candidates):
+            raise ValueError(f"AutoPruning: candidates repeat a mode: {candidates}")
+        if pairs < 2 or draws < 1:
+            raise ValueError(f"AutoPruning needs pairs >= 2 and draws >= 1, got pairs={pairs!r}, draws={draws!r}")
+        if not 0.0 <= min_gain < 1.0:
+            raise ValueError(f"AutoPruning: min_gain must be in [0, 1), got {min_gain!r}")
+        self.candidates = candidates
+        self.pairs, self.draws, self.min_gain, self.seed = int(pairs), int(draws), float(min_gain), int(seed)
+        self.decision: AutoDecision | None = None
+        self._applied = False
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.world_size > 1:
+            raise ValueError(f"AutoPruning calibrates on one process, this run has {trainer.world_size}: run a short "
+                             "single-process fit with it, then put the mode it picks into the distributed config")
+        configured = {name: type(getattr(pl_module, name)).__name__ for name in SAMPLER_ATTRS}
+        exact = {name: type(s).__name__ for name, s in zip(SAMPLER_ATTRS, exact_samplers(), strict=True)}
+        pruned = {name: cls for name, cls in configured.items() if cls != exact[name]}
+        if pruned and not self._applied:
+            raise ValueError(f"AutoPruning chooses the samplers itself, but the model is configured with "
+                             f"{', '.join(f'model.{n}: {c}' for n, c in pruned.items())}; leave them unset")
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._applied:
+            return
+        if self.decision is None:
+            modes = {m: load_mode(m).samplers for m in self.candidates}
+            self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed)
+            rank_zero_info(f"AutoPruning: chose {self.decision.choice} in {self.decision.calibration_s:.1f} s of "
+                           f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: {self.decision.reason}")
+        else:
+            rank_zero_info(f"AutoPruning: resumed with {self.decision.choice} (calibrated before: {self.decision.reason})")
+        if self.decision.choice != VANILLA:
+            for name, sampler in zip(SAMPLER_ATTRS, load_mode(self.decision.choice).samplers, strict=True):
+                setattr(pl_module, name, sampler)
+        self._applied = True
+        metrics = {"auto/calibration_s": self.decision.calibration_s, "auto/between": self.decision.between}
+        for arm in self.decision.arms[1:]:
+            metrics.update({f"auto/{arm.mode}/k": arm.k, f"auto/{arm.mode}/inefficiency": arm.inefficiency})
+        metrics["auto/pruned"] = float(self.decision.choice != VANILLA)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=batch.num_pairs)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._applied and self.decision is not None and self.decision.choice != VANILLA:
+            for name, sampler in zip(SAMPLER_ATTRS, exact_samplers(), strict=True):
+                setattr(pl_module, name, sampler)  # leave the module as configured (e.g. for a second fit)
+        self._applied = False
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"decision": None if self.decision is None else self.decision.as_dict()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        decision = state_dict.get("decision")
+        self.decision = None if decision is None else AutoDecision.from_dict(decision)

@@ -1,0 +1,178 @@
+"""AutoPruning: the choice rule on hand-made figures, the calibration's measurements through the real module, and
+the callback in real fits (the choice applied to every step, kept across a resume, refusals)."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+import lit_prunedpo.callbacks.auto_pruning as auto_pruning
+from helpers import make_batch
+from lit_prunedpo import PrunedDPO
+from lit_prunedpo.callbacks import AutoPruning
+from lit_prunedpo.callbacks.auto_pruning import AutoDecision, calibrate, decide
+from lit_prunedpo.data import SyntheticPreferenceData
+from lit_prunedpo.gradient_noise import between_variance, gradient, pair
+from lit_prunedpo.modes import load_mode
+from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix, RandomBranch
+
+
+# ------------------------------------------------------------------------------------------- the rule
+def test_decide_picks_the_candidate_with_the_lowest_variance_times_cost():
+    # between 1: "a" costs half (k 2) and adds within 0.5: (1 + 0.5) / 2 = 0.75; "b" k 4/3, within 0: 0.75 too;
+    # "c" k 2, within 2: 1.5
+    choice, reason, arms = decide(1.0, 1.0, {"c": (0.5, 2.0), "a": (0.5, 0.5), "b": (0.75, 0.0)}, min_gain=0.1)
+    assert choice == "a"  # ties go to the first given of the best
+    assert [a.mode for a in arms] == ["vanilla", "c", "a", "b"]
+    assert [a.inefficiency for a in arms] == pytest.approx([1.0, 1.5, 0.75, 0.75])
+    assert arms[2].k == pytest.approx(2.0) and "0.75 <= 0.90" in reason
+
+
+def test_decide_keeps_vanilla_without_enough_gain():
+    # (1 + 0.5) / 1.6 = 0.9375: better than vanilla, but not by min_gain 0.1
+    choice, reason, _ = decide(1.0, 0.8, {"a": (0.5, 0.5)}, min_gain=0.1)
+    assert choice == "vanilla" and "no candidate" in reason
+    assert decide(1.0, 0.8, {"a": (0.5, 0.5)}, min_gain=0.0)[0] == "a"
+    # no between-pair noise at all: any added noise is infinitely worse per unit of variance
+    assert decide(0.0, 1.0, {"a": (0.1, 1e-9)}, min_gain=0.1)[0] == "vanilla"
+    assert decide(1.0, 1.0, {}, min_gain=0.1)[0] == "vanilla"
+    with pytest.raises(ValueError, match="step times"):
+        decide(1.0, 0.0, {"a": (0.5, 0.5)}, min_gain=0.1)
+
+
+# ------------------------------------------------------------------------------------- the calibration
+@pytest.fixture
+def module(tiny_source):
+    torch.manual_seed(0)
+    return PrunedDPO(policy=tiny_source)
+
+
+def test_calibration_measures_through_the_module_and_leaves_it_as_it_was(module):
+    batch = make_batch([3, 2, 4, 2, 5, 3], [5, 4, 6, 3, 6, 5], [4, 6, 2, 5, 3, 4])
+    weights = [p.detach().clone() for p in module.policy.parameters()]
+    samplers = (module.prefix_sampler, module.position_sampler, module.branch_sampler)
+    stream = module.sampler_rng.step
+    decision = calibrate(module, batch, {"antithetic": load_mode("antithetic").samplers}, pairs=4, draws=3, min_gain=0.1)
+    assert all(p.grad is None for p in module.policy.parameters())  # no gradients left
+
+    # between: the unbiased variance of the first 4 pairs' exact gradients, recomputed here independently
+    g = torch.Generator().manual_seed(0)
+    per_pair = torch.stack([gradient(module, pair(batch, i), exact_samplers(), g) for i in range(4)])
+    assert decision.between == pytest.approx(between_variance(per_pair), rel=1e-5)
+    assert decision.pairs == 4 and decision.draws == 3 and decision.calibration_s > 0
+    vanilla, antithetic = decision.arms
+    assert (vanilla.mode, vanilla.k, vanilla.within) == ("vanilla", 1.0, 0.0)
+    # one branch per pair: a real extra variance, and the rule applied to the measured figures
+    assert antithetic.within > 0
+    assert antithetic.inefficiency == pytest.approx((1 + antithetic.within / decision.between) / antithetic.k)
+    assert decision.choice == decide(decision.between, vanilla.step_s, {"antithetic": (antithetic.step_s, antithetic.within)}, 0.1)[0]
+    # the module: same weights, samplers and sampler stream
+    assert all(torch.equal(a, b) for a, b in zip(weights, module.policy.parameters()))
+    assert (module.prefix_sampler, module.position_sampler, module.branch_sampler) == samplers
+    assert module.sampler_rng.step == stream
+
+
+def test_an_exact_candidate_adds_no_variance(module):
+    # the exact samplers under another name: every draw is the exact batch gradient, so within is exactly 0 and
+    # the candidate's inefficiency is vanilla's up to timing (k ~ 1): never chosen with a gain asked for
+    batch = make_batch([3, 2, 4], [5, 4, 6], [4, 6, 2])
+    decision = calibrate(module, batch, {"exact-again": exact_samplers()}, pairs=3, draws=2, min_gain=0.5)
+    assert decision.arms[1].within == 0.0
+    assert decision.choice == "vanilla"
+
+
+def test_calibration_refuses_a_batch_of_one_pair(module):
+    with pytest.raises(ValueError, match=">= 2 pairs"):
+        calibrate(module, make_batch([3], [5], [4]), {"branch": load_mode("branch").samplers})
+
+
+# --------------------------------------------------------------------------------------- the callback
+class RecordWork(Callback):
+    """Each step's branches back-propagated and positions scored, against the unpruned step's."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, int, int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        s = pl_module.step_stats
+        self.steps.append((s.branches_backpropagated, s.unpruned_branches, s.positions_scored, s.unpruned_positions))
+
+
+def _fit(tiny_source, auto, tmp_path=None, max_steps=3, ckpt_path=None, module=None):
+    module = module or PrunedDPO(policy=tiny_source, shared_prompt=False)
+    record = RecordWork()
+    callbacks = [auto, record]
+    if tmp_path is not None:
+        callbacks.append(ModelCheckpoint(dirpath=tmp_path, save_last=True))
+    trainer = L.Trainer(accelerator="cpu", max_steps=max_steps, limit_val_batches=0, logger=False,
+                        enable_checkpointing=tmp_path is not None, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=callbacks)
+    trainer.fit(module, datamodule=SyntheticPreferenceData(vocab_size=32, num_train=48, num_val=8, batch_size=4),
+                ckpt_path=ckpt_path)
+    return trainer, module, record
+
+
+def test_the_choice_is_applied_from_the_first_step_and_logged(tiny_source):
+    auto = AutoPruning(candidates=["antithetic", "position-coupled"], pairs=4, draws=2)
+    trainer, module, record = _fit(tiny_source, auto)
+    decision = auto.decision
+    assert decision is not None and [a.mode for a in decision.arms] == ["vanilla", "antithetic", "position-coupled"]
+    metrics = trainer.callback_metrics
+    assert float(metrics["auto/pruned"]) == float(decision.choice != "vanilla")
+    assert float(metrics["auto/antithetic/k"]) == pytest.approx(decision.arms[1].k)
+    assert math.isfinite(float(metrics["auto/calibration_s"]))
+    branches, all_branches, positions, all_positions = record.steps[0]
+    if decision.choice == "vanilla":
+        assert all(s[0] == s[1] and s[2] == s[3] for s in record.steps)
+    elif decision.choice == "antithetic":
+        assert all(s[0] == s[1] // 2 for s in record.steps)
+    else:
+        assert all(s[2] < s[3] for s in record.steps)
+    # the module is left as configured
+    assert isinstance(module.branch_sampler, BothBranches) and isinstance(module.position_sampler, AllPositions)
+
+
+def test_a_resumed_run_keeps_its_choice_without_calibrating_again(tiny_source, tmp_path, monkeypatch):
+    calls = []
+    real = auto_pruning.calibrate
+
+    def forced(module, batch, candidates, *args):  # the real calibration, its choice forced to a pruning mode
+        calls.append(1)
+        d = real(module, batch, candidates, *args)
+        return AutoDecision("antithetic", "forced by the test", d.between, d.arms, d.pairs, d.draws, d.calibration_s)
+
+    monkeypatch.setattr(auto_pruning, "calibrate", forced)
+    first = AutoPruning(candidates=["antithetic"], pairs=2, draws=1)
+    _, _, record = _fit(tiny_source, first, tmp_path, max_steps=2)
+    assert calls == [1] and all(s[0] == s[1] // 2 for s in record.steps)  # one branch per pair from step 1
+
+    second = AutoPruning(candidates=["antithetic"], pairs=2, draws=1)
+    _, _, record = _fit(tiny_source, second, tmp_path, max_steps=4, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert calls == [1]  # restored from the checkpoint, not calibrated again
+    assert second.decision is not None and second.decision.choice == "antithetic"
+    assert len(record.steps) == 2 and all(s[0] == s[1] // 2 for s in record.steps)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown candidate mode.*shipped modes are"):
+        AutoPruning(candidates=["positon"])
+    with pytest.raises(ValueError, match="'vanilla' is always measured"):
+        AutoPruning(candidates=["vanilla", "branch"])
+    with pytest.raises(ValueError, match="repeat"):
+        AutoPruning(candidates=["branch", "branch"])
+    with pytest.raises(ValueError, match="pairs >= 2"):
+        AutoPruning(pairs=1)
+    with pytest.raises(ValueError, match="min_gain"):
+        AutoPruning(min_gain=1.0)
+
+
+def test_refuses_a_module_configured_with_pruning(tiny_source):
+    module = PrunedDPO(policy=tiny_source, branch_sampler=RandomBranch())
+    with pytest.raises(ValueError, match="model.branch_sampler: RandomBranch; leave them unset"):
+        _fit(tiny_source, AutoPruning(), module=module)
+    assert isinstance(PrunedDPO(policy=tiny_source).prefix_sampler, FullPrefix)
