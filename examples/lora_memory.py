@@ -45,10 +45,10 @@ def _presets() -> dict:
     (Llama d=1024, 8 layers, V=32768, 170M parameters; 2 pairs of 32-64 response tokens), as with real LLMs."""
     import dataclasses
 
-    from lit_prunedpo.bench.presets import PRESETS, Preset, _llama
+    from lit_prunedpo.bench.presets import PRESETS, Preset, llama_config
 
     heavy = Preset(name="weight-heavy", description="Llama d=1024, 8 layers, V=32768; 2 pairs of 32-64 tokens",
-                   model=_llama(32768, 1024, 8, 16, 2816, 512), batch_size=2, response_length=(32, 64), steps=3)
+                   model=llama_config(32768, 1024, 8, 16, 2816, 512), batch_size=2, response_length=(32, 64), steps=3)
     return {**PRESETS, heavy.name: dataclasses.replace(heavy)}
 
 
@@ -59,7 +59,7 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
     from lit_prunedpo import PrunedDPO
     from lit_prunedpo.bench.harness import make_batches
     from lit_prunedpo.bench.presets import MODES
-    from lit_prunedpo.callbacks import _memory
+    from lit_prunedpo.callbacks import PeakMemoryMeter
     from lit_prunedpo.lora import LoRA
     from lit_prunedpo.models import FromConfig
     from lit_prunedpo.plan import plan_step
@@ -70,7 +70,9 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
     if preset.threads is not None:
         torch.set_num_threads(preset.threads)
     batches = make_batches(preset, warmup + steps, seed=0)
-    before = _memory.read_rss_bytes()
+    # the lifetime peak (never reset: module docstring), and the resident set before the model is built
+    meter = PeakMemoryMeter(torch.device("cpu"), mode="cpu_lifetime")
+    meter.start()
     base = FromConfig("llama", preset.model, seed=0)
     source = base if policy_kind == "full" else LoRA(base, r=rank, alpha=2 * rank, target_modules="all-linear")
     module = PrunedDPO(policy=source, optimizer=partial(torch.optim.AdamW, lr=preset.lr)).train()
@@ -91,11 +93,13 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
                       if torch.is_tensor(t))
     weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    peak = _memory.read_peak_rss_bytes()
+    reading = meter.stop()
+    if reading is None:
+        raise RuntimeError(f"this machine cannot read peak memory: {meter.measure}")
     mib = 1024 * 1024
     return {
         "model_state_mib": (weight_bytes + grad_bytes + state_bytes) / mib,
-        "policy": policy_kind, "mode": mode, "peak_mib": peak / mib, "peak_above_start_mib": (peak - before) / mib,
+        "policy": policy_kind, "mode": mode, "peak_mib": reading.peak / mib, "peak_above_start_mib": reading.above_start / mib,
         "params": sum(p.numel() for p in module.parameters()),
         "trainable": sum(p.numel() for p in module.parameters() if p.requires_grad),
         "optimizer_state_mib": state_bytes / mib, "median_step_s": statistics.median(times),

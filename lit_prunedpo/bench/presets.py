@@ -87,7 +87,7 @@ class Preset:
     smoke_test: bool = False
 
 
-def _llama(vocab: int, d: int, layers: int, heads: int, ffn: int, max_len: int) -> dict[str, Any]:
+def llama_config(vocab: int, d: int, layers: int, heads: int, ffn: int, max_len: int) -> dict[str, Any]:
     return dict(
         vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_len,
@@ -101,7 +101,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="small",
             description="tiny Llama (d=32, 2 layers, V=64), 4 pairs of 8-24 tokens: a smoke test, seconds, for CI",
-            model=_llama(64, 32, 2, 4, 64, 64),
+            model=llama_config(64, 32, 2, 4, 64, 64),
             batch_size=4,
             response_length=(8, 24),
             warmup=1,
@@ -114,7 +114,7 @@ PRESETS: dict[str, Preset] = {
             name="quickstart",
             description="Llama at configs/quickstart.yaml's size (d=64, 2 layers, V=384; 4 KV heads, the config "
                         "has 2), 16 pairs of 9-33 tokens",
-            model=_llama(384, 64, 2, 4, 128, 128),
+            model=llama_config(384, 64, 2, 4, 128, 128),
             batch_size=16,
             response_length=(9, 33),
             warmup=3,
@@ -125,7 +125,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="medium",
             description="Llama d=256, 4 layers, V=8192, 4 pairs of 128-384 tokens",
-            model=_llama(8192, 256, 4, 4, 1024, 512),
+            model=llama_config(8192, 256, 4, 4, 1024, 512),
             batch_size=4,
             response_length=(128, 384),
             warmup=1,
@@ -135,7 +135,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="head-heavy",
             description="Llama d=64, 2 layers, V=32768, 4 pairs of 64-256 tokens: the LM head dominates",
-            model=_llama(32768, 64, 2, 2, 256, 512),
+            model=llama_config(32768, 64, 2, 2, 256, 512),
             batch_size=4,
             response_length=(64, 256),
             warmup=1,
@@ -145,7 +145,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="hh-body",
             description="Llama d=384, 6 layers, V=8192 (body-heavy), 4 pairs with HH-RLHF's prompt/response lengths",
-            model=_llama(8192, 384, 6, 6, 1024, 1024),
+            model=llama_config(8192, 384, 6, 6, 1024, 1024),
             batch_size=4,
             response_length=(2, 494),
             warmup=1,
@@ -156,7 +156,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="hh-gpt2",
             description="Llama d=256, 4 layers, V=50257 (GPT-2's vocabulary), 4 pairs with HH-RLHF's lengths",
-            model=_llama(50257, 256, 4, 4, 1024, 1024),
+            model=llama_config(50257, 256, 4, 4, 1024, 1024),
             batch_size=4,
             response_length=(2, 494),
             warmup=1,
@@ -167,7 +167,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="hh-gpu",
             description="Llama d=2048, 16 layers, V=32000 (~0.9B, body-heavy), 8 pairs with HH-RLHF's lengths: for one GPU",
-            model=_llama(32000, 2048, 16, 16, 5632, 1024),
+            model=llama_config(32000, 2048, 16, 16, 5632, 1024),
             batch_size=8,
             response_length=(2, 494),
             warmup=2,
