@@ -19,11 +19,14 @@ limit is refused. Then, per cell:
    verdict seed; for HH-RLHF its warm start): between-pair variance and each mode's extra within-pair
    variance, through the module's own step; and the LM head's share of a vanilla step (cost model);
 2. the **study** (``lit-prunedpo-study``'s protocol: calibration with the cost-matched vanilla control,
-   learning-rate sweep, seeds, bootstrap intervals, verdicts) with its report under ``--out/cells/<cell>/``.
+   learning-rate sweep, seeds, bootstrap intervals, verdicts) with its report under ``--out/cells/<cell>/``;
+3. **auto** (:mod:`lit_prunedpo.study.map_auto`): what the ``AutoPruning`` callback's calibration picks in the
+   cell, and its time to the loss target against same-batch vanilla, calibration included.
 
 ``map.json`` and ``map.md`` (:mod:`lit_prunedpo.study.map_report`) are rewritten after every cell and
 ``progress.jsonl`` appended (the plan, each cell's noise, each finished or failed cell), so a killed map keeps
-its finished cells; ``--resume`` reuses them (a cell with both ``study.json`` and ``noise.json``).
+its finished cells; ``--resume`` reuses them (a cell with both ``study.json`` and ``noise.json``; a reused cell
+without ``auto.json`` is calibrated for it) and appends to the journal.
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     assert out is not None
     work_dir = Path(args.work_dir) if args.work_dir else out / "work"
-    journal = Journal(out, command)
+    journal = Journal(out, command, keep=args.resume)  # a resumed map's journal goes on after the first run's
     journal.append("plan", **plan)
     wall0 = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -227,12 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[cell.name] = result
             log(f"cell {cell.name}: {result['cpu_s']:.0f} CPU-s (planned {planned[cell.name]:.0f}); "
                 + "; ".join(f"{r['mode']} {r['loss_verdict']} {r['loss_text']}, predicted {r['prediction']} ({r['agreement']})"
-                            for r in result["rows"]))
+                            for r in result["rows"])
+                + "".join(f"; auto: {r['choice']}, {r['loss_text']} of vanilla's time" for r in result["auto_rows"]))
         done = [c for c in spec.cells if c.name in results]
         cpu = sum(results[c.name]["cpu_s"] for c in done)
         if cpu > plan["cpu_s"]:
             log(f"warning: the finished cells took {minutes(cpu)} of CPU, more than the whole map's plan ({minutes(plan['cpu_s'])})")
         write_map({"command": command, "modes": modes, "plan": plan, "rows": [r for c in done for r in results[c.name]["rows"]],
+                   "auto_rows": [r for c in done for r in results[c.name]["auto_rows"]],
                    "unfinished": unfinished, "cells_done": len(done), "cells": len(spec.cells), "elapsed_min": cpu / 60,
                    "elapsed_wall_min": (time.perf_counter() - wall0) / 60, "study_args": study_args}, out)
 
@@ -267,6 +272,7 @@ def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float
     import torch
 
     from lit_prunedpo.study.cli import main as study_main
+    from lit_prunedpo.study.map_auto import auto_row, calibrate_cell
     from lit_prunedpo.study.map_report import cell_rows
 
     torch.set_num_threads(args.threads)
@@ -287,9 +293,21 @@ def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float
                 raise RuntimeError(f"the study exited with status {rc}")
         study = json.loads((cell_dir / "study.json").read_text())
         rows = cell_rows({"name": cell.name, **cell.settings()}, study, noise, noise["head_share"], modes)
+        if (cell_dir / "auto.json").exists():
+            auto = json.loads((cell_dir / "auto.json").read_text())
+        else:  # also for a reused cell that has none: the calibration is seconds, not a study
+            with contextlib.redirect_stdout(io.StringIO()):
+                auto = calibrate_cell(cell, modes, opt["seeds"][0], work_dir)
+            (cell_dir / "auto.json").write_text(json.dumps(auto, indent=1))
+        auto_rows = [auto_row({"name": cell.name, **cell.settings()}, study, auto)]
+        cpu_s = time.process_time() - start
+        if reused and (cell_dir / "cpu_s.json").exists():  # what the cell took when it ran, not its reuse
+            cpu_s = json.loads((cell_dir / "cpu_s.json").read_text())["cpu_s"]
+        elif not reused:
+            (cell_dir / "cpu_s.json").write_text(json.dumps({"cpu_s": cpu_s}))
     except (Exception, SystemExit) as exc:  # one cell's failure is recorded and the map goes on
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"error": None, "reused": reused, "noise": noise, "rows": rows, "cpu_s": time.process_time() - start}
+    return {"error": None, "reused": reused, "noise": noise, "rows": rows, "auto_rows": auto_rows, "cpu_s": cpu_s}
 
 
 if __name__ == "__main__":

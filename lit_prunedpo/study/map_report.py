@@ -1,5 +1,5 @@
-"""The regime map's outputs: one row per (cell, mode) from the cell's ``study.json`` and noise measurement,
-written to ``map.json`` and ``map.md``.
+"""The regime map's outputs: one row per (cell, mode) from the cell's ``study.json`` and noise measurement, and
+one ``auto`` row per cell (:mod:`lit_prunedpo.study.map_auto`), written to ``map.json`` and ``map.md``.
 
 A row holds the pruned arm's (the cell's batch) verdict, time ratio and bootstrap interval against the better
 vanilla on the loss and the accuracy target (:mod:`lit_prunedpo.study.curves`), the calibrated cost ratio
@@ -104,6 +104,19 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
     lines += ["", "Noise model against the measurement (loss verdict):", ""]
     lines += [f"- {r['name']}, {r['mode']}: predicted {r['prediction']}; measured {r['loss_verdict']}: {r['agreement']}"
               for r in rows]
+    auto = payload.get("auto_rows") or []
+    if auto:
+        met = sum(r["met"] for r in auto)
+        lines += ["", "## auto", "",
+                  "What the `AutoPruning` callback's calibration (its defaults, on the cell's first vanilla batch at the initial "
+                  "weights) picks, and its time to the loss target against same-batch vanilla, the calibration's seconds added to "
+                  f"every seed (target: at most 1.05x in every cell; met in {met} of {len(auto)}).", "",
+                  "| cell | choice | calibration s (share of vanilla's time to target) | loss time vs vanilla [interval] | <= 1.05 | why |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in auto:
+            share = "-" if r["calibration_share_of_vanilla"] is None else f"{r['calibration_share_of_vanilla']:.0%}"
+            lines.append(f"| {r['name']} | {r['choice']} | {r['calibration_s']:.2f} ({share}) | {r['loss_text']} | "
+                         f"{'yes' if r['met'] else '**no**'} | {r['reason']} |")
     missing = payload.get("unfinished") or []
     if missing:
         lines += ["", f"Not finished: {', '.join(missing)}."]

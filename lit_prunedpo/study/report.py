@@ -36,13 +36,14 @@ def check_writable(out: Path) -> None:
 class Journal:
     """``progress.jsonl`` under the output folder: one JSON object per line, appended and flushed as each
     thing is measured (the calibration, every evaluation of the sweep and of the study, every finished run).
-    Started afresh for each study, its first line naming the command; ``replaced`` says whether an earlier
-    study's file was there (the command logs it)."""
+    Started afresh for each study, its first line naming the command (``keep``: appended to, for a resumed run);
+    ``replaced`` says whether an earlier study's file was replaced (the command logs it)."""
 
-    def __init__(self, out: Path, command: str) -> None:
+    def __init__(self, out: Path, command: str, keep: bool = False) -> None:
         self.path = Path(out) / "progress.jsonl"
-        self.replaced = self.path.exists()
-        self.path.write_text("")
+        self.replaced = self.path.exists() and not keep
+        if not keep:
+            self.path.write_text("")
         self.append("study", command=command)
 
     def append(self, kind: str, **record: Any) -> None:

@@ -46,6 +46,13 @@ def test_map_outputs(finished):
     assert kinds[:2] == ["study", "plan"] and "noise" in kinds and kinds[-1] == "cell"
     cell = out / "cells" / row["name"]
     assert (cell / "study.json").exists() and (cell / "noise.json").exists()
+    # auto: the callback's calibration on the cell, and its time against same-batch vanilla
+    (auto,) = payload["auto_rows"]
+    decision = json.loads((cell / "auto.json").read_text())
+    assert auto["name"] == row["name"] and auto["choice"] == decision["choice"] in ("vanilla", "position-coupled")
+    assert [a["mode"] for a in decision["arms"]] == ["vanilla", "position-coupled"] and decision["batch_size"] == 4
+    assert auto["calibration_s"] == decision["calibration_cpu_s"] > 0 and auto["met"] == (auto["loss_ratio"] <= 1.05)
+    assert "## auto" in md and f"| {row['name']} | {auto['choice']} |" in md
     assert json.loads((cell / "study.json").read_text())["task"]["length"] == 8
 
 
@@ -54,8 +61,17 @@ def test_resume_reuses_finished_cells(finished):
     spec, out = finished
     before = (out / "cells" / "near-duplicate-L8-head0.25-B4" / "study.json").stat().st_mtime_ns
     rows = json.loads((out / "map.json").read_text())["rows"]
+    cell = out / "cells" / "near-duplicate-L8-head0.25-B4"
+    first_cpu_s = json.loads((cell / "cpu_s.json").read_text())["cpu_s"]
+    (cell / "auto.json").unlink()  # a cell finished before auto was measured: calibrated on resume, not re-run
     assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "2", *ARGS]) == 0
-    assert json.loads((out / "map.json").read_text())["rows"] == rows
-    assert (out / "cells" / "near-duplicate-L8-head0.25-B4" / "study.json").stat().st_mtime_ns == before
+    payload = json.loads((out / "map.json").read_text())
+    assert payload["rows"] == rows and len(payload["auto_rows"]) == 1 and (cell / "auto.json").exists()
+    assert (cell / "study.json").stat().st_mtime_ns == before
+    # the journal goes on after the first run's lines; the resumed run measured no noise; the cell's CPU time is
+    # the one it took when it ran
     kinds = [json.loads(line)["kind"] for line in (out / "progress.jsonl").read_text().splitlines()]
-    assert "noise" not in kinds and kinds[-1] == "cell"
+    second = len(kinds) - 1 - kinds[::-1].index("study")
+    assert kinds.count("study") == 2 and "noise" in kinds[:second] and "noise" not in kinds[second:] and kinds[-1] == "cell"
+    last = json.loads((out / "progress.jsonl").read_text().splitlines()[-1])
+    assert last["cpu_s"] == first_cpu_s

@@ -3,6 +3,9 @@ references, how vanilla and the pruned arm were fitted, and the GPU flag exactly
 
 from __future__ import annotations
 
+import pytest
+
+from lit_prunedpo.study.map_auto import auto_row
 from lit_prunedpo.study.map_report import cell_rows, to_markdown
 from lit_prunedpo.study.memory import GPU_NOTE
 
@@ -55,3 +58,29 @@ def test_rows_without_a_budget_say_none():
     assert row["memory_budget_mb"] is None and row["gpu"] is None
     md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
     assert "| none | - | - |" in md
+
+
+def _timed_study() -> dict:
+    """Same-batch vanilla and position-coupled with per-seed times to the loss target (None: not reached)."""
+    arm = lambda name, mode, times, batch=8, cost=False: {  # noqa: E731
+        "arm": name, "mode": mode, "batch_size": batch, "matched": False, "cost_matched": cost, "loss_seed_times": times}
+    return {"task": {"batch_size": 8}, "budget_s": 10.0, "clock": "cpu",
+            "summary": {"resamples": 200, "confidence": 0.95, "bootstrap_seed": 0, "arms": [
+                arm("vanilla@8", "vanilla", [4.0, 5.0, 6.0]),
+                arm("position-coupled@8", "position-coupled", [2.0, 3.0, 9.5]),
+                arm("vanilla@3 (cost-matched)", "vanilla", [1.0, 1.0, 1.0], batch=3, cost=True)]}}
+
+
+def test_auto_row_adds_the_calibration_to_the_chosen_arm():
+    # vanilla chosen: (4 + 5 + 6 + 3 x 0.75) / 15 = 1.15; the cost-matched arm is not what auto runs
+    row = auto_row({"name": "c"}, _timed_study(), {"choice": "vanilla", "reason": "r", "calibration_cpu_s": 0.75})
+    assert row["loss_ratio"] == pytest.approx(17.25 / 15) and not row["met"]
+    assert row["calibration_share_of_vanilla"] == pytest.approx(0.75 / 5.0)
+    # position-coupled chosen: (2.4 + 3.4 + 9.9) / 15 = 1.047, within 1.05
+    row = auto_row({"name": "c"}, _timed_study(), {"choice": "position-coupled", "reason": "r", "calibration_cpu_s": 0.4})
+    assert row["loss_ratio"] == pytest.approx(15.7 / 15) and row["met"]
+    # a calibration that pushes a seed past the budget (9.5 + 0.6 > 10): that seed missed the target, as in the study
+    row = auto_row({"name": "c"}, _timed_study(), {"choice": "position-coupled", "reason": "r", "calibration_cpu_s": 0.6})
+    assert row["loss_ratio"] == float("inf") and not row["met"]
+    with pytest.raises(ValueError, match="no same-batch arm of 'antithetic'"):
+        auto_row({"name": "c"}, _timed_study(), {"choice": "antithetic", "reason": "r", "calibration_cpu_s": 1.0})
