@@ -15,6 +15,7 @@ on a GPU, so it is a CPU verdict that a GPU must confirm (:data:`lit_prunedpo.st
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -124,8 +125,66 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
 
 
 def write_map(payload: Mapping[str, Any], out: Path) -> list[Path]:
-    """Write ``map.json`` and ``map.md`` under ``out``; returns the paths."""
+    """Write ``map.json``, ``map.md`` and (with matplotlib) ``map.png`` under ``out``; returns the paths written."""
     paths = [out / "map.json", out / "map.md"]
     paths[0].write_text(json.dumps(payload, indent=1))
     paths[1].write_text(to_markdown(payload))
+    if payload["rows"] and plot_map(payload, out / "map.png"):
+        paths.append(out / "map.png")
     return paths
+
+
+def plot_map(payload: Mapping[str, Any], path: Path) -> bool:
+    """``map.png``: per cell, each mode's time to the loss target as a ratio to the better vanilla (and ``auto``'s to
+    same-batch vanilla) with its 95 % interval, on a log axis with lines at 1 (no gain) and 0.7 (issue 17's target);
+    an arm that missed the target on some seed (ratio inf) is drawn as an arrow at the right edge. False (nothing
+    written) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return False
+    series: dict[str, dict[str, Any]] = {}
+    for r in payload["rows"]:
+        series.setdefault(r["mode"], {})[r["name"]] = (r["loss_ratio"], *r["loss_interval"])
+    for r in payload.get("auto_rows") or []:
+        series.setdefault("auto (vs same-batch vanilla)", {})[r["name"]] = (r["loss_ratio"], *r["loss_interval"])
+    cells = list(dict.fromkeys(r["name"] for r in payload["rows"]))
+    finite = [v for s in series.values() for t in s.values() for v in t if math.isfinite(v) and v > 0]
+    lo, hi = min(finite + [0.5]) / 1.2, max(finite + [2.0]) * 1.2
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(cells) + 1.6))
+    offsets = [0.25 * (i - (len(series) - 1) / 2) for i in range(len(series))]
+    for (name, values), dy, marker in zip(series.items(), offsets, "osD^v<>"):
+        ys, xs, lows, highs, missed = [], [], [], [], []
+        for i, cell in enumerate(cells):
+            if cell not in values:
+                continue
+            value, low, high = values[cell]
+            y = len(cells) - 1 - i + dy
+            if not math.isfinite(value):
+                missed.append(y)
+                continue
+            ys.append(y)
+            xs.append(value)
+            lows.append(value - low if math.isfinite(low) else 0.0)
+            highs.append(min(high, hi) - value if math.isfinite(high) else hi - value)
+        line = ax.errorbar(xs, ys, xerr=[lows, highs], fmt=marker, capsize=2, label=name)
+        if missed:
+            ax.plot([hi / 1.05] * len(missed), missed, ">", color=line[0].get_color())
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.axvline(0.7, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_yticks(range(len(cells)), list(reversed(cells)), fontsize=7)
+    ax.set_xlabel("time to the loss target / better vanilla's (log; 95 % bootstrap interval; > at the edge: target missed)")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xticks([t for t in (0.25, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0) if lo <= t <= hi])
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -53,6 +53,7 @@ def test_map_outputs(finished):
     assert [a["mode"] for a in decision["arms"]] == ["vanilla", "position-coupled"] and decision["batch_size"] == 4
     assert auto["calibration_s"] == decision["calibration_cpu_s"] > 0 and auto["met"] == (auto["loss_ratio"] <= 1.05)
     assert "## auto" in md and f"| {row['name']} | {auto['choice']} |" in md
+    assert (out / "map.png").stat().st_size > 0
     assert json.loads((cell / "study.json").read_text())["task"]["length"] == 8
 
 
