@@ -176,3 +176,11 @@ def test_refuses_a_module_configured_with_pruning(tiny_source):
     with pytest.raises(ValueError, match="model.branch_sampler: RandomBranch; leave them unset"):
         _fit(tiny_source, AutoPruning(), module=module)
     assert isinstance(PrunedDPO(policy=tiny_source).prefix_sampler, FullPrefix)
+
+
+def test_refuses_more_than_one_process(tiny_source):
+    # the check reads only the trainer's world size; a two-process launch from inside pytest would re-run pytest
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="calibrates on one process, this run has 2"):
+        AutoPruning().on_fit_start(SimpleNamespace(world_size=2), PrunedDPO(policy=tiny_source))
