@@ -77,6 +77,7 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
     return {
         **cell, "choice": auto["choice"], "reason": auto["reason"], "calibration_s": extra,
         "calibration_share_of_vanilla": extra / (sum(reached) / len(reached)) if reached else None,
-        "loss_ratio": ratio.value, "loss_interval": [ratio.low, ratio.high], "loss_text": ratio.interval_text(), "loss_verdict": ratio.verdict,
-        "met": ratio.value <= 1.05,
+        # as the study's JSON: a ratio that was not reached (infinite) is null
+        "loss_ratio": ratio.as_dict()["value"], "loss_interval": [ratio.as_dict()["low"], ratio.as_dict()["high"]],
+        "loss_text": ratio.interval_text(), "loss_verdict": ratio.verdict, "met": ratio.value <= 1.05,
     }

@@ -147,11 +147,14 @@ def plot_map(payload: Mapping[str, Any], path: Path) -> bool:
         import matplotlib.ticker
     except ImportError:
         return False
+    def triple(r: Mapping[str, Any]) -> tuple[float, float, float]:  # "not reached" is None in the study's JSON
+        return tuple(math.inf if v is None else float(v) for v in (r["loss_ratio"], *r["loss_interval"]))  # type: ignore[return-value]
+
     series: dict[str, dict[str, Any]] = {}
     for r in payload["rows"]:
-        series.setdefault(r["mode"], {})[r["name"]] = (r["loss_ratio"], *r["loss_interval"])
+        series.setdefault(r["mode"], {})[r["name"]] = triple(r)
     for r in payload.get("auto_rows") or []:
-        series.setdefault("auto (vs same-batch vanilla)", {})[r["name"]] = (r["loss_ratio"], *r["loss_interval"])
+        series.setdefault("auto (vs same-batch vanilla)", {})[r["name"]] = triple(r)
     cells = list(dict.fromkeys(r["name"] for r in payload["rows"]))
     finite = [v for s in series.values() for t in s.values() for v in t if math.isfinite(v) and v > 0]
     lo, hi = min(finite + [0.5]) / 1.2, max(finite + [2.0]) * 1.2

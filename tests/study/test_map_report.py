@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lit_prunedpo.study.map_auto import auto_row
-from lit_prunedpo.study.map_report import cell_rows, to_markdown
+from lit_prunedpo.study.map_report import cell_rows, plot_map, to_markdown
 from lit_prunedpo.study.memory import GPU_NOTE
 
 
@@ -81,6 +81,16 @@ def test_auto_row_adds_the_calibration_to_the_chosen_arm():
     assert row["loss_ratio"] == pytest.approx(15.7 / 15) and row["met"]
     # a calibration that pushes a seed past the budget (9.5 + 0.6 > 10): that seed missed the target, as in the study
     row = auto_row({"name": "c"}, _timed_study(), {"choice": "position-coupled", "reason": "r", "calibration_cpu_s": 0.6})
-    assert row["loss_ratio"] == float("inf") and not row["met"]
+    assert row["loss_ratio"] is None and row["loss_text"].startswith("not reached") and not row["met"]
+
+
+def test_the_plot_draws_ratios_that_were_not_reached(tmp_path):
+    # "not reached" is null in map.json (the study's JSON has no infinity): drawn as an arrow at the edge
+    rows = [{"name": "a", "mode": "position-coupled", "loss_ratio": None, "loss_interval": [None, None]},
+            {"name": "a", "mode": "antithetic", "loss_ratio": 1.2, "loss_interval": [0.9, None]},
+            {"name": "b", "mode": "position-coupled", "loss_ratio": 0.8, "loss_interval": [0.6, 0.95]}]
+    auto = [{"name": "a", "loss_ratio": 1.01, "loss_interval": [1.0, 1.02]}]
+    assert plot_map({"rows": rows, "auto_rows": auto}, tmp_path / "map.png")
+    assert (tmp_path / "map.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no same-batch arm of 'antithetic'"):
         auto_row({"name": "c"}, _timed_study(), {"choice": "antithetic", "reason": "r", "calibration_cpu_s": 1.0})
