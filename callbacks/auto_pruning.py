@@ -22,6 +22,12 @@ cheaper steps pay more than the model says and the rule errs towards vanilla. Th
 training steps (no optimizer step follows them) and cost about ``1 + pairs / B + draws (1 + sum 1/k)`` vanilla
 steps once per run (the logged ``auto/calibration_s``).
 
+A calibration is worth running only if the run is long enough to repay it: with ``max_share`` (default 0.02) the
+callback first bounds the calibration's work by :func:`calibration_steps` (in vanilla steps, counting every pass as
+a full step) and skips it when that exceeds ``max_share`` of the run's optimizer steps, training vanilla and logging
+why. On the regime map's 10-CPU-second runs a calibration cost 4 % to 200 % of vanilla's time to target, and it
+never picked a pruning mode there (``docs/time-to-quality.md``).
+
 Single process only: under DDP or FSDP each rank would measure its own batch (and pick on its own); calibrate with
 one process and put the mode it picks into the distributed config.
 """
@@ -29,6 +35,7 @@ one process and put the mode it picks into the distributed config.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -57,6 +64,25 @@ from .prune_early import SAMPLER_ATTRS
 
 VANILLA = "vanilla"
 DEFAULT_CANDIDATES = ("position-coupled", "antithetic")  # the modes issue 17's regime map measures
+DEFAULT_MAX_SHARE = 0.02
+
+
+def calibration_steps(pairs: int, draws: int, candidates: int) -> int:
+    """An upper bound on a calibration's work in vanilla steps: the warm-up, one pass per measured pair, and
+    ``draws`` rounds of one vanilla and one pass per candidate (each pass counted as a full vanilla step)."""
+    return 1 + pairs + draws * (1 + candidates)
+
+
+def skip_reason(run_steps: int | None, pairs: int, draws: int, candidates: int, max_share: float | None) -> str | None:
+    """Why a run of ``run_steps`` optimizer steps should not calibrate (its bound exceeds ``max_share`` of the
+    run), or ``None`` to calibrate; ``max_share`` ``None`` always calibrates, an unknown run length never skips."""
+    if max_share is None or run_steps is None or run_steps <= 0:
+        return None
+    work = calibration_steps(pairs, draws, candidates)
+    if work <= max_share * run_steps:
+        return None
+    return (f"calibration skipped: its work (up to {work} vanilla steps) exceeds max_share {max_share:g} of this "
+            f"run's {run_steps} steps; training vanilla (a longer run, or max_share null, calibrates)")
 
 
 @dataclass(frozen=True)
@@ -162,6 +188,8 @@ class AutoPruning(Callback):
         draws: timed passes per arm, and pruned draws per candidate (>= 1).
         min_gain: a candidate is chosen only when its relative inefficiency is at most ``1 - min_gain``, in [0, 1).
         seed: seed of the calibration's own sampler draws.
+        max_share: skip the calibration (and train vanilla) when its work, bounded by :func:`calibration_steps`,
+            exceeds this share of the run's optimizer steps; ``None``: always calibrate.
 
     Raises:
         ValueError: on an unknown or repeated mode, ``vanilla`` among the candidates, a bad count or gain; at fit
@@ -177,7 +205,7 @@ class AutoPruning(Callback):
     """
 
     def __init__(self, candidates: Sequence[str] = DEFAULT_CANDIDATES, pairs: int = 8, draws: int = 4,
-                 min_gain: float = 0.1, seed: int = 0) -> None:
+                 min_gain: float = 0.1, seed: int = 0, max_share: float | None = DEFAULT_MAX_SHARE) -> None:
         candidates = list(candidates)
         known = mode_names()
         unknown = [m for m in candidates if m not in known]
@@ -191,6 +219,9 @@ class AutoPruning(Callback):
             raise ValueError(f"AutoPruning needs pairs >= 2 and draws >= 1, got pairs={pairs!r}, draws={draws!r}")
         if not 0.0 <= min_gain < 1.0:
             raise ValueError(f"AutoPruning: min_gain must be in [0, 1), got {min_gain!r}")
+        if max_share is not None and not 0.0 < max_share <= 1.0:
+            raise ValueError(f"AutoPruning: max_share must be in (0, 1] or null, got {max_share!r}")
+        self.max_share = None if max_share is None else float(max_share)
         self.candidates = candidates
         self.pairs, self.draws, self.min_gain, self.seed = int(pairs), int(draws), float(min_gain), int(seed)
         self.decision: AutoDecision | None = None
@@ -213,17 +244,25 @@ class AutoPruning(Callback):
         if self._applied:
             return
         if self.decision is None:
-            modes = {m: load_mode(m).samplers for m in self.candidates}
-            self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed)
-            rank_zero_info(f"AutoPruning: chose {self.decision.choice} in {self.decision.calibration_s:.1f} s of "
-                           f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: {self.decision.reason}")
+            run_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else _estimated_steps(trainer)
+            skipped = skip_reason(run_steps, self.pairs, self.draws, len(self.candidates), self.max_share)
+            if skipped is not None:
+                self.decision = AutoDecision(VANILLA, skipped, math.nan, (), self.pairs, self.draws, 0.0)
+                rank_zero_info(f"AutoPruning: {skipped}")
+            else:
+                modes = {m: load_mode(m).samplers for m in self.candidates}
+                self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed)
+                rank_zero_info(f"AutoPruning: chose {self.decision.choice} in {self.decision.calibration_s:.1f} s of "
+                               f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: {self.decision.reason}")
         else:
             rank_zero_info(f"AutoPruning: resumed with {self.decision.choice} (calibrated before: {self.decision.reason})")
         if self.decision.choice != VANILLA:
             for name, sampler in zip(SAMPLER_ATTRS, load_mode(self.decision.choice).samplers, strict=True):
                 setattr(pl_module, name, sampler)
         self._applied = True
-        metrics = {"auto/calibration_s": self.decision.calibration_s, "auto/between": self.decision.between}
+        metrics = {"auto/calibration_s": self.decision.calibration_s}
+        if self.decision.arms:
+            metrics["auto/between"] = self.decision.between
         for arm in self.decision.arms[1:]:
             metrics.update({f"auto/{arm.mode}/k": arm.k, f"auto/{arm.mode}/inefficiency": arm.inefficiency})
         metrics["auto/pruned"] = float(self.decision.choice != VANILLA)
@@ -244,3 +283,12 @@ class AutoPruning(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         decision = state_dict.get("decision")
         self.decision = None if decision is None else AutoDecision.from_dict(decision)
+
+
+def _estimated_steps(trainer: pl.Trainer) -> int | None:
+    """The run's optimizer steps when ``max_steps`` is not set (Lightning's estimate from epochs and batches)."""
+    try:
+        steps = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - no estimate (e.g. an iterable without a length): calibrate
+        return None
+    return int(steps) if math.isfinite(steps) else None

@@ -3,11 +3,14 @@
 For each cell, :func:`calibrate_cell` runs the callback's own calibration
 (:func:`lit_prunedpo.callbacks.auto_pruning.calibrate`, with the callback's defaults) on the cell's vanilla run at
 its initial weights (the warm start the study used, for the first verdict seed) and on the first batch that run
-trains on, timed on the process's CPU clock as the study's runs are. :func:`auto_row` then builds ``auto``'s
-per-seed times to the loss target from the cell's study: the chosen arm's times (the same-batch arm of the chosen
-mode, or same-batch vanilla) plus the calibration's CPU seconds, censored past the budget, and its ratio to
-same-batch vanilla (the configuration a user would otherwise run) with the study's bootstrap interval. The target
-the issue sets for ``auto`` is a ratio of at most 1.05 in every cell.
+trains on, timed on the process's CPU clock as the study's runs are (always, to show what it would pick).
+:func:`auto_row` then applies the callback's rule for short runs (``max_share``: no calibration when its work
+exceeds that share of the run's steps, here vanilla's steps in the budget) and builds ``auto``'s per-seed times to
+the loss target from the cell's study: the chosen arm's times (the same-batch arm of the chosen mode, or same-batch
+vanilla) plus the calibration's CPU seconds when it ran, censored past the budget, and its ratio to same-batch
+vanilla (the configuration a user would otherwise run) with the study's bootstrap interval. The row also keeps what
+the calibration picked and cost when forced (``max_share`` null). The target the issue sets for ``auto`` is a ratio
+of at most 1.05 in every cell.
 
 What this leaves out, stated: the choice is made once per cell (on the first seed's batch), where a real run would
 calibrate on its own seed; and in a cell with a memory budget ``auto`` is compared with same-batch vanilla as it
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from lit_prunedpo.callbacks.auto_pruning import DEFAULT_MAX_SHARE, VANILLA, skip_reason
 from lit_prunedpo.study.curves import time_ratio
 
 
@@ -54,7 +58,8 @@ def calibrate_cell(cell: Any, modes: Sequence[str], seed: int, work_dir: Path) -
             "batch_size": batch.num_pairs}
 
 
-def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[str, Any]) -> dict[str, Any]:
+def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[str, Any],
+             max_share: float | None = DEFAULT_MAX_SHARE) -> dict[str, Any]:
     """``auto``'s row of the map for one finished cell (module docstring).
 
     Raises:
@@ -67,16 +72,24 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
     if "vanilla" not in same_batch or auto["choice"] not in same_batch:
         raise ValueError(f"cell {cell['name']}: the study has no same-batch arm of {auto['choice']!r} or of vanilla")
     budget = float(study["budget_s"])
-    extra = float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
-    chosen = same_batch[auto["choice"]]["loss_seed_times"]
+    # the callback's own rule: a run too short to repay a calibration trains vanilla without one
+    run_steps = int(same_batch["vanilla"]["steps_in_budget"])
+    skipped = skip_reason(run_steps, auto["pairs"], auto["draws"], len(auto["arms"]) - 1, max_share)
+    choice = VANILLA if skipped else auto["choice"]
+    extra = 0.0 if skipped else float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
+    chosen = same_batch[choice]["loss_seed_times"]
     times = [None if t is None or t + extra > budget else t + extra for t in chosen]
     vanilla = same_batch["vanilla"]["loss_seed_times"]
     ratio = time_ratio(times, {same_batch["vanilla"]["arm"]: vanilla}, budget, summary["resamples"], summary["confidence"],
                        summary["bootstrap_seed"])
     reached = [t for t in vanilla if t is not None]
+    calibrated_s = float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
     return {
-        **cell, "choice": auto["choice"], "reason": auto["reason"], "calibration_s": extra,
-        "calibration_share_of_vanilla": extra / (sum(reached) / len(reached)) if reached else None,
+        **cell, "choice": choice, "reason": skipped or auto["reason"], "calibrated": skipped is None,
+        "calibrated_choice": auto["choice"], "calibration_s": extra, "forced_calibration_s": calibrated_s,
+        "run_steps": run_steps,
+        # a cell whose vanilla reached the target at once (no progress to make) has no share
+        "calibration_share_of_vanilla": calibrated_s / (sum(reached) / len(reached)) if reached and sum(reached) > 0 else None,
         # as the study's JSON: a ratio that was not reached (infinite) is null
         "loss_ratio": ratio.as_dict()["value"], "loss_interval": [ratio.as_dict()["low"], ratio.as_dict()["high"]],
         "loss_text": ratio.interval_text(), "loss_verdict": ratio.verdict, "met": ratio.value <= 1.05,

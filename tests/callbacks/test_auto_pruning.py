@@ -14,7 +14,7 @@ import lit_prunedpo.callbacks.auto_pruning as auto_pruning
 from helpers import make_batch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.callbacks import AutoPruning
-from lit_prunedpo.callbacks.auto_pruning import AutoDecision, calibrate, decide
+from lit_prunedpo.callbacks.auto_pruning import AutoDecision, calibrate, calibration_steps, decide, skip_reason
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.gradient_noise import between_variance, gradient, pair
 from lit_prunedpo.modes import load_mode
@@ -118,7 +118,7 @@ def _fit(tiny_source, auto, tmp_path=None, max_steps=3, ckpt_path=None, module=N
 
 
 def test_the_choice_is_applied_from_the_first_step_and_logged(tiny_source):
-    auto = AutoPruning(candidates=["antithetic", "position-coupled"], pairs=4, draws=2)
+    auto = AutoPruning(candidates=["antithetic", "position-coupled"], pairs=4, draws=2, max_share=None)
     trainer, module, record = _fit(tiny_source, auto)
     decision = auto.decision
     assert decision is not None and [a.mode for a in decision.arms] == ["vanilla", "antithetic", "position-coupled"]
@@ -147,11 +147,11 @@ def test_a_resumed_run_keeps_its_choice_without_calibrating_again(tiny_source, t
         return AutoDecision("antithetic", "forced by the test", d.between, d.arms, d.pairs, d.draws, d.calibration_s)
 
     monkeypatch.setattr(auto_pruning, "calibrate", forced)
-    first = AutoPruning(candidates=["antithetic"], pairs=2, draws=1)
+    first = AutoPruning(candidates=["antithetic"], pairs=2, draws=1, max_share=None)
     _, _, record = _fit(tiny_source, first, tmp_path, max_steps=2)
     assert calls == [1] and all(s[0] == s[1] // 2 for s in record.steps)  # one branch per pair from step 1
 
-    second = AutoPruning(candidates=["antithetic"], pairs=2, draws=1)
+    second = AutoPruning(candidates=["antithetic"], pairs=2, draws=1, max_share=None)
     _, _, record = _fit(tiny_source, second, tmp_path, max_steps=4, ckpt_path=str(tmp_path / "last.ckpt"))
     assert calls == [1]  # restored from the checkpoint, not calibrated again
     assert second.decision is not None and second.decision.choice == "antithetic"
@@ -169,6 +169,8 @@ def test_bad_arguments():
         AutoPruning(pairs=1)
     with pytest.raises(ValueError, match="min_gain"):
         AutoPruning(min_gain=1.0)
+    with pytest.raises(ValueError, match="max_share"):
+        AutoPruning(max_share=0.0)
 
 
 def test_refuses_a_module_configured_with_pruning(tiny_source):
@@ -184,3 +186,40 @@ def test_refuses_more_than_one_process(tiny_source):
 
     with pytest.raises(ValueError, match="calibrates on one process, this run has 2"):
         AutoPruning().on_fit_start(SimpleNamespace(world_size=2), PrunedDPO(policy=tiny_source))
+
+
+def test_a_run_too_short_to_repay_a_calibration_skips_it():
+    # 8 pairs, 4 draws, 2 candidates: at most 1 + 8 + 4 x 3 = 21 vanilla steps of work
+    assert calibration_steps(8, 4, 2) == 21
+    assert skip_reason(1050, 8, 4, 2, 0.02) is None  # 21 <= 0.02 x 1050
+    reason = skip_reason(1049, 8, 4, 2, 0.02)
+    assert reason is not None and "up to 21 vanilla steps" in reason and "1049 steps" in reason
+    assert skip_reason(10, 8, 4, 2, None) is None and skip_reason(None, 8, 4, 2, 0.02) is None
+
+
+def test_a_short_fit_trains_vanilla_without_calibrating(tiny_source, monkeypatch):
+    monkeypatch.setattr(auto_pruning, "calibrate", lambda *a, **k: pytest.fail("calibrated a 3-step run"))
+    auto = AutoPruning()
+    trainer, _, record = _fit(tiny_source, auto, max_steps=3)
+    assert auto.decision is not None and auto.decision.choice == "vanilla" and auto.decision.arms == ()
+    assert "calibration skipped" in auto.decision.reason and "3 steps" in auto.decision.reason
+    assert float(trainer.callback_metrics["auto/pruned"]) == 0.0 and float(trainer.callback_metrics["auto/calibration_s"]) == 0.0
+    assert all(s[0] == s[1] and s[2] == s[3] for s in record.steps)
+
+
+def test_configs_fast_through_the_cli(tmp_path):
+    # configs/fast.yaml is the quickstart plus AutoPruning: its 3-step run skips the calibration and trains vanilla;
+    # with max_share null (the command line's override of the callback's argument) it calibrates on the first batch
+    from helpers import REPO, csv_logger
+    from lit_prunedpo.cli import build_cli
+
+    args = ["fit", "--config", str(REPO / "configs/fast.yaml"), "--trainer.max_steps=3", "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false", "--data.init_args.max_rows=128"]
+    cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path / 'a'}", *csv_logger(tmp_path / "a")])
+    (auto,) = [c for c in cli.trainer.callbacks if isinstance(c, AutoPruning)]
+    assert auto.decision.choice == "vanilla" and "calibration skipped" in auto.decision.reason
+    cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path / 'b'}", *csv_logger(tmp_path / "b"),
+                     "--trainer.callbacks.init_args.max_share=null"])
+    (auto,) = [c for c in cli.trainer.callbacks if isinstance(c, AutoPruning)]
+    assert auto.max_share is None and [a.mode for a in auto.decision.arms] == ["vanilla", "position-coupled", "antithetic"]
+    assert auto.decision.calibration_s > 0

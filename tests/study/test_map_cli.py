@@ -49,9 +49,11 @@ def test_map_outputs(finished):
     # auto: the callback's calibration on the cell, and its time against same-batch vanilla
     (auto,) = payload["auto_rows"]
     decision = json.loads((cell / "auto.json").read_text())
-    assert auto["name"] == row["name"] and auto["choice"] == decision["choice"] in ("vanilla", "position-coupled")
+    assert auto["name"] == row["name"] and auto["calibrated_choice"] == decision["choice"] in ("vanilla", "position-coupled")
     assert [a["mode"] for a in decision["arms"]] == ["vanilla", "position-coupled"] and decision["batch_size"] == 4
-    assert auto["calibration_s"] == decision["calibration_cpu_s"] > 0 and auto["met"] == (auto["loss_ratio"] <= 1.05)
+    assert auto["forced_calibration_s"] == decision["calibration_cpu_s"] > 0
+    # a 0.2-CPU-s run is far too short to repay a calibration: auto trains vanilla, exactly vanilla's times
+    assert (auto["choice"], auto["calibrated"], auto["calibration_s"], auto["loss_ratio"], auto["met"]) == ("vanilla", False, 0.0, 1.0, True)
     assert "## auto" in md and f"| {row['name']} | {auto['choice']} |" in md
     assert (out / "map.png").stat().st_size > 0
     assert json.loads((cell / "study.json").read_text())["task"]["length"] == 8

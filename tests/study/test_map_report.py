@@ -63,7 +63,8 @@ def test_rows_without_a_budget_say_none():
 def _timed_study() -> dict:
     """Same-batch vanilla and position-coupled with per-seed times to the loss target (None: not reached)."""
     arm = lambda name, mode, times, batch=8, cost=False: {  # noqa: E731
-        "arm": name, "mode": mode, "batch_size": batch, "matched": False, "cost_matched": cost, "loss_seed_times": times}
+        "arm": name, "mode": mode, "batch_size": batch, "matched": False, "cost_matched": cost, "loss_seed_times": times,
+        "steps_in_budget": 100.0}
     return {"task": {"batch_size": 8}, "budget_s": 10.0, "clock": "cpu",
             "summary": {"resamples": 200, "confidence": 0.95, "bootstrap_seed": 0, "arms": [
                 arm("vanilla@8", "vanilla", [4.0, 5.0, 6.0]),
@@ -71,16 +72,29 @@ def _timed_study() -> dict:
                 arm("vanilla@3 (cost-matched)", "vanilla", [1.0, 1.0, 1.0], batch=3, cost=True)]}}
 
 
+CAL = {"reason": "r", "pairs": 8, "draws": 4, "arms": [{}, {}, {}]}  # vanilla + 2 candidates: up to 21 steps of work
+
+
+def test_auto_row_skips_the_calibration_in_a_run_too_short_to_repay_it():
+    # 100 steps in the budget: 21 > 0.02 x 100, so auto trains vanilla with no calibration, exactly vanilla's times
+    row = auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "position-coupled", "calibration_cpu_s": 0.4})
+    assert (row["choice"], row["calibrated"], row["calibrated_choice"]) == ("vanilla", False, "position-coupled")
+    assert row["calibration_s"] == 0.0 and row["forced_calibration_s"] == 0.4 and row["run_steps"] == 100
+    assert row["loss_ratio"] == 1.0 and row["met"] and "calibration skipped" in row["reason"]
+    # a long enough run calibrates: 21 <= 0.25 x 100
+    assert auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "position-coupled", "calibration_cpu_s": 0.4}, 0.25)["calibrated"]
+
+
 def test_auto_row_adds_the_calibration_to_the_chosen_arm():
     # vanilla chosen: (4 + 5 + 6 + 3 x 0.75) / 15 = 1.15; the cost-matched arm is not what auto runs
-    row = auto_row({"name": "c"}, _timed_study(), {"choice": "vanilla", "reason": "r", "calibration_cpu_s": 0.75})
+    row = auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "vanilla", "calibration_cpu_s": 0.75}, None)
     assert row["loss_ratio"] == pytest.approx(17.25 / 15) and not row["met"]
     assert row["calibration_share_of_vanilla"] == pytest.approx(0.75 / 5.0)
     # position-coupled chosen: (2.4 + 3.4 + 9.9) / 15 = 1.047, within 1.05
-    row = auto_row({"name": "c"}, _timed_study(), {"choice": "position-coupled", "reason": "r", "calibration_cpu_s": 0.4})
+    row = auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "position-coupled", "calibration_cpu_s": 0.4}, None)
     assert row["loss_ratio"] == pytest.approx(15.7 / 15) and row["met"]
     # a calibration that pushes a seed past the budget (9.5 + 0.6 > 10): that seed missed the target, as in the study
-    row = auto_row({"name": "c"}, _timed_study(), {"choice": "position-coupled", "reason": "r", "calibration_cpu_s": 0.6})
+    row = auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "position-coupled", "calibration_cpu_s": 0.6}, None)
     assert row["loss_ratio"] is None and row["loss_text"].startswith("not reached") and not row["met"]
 
 
@@ -93,4 +107,4 @@ def test_the_plot_draws_ratios_that_were_not_reached(tmp_path):
     assert plot_map({"rows": rows, "auto_rows": auto}, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no same-batch arm of 'antithetic'"):
-        auto_row({"name": "c"}, _timed_study(), {"choice": "antithetic", "reason": "r", "calibration_cpu_s": 1.0})
+        auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "antithetic", "calibration_cpu_s": 1.0}, None)
