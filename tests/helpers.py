@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from lightning.pytorch.callbacks import Callback
+
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,3 +46,14 @@ def make_batch(prompt_lengths, chosen_lengths, rejected_lengths, vocab=32, seed=
         for i, (p, c, r) in enumerate(zip(prompt_lengths, chosen_lengths, rejected_lengths, strict=True))
     ]
     return collate_pairs(examples, pad_id=0)
+
+
+class RecordWork(Callback):
+    """Each training step's (branches back-propagated, unpruned branches, positions scored, unpruned positions)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, int, int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        s = pl_module.step_stats
+        self.steps.append((s.branches_backpropagated, s.unpruned_branches, s.positions_scored, s.unpruned_positions))

@@ -19,7 +19,6 @@ runs, not fitted to the budget (the callback does not fit memory).
 
 from __future__ import annotations
 
-import copy
 import sys
 import tempfile
 import time
@@ -76,14 +75,15 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
     run_steps = int(same_batch["vanilla"]["steps_in_budget"])
     skipped = skip_reason(run_steps, auto["pairs"], auto["draws"], len(auto["arms"]) - 1, max_share)
     choice = VANILLA if skipped else auto["choice"]
-    extra = 0.0 if skipped else float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
+    calibrated_s = float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
+    extra = 0.0 if skipped else calibrated_s
     chosen = same_batch[choice]["loss_seed_times"]
     times = [None if t is None or t + extra > budget else t + extra for t in chosen]
     vanilla = same_batch["vanilla"]["loss_seed_times"]
     ratio = time_ratio(times, {same_batch["vanilla"]["arm"]: vanilla}, budget, summary["resamples"], summary["confidence"],
                        summary["bootstrap_seed"])
     reached = [t for t in vanilla if t is not None]
-    calibrated_s = float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
+    written = ratio.as_dict()
     return {
         **cell, "choice": choice, "reason": skipped or auto["reason"], "calibrated": skipped is None,
         "calibrated_choice": auto["choice"], "calibration_s": extra, "forced_calibration_s": calibrated_s,
@@ -91,6 +91,6 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
         # a cell whose vanilla reached the target at once (no progress to make) has no share
         "calibration_share_of_vanilla": calibrated_s / (sum(reached) / len(reached)) if reached and sum(reached) > 0 else None,
         # as the study's JSON: a ratio that was not reached (infinite) is null
-        "loss_ratio": ratio.as_dict()["value"], "loss_interval": [ratio.as_dict()["low"], ratio.as_dict()["high"]],
+        "loss_ratio": written["value"], "loss_interval": [written["low"], written["high"]],
         "loss_text": ratio.interval_text(), "loss_verdict": ratio.verdict, "met": ratio.value <= 1.05,
     }

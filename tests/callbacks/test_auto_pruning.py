@@ -8,10 +8,10 @@ import math
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lit_prunedpo.callbacks.auto_pruning as auto_pruning
-from helpers import make_batch
+from helpers import RecordWork, make_batch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.callbacks import AutoPruning
 from lit_prunedpo.callbacks.auto_pruning import AutoDecision, calibrate, calibration_steps, decide, skip_reason
@@ -92,16 +92,6 @@ def test_calibration_refuses_a_batch_of_one_pair(module):
 
 
 # --------------------------------------------------------------------------------------- the callback
-class RecordWork(Callback):
-    """Each step's branches back-propagated and positions scored, against the unpruned step's."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, int, int, int]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        s = pl_module.step_stats
-        self.steps.append((s.branches_backpropagated, s.unpruned_branches, s.positions_scored, s.unpruned_positions))
-
 
 def _fit(tiny_source, auto, tmp_path=None, max_steps=3, ckpt_path=None, module=None):
     module = module or PrunedDPO(policy=tiny_source, shared_prompt=False)

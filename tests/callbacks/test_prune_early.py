@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import lightning as L
 import pytest
-from lightning.pytorch.callbacks import Callback
 
+from helpers import RecordWork
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.callbacks import PruneEarly
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.samplers import BernoulliPositions, BothBranches, RandomBranch, SharedFractionPrefix
 
-
-class RecordWork(Callback):
-    """Each step's counts: branches back-propagated and positions scored, against the unpruned step's."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, int, int, int]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        s = pl_module.step_stats
-        self.steps.append((s.branches_backpropagated, s.unpruned_branches, s.positions_scored, s.unpruned_positions))
 
 
 def test_prunes_the_first_share_of_steps_then_runs_exact(tiny_source):
