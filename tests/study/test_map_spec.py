@@ -4,6 +4,7 @@ the budget fitted to the limit, and the command's refusal of a budget over the l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,15 @@ def test_spec_files(tmp_path):
         load_spec(bad)
     with pytest.raises(ValueError, match="cannot be read"):
         load_spec(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("docs/study/*/spec.yaml")), ids=lambda p: p.parent.name)
+def test_the_published_specs_load(path):
+    """Every spec a results page names in its command still reads, with the cells its map.json reports."""
+    spec = load_spec(path)
+    reported = json.loads((path.parent / "map.json").read_text())
+    assert sorted(c.name for c in spec.cells) == sorted({row["name"] for row in reported["rows"]})
+    assert sorted(spec.modes) == sorted({row["mode"] for row in reported["rows"]})
 
 
 def test_plan_arithmetic_and_the_fitted_budget():
