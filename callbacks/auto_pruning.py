@@ -244,7 +244,7 @@ class AutoPruning(Callback):
         if self._applied:
             return
         if self.decision is None:
-            run_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else _estimated_steps(trainer)
+            run_steps = _estimated_steps(trainer)
             skipped = skip_reason(run_steps, self.pairs, self.draws, len(self.candidates), self.max_share)
             if skipped is not None:
                 self.decision = AutoDecision(VANILLA, skipped, math.nan, (), self.pairs, self.draws, 0.0)
@@ -286,7 +286,7 @@ class AutoPruning(Callback):
 
 
 def _estimated_steps(trainer: pl.Trainer) -> int | None:
-    """The run's optimizer steps when ``max_steps`` is not set (Lightning's estimate from epochs and batches)."""
+    """The run's optimizer steps: Lightning's estimate (``max_steps``, or epochs x batches when that is fewer)."""
     try:
         steps = trainer.estimated_stepping_batches
     except Exception:  # noqa: BLE001 - no estimate (e.g. an iterable without a length): calibrate

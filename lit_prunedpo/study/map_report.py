@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from lit_prunedpo.callbacks.auto_pruning import DEFAULT_MAX_SHARE
 from lit_prunedpo.study.memory import GPU_NOTE
 from lit_prunedpo.study.noise import agreement, predict
 
@@ -111,7 +112,7 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
         lines += ["", "## auto", "",
                   "What the `AutoPruning` callback (its defaults, on the cell's first vanilla batch at the initial weights) does "
                   "in each cell, and its time to the loss target against same-batch vanilla, the calibration's seconds added to "
-                  "every seed when it runs (it is skipped when its work exceeds `max_share` 0.02 of the run's steps: here "
+                  f"every seed when it runs (it is skipped when its work exceeds `max_share` {DEFAULT_MAX_SHARE:g} of the run's steps: here "
                   f"vanilla's steps in the budget). Target: at most 1.05x in every cell; met in {met} of {len(auto)}. "
                   "The calibration was also run in every cell regardless (forced), to show what it picks and what it costs.", "",
                   "| cell | auto | loss time vs vanilla [interval] | <= 1.05 | forced calibration: pick, CPU-s (share of vanilla's time to target) | why |",
