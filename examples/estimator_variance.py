@@ -41,6 +41,7 @@ import yaml  # noqa: E402
 from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
+from lit_prunedpo.execute import layout_for  # noqa: E402
 from lit_prunedpo.modes import load_mode  # noqa: E402
 from lit_prunedpo.plan import exact_samplers, plan_step  # noqa: E402
 
@@ -58,7 +59,7 @@ def gradient(module: PrunedDPO, batch, samplers, generator, skip_common: bool = 
     step's tokens its forwards ran."""
     module.policy.zero_grad()
     plan = plan_step(batch, *samplers, generator=generator, score_common_prefix=not skip_common)
-    logps = module.execute(batch, plan, dataclasses.replace(module.parts, shared_prompt=shared_prompt))
+    logps = module.execute(batch, plan, dataclasses.replace(module.parts, layout=layout_for(shared_prompt)))
     module.estimate(batch, plan, logps).objective.backward()
     grad = torch.cat([p.grad.flatten() for p in module.policy.parameters()])
     return grad, plan, logps.forwards.tokens_executed / plan.unpruned_tokens

@@ -18,7 +18,9 @@ Select it for any mode in a config::
         class_path: lit_prunedpo.chunked_scorer.ChunkedScorer
         init_args: {chunk_size: 256}
 
-Heads that are not an ``nn.Linear`` fall back to ``torch.utils.checkpoint`` per chunk (same memory bound,
+The model's element-wise logit transform (:mod:`lit_prunedpo.head`: a scale, a soft-cap) is fused: backward
+multiplies by its derivative. Heads that are not an ``nn.Linear`` with such a transform (a model whose own
+forward tail computes the logits) fall back to ``torch.utils.checkpoint`` per chunk (same memory bound,
 autograd does the recomputation).
 """
 
@@ -32,17 +34,19 @@ from torch import Tensor, nn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.checkpoint import checkpoint
 
+from lit_prunedpo.head import LogitTransform, OutputHead, plain_linear
 from lit_prunedpo.scoring import TokenScorer, token_stats
 
 
-def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    # Same numerics as the plain scorer: the head in its own dtype, then upcast.
-    return F.linear(hidden, weight, bias).float()
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, transform: LogitTransform | None = None) -> Tensor:
+    # Same numerics as the plain scorer: the head and the model's transform in its own dtype, then upcast.
+    logits = F.linear(hidden, weight, bias)
+    return (logits if transform is None else transform(logits)).float()
 
 
 def _chunked_forward(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
-    stats: list[Tensor] | None = None,
+    stats: list[Tensor] | None = None, transform: LogitTransform | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(log_probs [K], logsumexp [K])`` in float32, one chunk of rows at a time; with ``stats``, appends each
     chunk's :func:`~lit_prunedpo.scoring.token_stats` (from the chunk's logits, before they are overwritten)."""
@@ -51,7 +55,7 @@ def _chunked_forward(
     lse = torch.empty(K, dtype=torch.float32, device=hidden.device)
     for start in range(0, K, chunk_size):
         stop = min(start + chunk_size, K)
-        logits = _chunk_logits(hidden[start:stop], weight, bias)
+        logits = _chunk_logits(hidden[start:stop], weight, bias, transform)
         target_logit = logits.gather(-1, targets[start:stop, None]).squeeze(-1)
         if stats is not None:
             stats.append(token_stats(logits, targets[start:stop]))
@@ -65,15 +69,17 @@ def _chunked_forward(
 
 
 class _ChunkedLinearLogProb(torch.autograd.Function):
-    """``log_softmax(hidden @ W^T + b)[k, targets[k]]`` with the logits recomputed chunk by chunk in backward."""
+    """``log_softmax(f(hidden @ W^T + b))[k, targets[k]]`` (``f`` the model's element-wise logit transform, identity
+    by default) with the logits recomputed chunk by chunk in backward."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
-        stats: list[Tensor] | None = None,
+        stats: list[Tensor] | None = None, transform: LogitTransform | None = None,
     ) -> Tensor:
-        logps, lse = _chunked_forward(hidden, weight, bias, targets, chunk_size, stats)
+        logps, lse = _chunked_forward(hidden, weight, bias, targets, chunk_size, stats, transform)
         ctx.chunk_size = chunk_size
+        ctx.transform = transform
         ctx.has_bias = bias is not None
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         return logps
@@ -91,9 +97,15 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
         for start in range(0, K, chunk_size):
             stop = min(start + chunk_size, K)
             h, g = hidden[start:stop], grad_out[start:stop]
-            # d logp_k / d logits_k = onehot(target_k) - softmax(logits_k); built in place on the recomputed logits.
-            grad_logits = _chunk_logits(h, weight, bias).sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
+            # d logp_k / d z_k = onehot(target_k) - softmax(z_k), z = f(l); built in place on the recomputed logits,
+            # then times f'(l) for the head's own output l.
+            raw = F.linear(h, weight, bias) if ctx.transform is not None else None
+            z = _chunk_logits(h, weight, bias) if raw is None else ctx.transform(raw).float()
+            grad_logits = z.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
             grad_logits.scatter_add_(-1, targets[start:stop, None], g[:, None])
+            if raw is not None:
+                grad_logits.mul_(ctx.transform.derivative(raw).float())
+                del raw
             grad_logits = grad_logits.to(weight.dtype)
             if grad_h is not None:
                 grad_h[start:stop] = grad_logits @ weight
@@ -106,6 +118,7 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(weight.dtype) if grad_b is not None else None,
+            None,
             None,
             None,
             None,
@@ -156,21 +169,25 @@ class ChunkedScorer(TokenScorer):
             )
         return self.fixed_chunk_size
 
-    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
+    def log_probs(self, head: OutputHead | nn.Module, hidden: Tensor, targets: Tensor,
+                  stats: list[Tensor] | None = None) -> Tensor:
         """``[K]`` float32 log-probabilities of ``targets`` from gathered hidden states ``[K, d]``; with ``stats``,
         appends each chunk's token statistics, computed on the chunk's logits in the forward (never in the
         backward's recomputation)."""
         chunk = self.rows_per_chunk(hidden.shape[0])
-        if isinstance(head, nn.Linear):
-            if torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad or (
-                head.bias is not None and head.bias.requires_grad
+        fused = (head, None) if plain_linear(head) else (
+            (head.linear, head.transform) if isinstance(head, OutputHead) and head.fusable else None)
+        if fused is not None:
+            linear, transform = fused
+            if torch.is_grad_enabled() and (hidden.requires_grad or linear.weight.requires_grad or (
+                linear.bias is not None and linear.bias.requires_grad
             )):
-                return _ChunkedLinearLogProb.apply(hidden, head.weight, head.bias, targets, chunk, stats)
-            return _chunked_forward(hidden, head.weight, head.bias, targets, chunk, stats)[0]
+                return _ChunkedLinearLogProb.apply(hidden, linear.weight, linear.bias, targets, chunk, stats, transform)
+            return _chunked_forward(hidden, linear.weight, linear.bias, targets, chunk, stats, transform)[0]
         return self._checkpointed(head, hidden, targets, chunk, stats)
 
     def _checkpointed(
-        self, head: nn.Module, hidden: Tensor, targets: Tensor, chunk: int, stats: list[Tensor] | None = None
+        self, head: OutputHead | nn.Module, hidden: Tensor, targets: Tensor, chunk: int, stats: list[Tensor] | None = None
     ) -> Tensor:
         """Any head module: plain log-softmax per chunk, activations recomputed by ``torch.utils.checkpoint``."""
         parent = super()

@@ -27,9 +27,11 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
+from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
 from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
 from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
+from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
 from lit_prunedpo.metrics import (
     PAIR_METRICS, TOKEN_METRICS, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
@@ -51,6 +53,7 @@ from lit_prunedpo.samplers import (
 )
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
+from lit_prunedpo.training_noise import disable_training_noise, noise_free_training, training_switches
 
 class PrunedDPO(L.LightningModule):
     """DPO with random pruning of positions, prefixes and branches, re-weighted to stay unbiased.
@@ -71,18 +74,29 @@ class PrunedDPO(L.LightningModule):
         sampler_seed: seed of the samplers' dedicated generator; ``None`` uses the run's ``seed_everything``
             seed (``PL_GLOBAL_SEED``), or 0.
         gradient_checkpointing: recompute the policy's activations in backward (less memory, more time).
-        disable_dropout: set every dropout probability of the policy to 0 (TRL's default for DPO: dropout
-            would make the policy's and the reference's log-probs disagree even at identical weights).
+        disable_dropout: turn off every training-time noise source of the policy (TRL's default for DPO: noise
+            would make the policy's and the reference's log-probs disagree even at identical weights): every
+            dropout module, the dropout and jitter fields layers copy from the config, and code that samples in
+            training mode (:mod:`lit_prunedpo.training_noise`); the conformance check then also compares the
+            policy's training-mode log-probs with its plain eval-mode forward.
         on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
             step (on every rank together), counts and logs it.
         max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
             the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
-        shared_prompt: run each pair's prompt, and the common start of its two responses, once per forward
-            (``lit_prunedpo.layout.packed``): same loss and gradients, fewer tokens; needs ``sdpa`` or ``eager``
-            attention. With a margin loss, training steps also skip scoring the common start (its log-ratios
-            cancel in the margin; ``train/logps/*`` then sum the differing part only). With branch pruning the
-            no-grad rows read their prompts from the gradient forward's keys and values (not under gradient
-            checkpointing, where ``transformers`` keeps none).
+        layout: how a step's rows become forwards (``lit_prunedpo.layout``); ``None`` is the automatic choice
+            (``lit_prunedpo.conformance.AutoLayout``): packed blocks that run each pair's prompt, and the common
+            start of its two responses, once per forward (``SharedPromptLayout``) where the model runs them exactly,
+            else left-padded rows (``PaddedLayout``), else right-padded rows (``RightPaddedLayout``, exact for any
+            causal LM), said in one line at the first step. With packed blocks and a margin loss, training steps
+            also skip scoring the common start (its log-ratios cancel in the margin; ``train/logps/*`` then sum
+            the differing part only), and with branch pruning the no-grad rows read their prompts from the
+            gradient forward's keys and values (not under gradient checkpointing).
+        shared_prompt: shorthand kept for configs written before ``layout``: ``true`` is ``SharedPromptLayout``,
+            ``false`` is ``PaddedLayout``; give ``layout`` or this, not both.
+        check_layout: before the first step, compare the layout's per-token log-probs on a small probe batch
+            with the model's own plain forward (``lit_prunedpo.conformance``); a layout that differs is replaced by
+            the exact right-padded one, with one line that names the difference.
+        strict_layout: stop instead of replacing a layout that differs.
 
     Raises:
         ValueError: on a non-positive ``beta``, an unknown ``on_nonfinite``, a negative ``max_consecutive_skips``,
@@ -106,7 +120,10 @@ class PrunedDPO(L.LightningModule):
         disable_dropout: bool = True,
         on_nonfinite: Literal["raise", "skip"] = "raise",
         max_consecutive_skips: int = 10,
-        shared_prompt: bool = True,
+        layout: Layout | None = None,
+        shared_prompt: bool | None = None,
+        check_layout: bool = True,
+        strict_layout: bool = False,
     ) -> None:
         super().__init__()
         if not beta > 0:
@@ -131,10 +148,10 @@ class PrunedDPO(L.LightningModule):
         # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
         self.policy = policy.build().train()
         self.policy_source = policy  # its spec goes into checkpoints, for lit_prunedpo.export
-        if disable_dropout:
-            for layer in self.policy.modules():
-                if isinstance(layer, nn.Dropout):
-                    layer.p = 0.0
+        self.disable_dropout = bool(disable_dropout)
+        if self.disable_dropout:
+            disable_training_noise(self.policy)
+            noise_free_training(self.policy)
         if gradient_checkpointing:
             # transformers 5 renamed it (the old name warns at every run); transformers 4 has only the old one
             enable = getattr(self.policy, "activation_checkpointing_enable", None)
@@ -144,10 +161,12 @@ class PrunedDPO(L.LightningModule):
                 self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
-        self.shared_prompt = bool(shared_prompt)
-        layout = layout_for(self.shared_prompt)
-        for model in (self.policy, *self.reference.models()):
-            layout.check_model(model)
+        if layout is not None and shared_prompt is not None:
+            raise ValueError("give model.layout or model.shared_prompt (its older shorthand), not both")
+        self.layout = layout_for(shared_prompt) if shared_prompt is not None else (layout or AutoLayout())
+        self.check_layout = bool(check_layout)
+        self.strict_layout = bool(strict_layout)
+        self._layout_choice: LayoutChoice | None = None
 
         self.sampler_rng = SamplerRNG()
         self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
@@ -165,7 +184,11 @@ class PrunedDPO(L.LightningModule):
         # by design. That warning is replaced by the one that matters: a policy module left in eval mode.
         # Lightning warns just before on_train_start, which closes the scope.
         self._eval_mode_warning.open()
-        frozen = [name for name, m in self.policy.named_modules() if not m.training]
+        modules = self.policy.named_modules()
+        if self.disable_dropout:  # eval mode everywhere but the decoder layers is how its noise stays off
+            noise_free_training(self.policy)
+            modules = training_switches(self.policy)
+        frozen = [name or "policy" for name, m in modules if not m.training]
         if frozen:
             rank_zero_warn(f"{len(frozen)} policy module(s) are in eval mode at the start of training, e.g. {frozen[:3]}")
 
@@ -233,14 +256,41 @@ class PrunedDPO(L.LightningModule):
         schedulers = self.trainer.lr_scheduler_configs
         apply_changes(saved, *setup, self.trainer.optimizers[0], schedulers[0].scheduler if schedulers else None)
 
+    def train(self, mode: bool = True) -> "PrunedDPO":
+        super().train(mode)
+        if mode and getattr(self, "disable_dropout", False):
+            noise_free_training(self.policy)  # whatever turned training mode on, the policy's noise stays off
+        return self
+
+    # ---------------------------------------------------------------------------------- the layout
+    def resolved_layout(self) -> Layout:
+        """The layout this module's steps run: ``layout`` as given, checked against the model's plain forward
+        (``check_layout``) or, for the automatic layout, the one it chose; decided once, at the first call, and
+        said in one line."""
+        if self._layout_choice is None:
+            models = [self.policy, *self.reference.models()]
+            if self.check_layout:
+                choice = choose_layout(self.layout, models, self.scorer, strict=self.strict_layout,
+                                       train_noise_check=self.disable_dropout)
+            else:
+                choice = unchecked_layout(self.layout, models)
+            self._layout_choice = choice
+            rank_zero_info(choice.line)
+        return self._layout_choice.layout
+
+    @property
+    def shared_prompt(self) -> bool:
+        """Whether the steps run packed blocks (each pair's prompt once per forward)."""
+        return isinstance(self.resolved_layout(), SharedPromptLayout)
+
     # ------------------------------------------------------------------------------------ the step
     @property
     def parts(self) -> StepParts:
-        """This module's samplers, scorer, reference and prompt layout, as a step takes them. Read at every step,
-        so that a callback replacing a sampler (``PruneEarly``) takes effect at the next one."""
+        """This module's samplers, scorer, reference and layout, as a step takes them. Read at every step, so that
+        a callback replacing a sampler (``PruneEarly``) takes effect at the next one."""
         return StepParts(
             self.prefix_sampler, self.position_sampler, self.branch_sampler, self.scorer, self.reference,
-            self.shared_prompt,
+            self.resolved_layout(),
         )
 
     def step(
@@ -273,7 +323,7 @@ class PrunedDPO(L.LightningModule):
             batch, parts.prefix_sampler, parts.position_sampler, parts.branch_sampler,
             generator if generator is not None else self.sampler_rng.next(),
             # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
-            score_common_prefix=not (parts.shared_prompt and self.loss.margin_only),
+            score_common_prefix=not (parts.layout.runs_common_start_once and self.loss.margin_only),
         )
 
     def executor(self, parts: StepParts | None = None, token_stats: bool = False) -> StepExecutor:
@@ -282,7 +332,7 @@ class PrunedDPO(L.LightningModule):
         ``token_stats``, the policy's token statistics collected too."""
         parts = self.parts if parts is None else parts
         agree = agree_on_forwards(self.trainer.strategy) if self._sharded else None
-        return StepExecutor(layout_for(parts.shared_prompt), keeps_keys_values(self.policy), agree, token_stats)
+        return StepExecutor(parts.layout, keeps_keys_values(self.policy), agree, token_stats)
 
     def execute(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None,
                 token_stats: bool = False) -> StepLogps:
@@ -298,7 +348,7 @@ class PrunedDPO(L.LightningModule):
         """The policy's log-probs of one group, alone in its forward, laid out as this module lays its steps out:
         a graph only for the gradient rows; ``scorer`` ``None`` is the module's."""
         scorer = self.scorer if scorer is None else scorer
-        return score_groups(scorer, self.policy, batch, [group], layout_for(self.shared_prompt))[0]
+        return score_groups(scorer, self.policy, batch, [group], self.resolved_layout())[0]
 
     def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> Estimate:
         """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""

@@ -11,9 +11,10 @@ per-position statistics of the logits it already computed (:func:`token_stats`: 
 vocabulary, the entropy, and whether the arg-max is the target), a few element-wise passes over the ``K x V``
 logits while they exist anyway; without it, nothing more is computed.
 
-Departure from a stock ``model(input_ids).logits``: the body and the head are called separately, so models
-that transform logits after the head (Gemma-2's soft-capping, Cohere's ``logit_scale``) are refused rather
-than scored wrongly.
+Departure from a stock ``model(input_ids).logits``: the body and the head are called separately. What a model
+does after its LM head (Gemma 2's soft-capping, Cohere's ``logit_scale``, Granite's ``logits_scaling``, ...) is
+read from the model itself (:func:`lit_prunedpo.head.output_head`) and applied to the gathered rows, so the
+scored log-probs are the model's own.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.head import OutputHead, body_name, output_head
 from lit_prunedpo.layout.base import GroupInputs, PastColumns
 from lit_prunedpo.layout.packed import model_attention_mask
 from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
 
-__all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "split_causal_lm", "token_stats"]
+__all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "model_head", "split_causal_lm", "token_stats"]
 
 #: The columns of :func:`token_stats`.
 TOKEN_STATS = ("logits", "entropy", "correct")
@@ -57,31 +59,29 @@ def group_inputs(batch: PreferenceBatch, group: RowGroup) -> GroupInputs:
     return padded_inputs(batch, group)
 
 
-_UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
-
-
 def split_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """Return ``(body, head)`` of a ``transformers`` causal LM: hidden states in, vocabulary logits out.
+    """Return ``(body, head)`` of a ``transformers`` causal LM: hidden states in, the LM head module's output out
+    (what the model does after that module is :func:`model_head`'s).
 
     A peft (LoRA) model is split as the ``transformers`` model it wraps: its adapters sit inside those layers."""
     if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
         model = model.get_base_model()
-    config = getattr(model, "config", None)
-    for name in _UNSUPPORTED_LOGIT_TRANSFORMS:
-        value = getattr(config, name, None)
-        if value not in (None, 1, 1.0):
-            raise ValueError(
-                f"{type(model).__name__} transforms its logits after the LM head ({name}={value}); "
-                "lit_prunedpo scores gathered hidden states with the head alone and does not support it yet"
-            )
-    body = getattr(model, "base_model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if body is None or body is model or head is None:
+    name = body_name(model)
+    body = getattr(model, name) if name is not None else None
+    if body is None or head is None:
         raise ValueError(
             f"cannot split {type(model).__name__} into a body and an LM head: expected a transformers "
             "*ForCausalLM model with `base_model` and `get_output_embeddings()`"
         )
     return body, head
+
+
+def model_head(model: nn.Module) -> OutputHead:
+    """The head that turns ``model``'s gathered hidden states into its own logits, output transform included
+    (:func:`lit_prunedpo.head.output_head`)."""
+    unwrapped = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    return output_head(unwrapped, split_causal_lm(model)[1])
 
 
 class TokenScorer:
@@ -95,15 +95,15 @@ class TokenScorer:
         """``[n, W, d]`` last hidden states of the model body on the group's inputs (and ``inputs.cache``)."""
         mask = inputs.attention_mask
         if mask.ndim == 4:
-            mask = model_attention_mask(body, mask)
+            mask = model_attention_mask(body, mask, inputs.key_positions, inputs.position_ids)
         cache = inputs.cache
         keys_values = {"cache": cache, "use_cache": True} if cache is not None else {"use_cache": False}
         out = body(input_ids=inputs.input_ids, attention_mask=mask, position_ids=inputs.position_ids, **keys_values)
         return out.last_hidden_state
 
-    def log_probs(self, head: nn.Module, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
-        """``[K]`` log-probabilities of ``targets`` from gathered hidden states ``[K, d]``; with ``stats``, appends
-        the rows' :func:`token_stats`."""
+    def log_probs(self, head: OutputHead, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
+        """``[K]`` log-probabilities of ``targets`` from gathered hidden states ``[K, d]`` (``head(hidden)`` are the
+        model's logits); with ``stats``, appends the rows' :func:`token_stats`."""
         logits = head(hidden).float()
         log_probs = logits.log_softmax(-1)
         if stats is not None:
@@ -113,7 +113,7 @@ class TokenScorer:
     def __call__(self, model: nn.Module, inputs: GroupInputs, stats: list[Tensor] | None = None) -> Tensor:
         """``[K]`` log-probs of the scored positions of ``inputs``; with ``stats``, appends their ``[K, 3]``
         :func:`token_stats` (possibly in several pieces, in row order)."""
-        body, head = split_causal_lm(model)
+        body, head = split_causal_lm(model)[0], model_head(model)
         hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
         if stats is None:  # a subclass's log_probs written without the stats argument still works

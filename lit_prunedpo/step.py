@@ -1,7 +1,7 @@
 """The typed input and output of one training step (:meth:`lit_prunedpo.module.PrunedDPO.step`).
 
 :class:`StepParts` is what a step is made of besides the policy and the loss: the three samplers, the scorer,
-the reference source and the prompt layout. ``PrunedDPO`` builds its own from its constructor arguments
+the reference source and the layout. ``PrunedDPO`` builds its own from its constructor arguments
 (:attr:`~lit_prunedpo.module.PrunedDPO.parts`); the benchmark passes one per configuration, so that every
 configuration runs the same step on the same policy without changing the module. :class:`StepOutput` is what
 the step produced before the backward, stage by stage: the plan, what the executor ran, the estimate, and the work
@@ -10,10 +10,11 @@ counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lit_prunedpo.estimate import Estimate
 from lit_prunedpo.execute import StepForwards, StepLogps
+from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.metrics import StepStats
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.reference import ReferenceSource
@@ -35,8 +36,14 @@ class StepParts:
     """Per-token log-probs of the policy."""
     reference: ReferenceSource
     """Reference log-probs at the plan's scored positions."""
-    shared_prompt: bool = True
-    """One packed block per pair (``lit_prunedpo.layout.packed``) instead of padded rows."""
+    layout: Layout = field(default_factory=SharedPromptLayout)
+    """How the rows become forwards (``lit_prunedpo.layout``): a concrete layout, e.g. a module's
+    :meth:`~lit_prunedpo.module.PrunedDPO.resolved_layout`."""
+
+    @property
+    def shared_prompt(self) -> bool:
+        """Whether the step runs packed blocks (each pair's prompt once per forward)."""
+        return isinstance(self.layout, SharedPromptLayout)
 
 
 @dataclass(frozen=True)

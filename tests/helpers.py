@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
+from lit_prunedpo.models import ModelSource
 
 REPO = Path(__file__).resolve().parents[1]
 #: Pruning modes: overlays in configs/modes/ composed after configs/quickstart.yaml.
@@ -57,3 +59,13 @@ class RecordWork(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         s = pl_module.step_stats
         self.steps.append((s.branches_backpropagated, s.unpruned_branches, s.positions_scored, s.unpruned_positions))
+
+
+class Built(ModelSource):
+    """A model source that hands out copies of an already built model (a zoo architecture, a patched model)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def build(self) -> torch.nn.Module:
+        return copy.deepcopy(self.model)

@@ -39,13 +39,6 @@ def test_gathered_log_probs_equal_full_forward(model_type, config):
             torch.testing.assert_close(got[k], logps[response[t]], atol=1e-5, rtol=1e-5)
 
 
-def test_logit_transforms_are_refused():
-    model = FromConfig("llama", TINY_LLAMA).build()
-    model.config.final_logit_softcapping = 30.0
-    with pytest.raises(ValueError, match="final_logit_softcapping"):
-        split_causal_lm(model)
-
-
 def test_non_causal_lm_is_refused():
     with pytest.raises(ValueError, match="body and an LM head"):
         split_causal_lm(torch.nn.Linear(2, 2))

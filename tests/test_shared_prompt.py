@@ -19,7 +19,7 @@ from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.modes import load_mode
 from lit_prunedpo.execute import StepExecutor, layout_for, score_groups
-from lit_prunedpo.layout import PairLengths, SharedPromptLayout
+from lit_prunedpo.layout import PairLengths, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
@@ -231,6 +231,7 @@ def test_each_prompt_runs_once_in_the_reference_and_the_vanilla_policy(tiny_sour
     """Forward-hook count: the bodies receive each pair's real prompt once and no left padding."""
     module = PrunedDPO(policy=tiny_source)
     batch = padded_everywhere()
+    module.resolved_layout()  # the conformance probe runs before the hooks count
     seen = []
     for model in (module.policy, *module.reference.models()):
         split_causal_lm(model)[0].register_forward_pre_hook(
@@ -281,6 +282,7 @@ def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):
     shares with it (prompt end or shared response token) and the rest of its own response, nothing else."""
     module = PrunedDPO(policy=tiny_source, branch_sampler=RandomBranch())
     batch = padded_everywhere()
+    module.resolved_layout()  # the conformance probe runs before the hooks count
     seen = []
     split_causal_lm(module.policy)[0].register_forward_pre_hook(
         lambda m, a, kw: seen.append((kw["input_ids"].clone(), kw["position_ids"].clone())), with_kwargs=True
@@ -314,16 +316,19 @@ def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):
 def test_unsupported_attention_is_refused(tiny_source):
     model = tiny_source.build()
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*shared_prompt=false"):
+    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*PaddedLayout"):
         check_attention(model)
 
     class Flash(FromConfig):
         def build(self):
             return model
 
-    with pytest.raises(ValueError, match="shared-prompt execution needs a custom 4-D attention mask"):
-        PrunedDPO(policy=Flash("llama", TINY_LLAMA))
-    PrunedDPO(policy=Flash("llama", TINY_LLAMA), shared_prompt=False)  # the padded layout still runs it
+    strict = PrunedDPO(policy=Flash("llama", TINY_LLAMA), layout=SharedPromptLayout(), strict_layout=True)
+    with pytest.raises(ValueError, match="attention implementation 'flash_attention_2' takes no custom 4-D mask"):
+        strict.resolved_layout()
+    # the automatic layout passes over the packed one (flash attention itself cannot run on a CPU: not probed here)
+    auto = PrunedDPO(policy=Flash("llama", TINY_LLAMA), check_layout=False)
+    assert isinstance(auto.resolved_layout(), RightPaddedLayout)
 
 
 # ------------------------------------------------------------------------ the common prefix is not scored

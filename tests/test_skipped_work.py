@@ -42,6 +42,7 @@ class Counter:
 def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
     module = PrunedDPO(policy=tiny_source, shared_prompt=shared_prompt, **MODES[mode])
     module.setup("fit")
+    module.resolved_layout()  # the conformance probe runs before the counters start
     policy, reference = Counter(module.policy), Counter(module.reference.models()[0])
     batch = make_batch([3, 1, 4, 2], [12, 2, 7, 9], [4, 14, 1, 6], seed=1)
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width

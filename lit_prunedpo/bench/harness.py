@@ -346,7 +346,8 @@ def build_rounds(
     samplers = {m: MODES[m]() for m in modes}
     return Rounds(
         module=module, optimizer=optimizer, batches=batches, warmup=warmup,
-        parts={c: StepParts(*samplers[c.mode], scorer_of[c.scorer], sources[c.reference, c.scorer], c.prompt == "shared")
+        parts={c: StepParts(*samplers[c.mode], scorer_of[c.scorer], sources[c.reference, c.scorer],
+                            layout_for(c.prompt == "shared"))
                for c in configs},
         rngs={c: SamplerRNG(seed=seed) for c in configs},
         meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=_baseline_prompt(prompts),

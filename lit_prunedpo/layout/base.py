@@ -78,12 +78,15 @@ class GroupInputs:
             layout, ``[S, W]``: packed blocks, one per pair).
         attention_mask: ``[n, W]`` long, 0 on padding (or, shared-prompt layout, ``[S, 1, W, W]`` bool, True
             where a query column may attend a key column).
-        position_ids: ``[n, W]`` positions that ignore the left padding.
+        position_ids: ``[n, W]`` positions that ignore the left padding (``None``: the model's own default, for
+            rows whose real tokens start at column 0).
         gather_row: ``[K]`` row of each scored position.
         gather_col: ``[K]`` column whose hidden state predicts the scored token (one before it).
         targets: ``[K]`` the scored response tokens.
         past: the ``C`` cache columns the mask's first ``C`` key columns refer to (``None``: no cache, the
             mask is ``[S, 1, W, W]``).
+        key_positions: ``[S, C + W]`` position of each key column of a 4-D mask (the cache's, then the
+            sequence's own), so that a sliding window can be cut from it (``None`` with a 2-D mask).
         cache: keys and values the forward attends to before its own (gathered at ``past``), or an empty cache
             that it fills with its keys and values for the next forward; ``None`` keeps none. Set by the
             executor, so that a scorer needs no argument for it.
@@ -91,12 +94,13 @@ class GroupInputs:
 
     input_ids: Tensor
     attention_mask: Tensor
-    position_ids: Tensor
+    position_ids: Tensor | None
     gather_row: Tensor
     gather_col: Tensor
     targets: Tensor
     past: PastColumns | None = None
     cache: DynamicCache | None = None
+    key_positions: Tensor | None = None
 
 
 class LaidOutGroup(ABC):
@@ -136,7 +140,14 @@ class LaidOutGroup(ABC):
 
 
 class Layout(ABC):
-    """How the executor lays a row group out as one forward."""
+    """How the executor lays a row group out as one forward.
+
+    Attributes:
+        runs_common_start_once: a pair's shared response start runs once for both branches, so a margin loss
+            (whose log-ratios cancel there) need not score it.
+    """
+
+    runs_common_start_once: bool = False
 
     @abstractmethod
     def arrange(self, group: RowGroup, pairs: PairLengths, previous: LaidOutGroup | None = None) -> LaidOutGroup:
@@ -144,4 +155,8 @@ class Layout(ABC):
         keys and values) the layout may have the group read them instead of running its prompts again."""
 
     def check_model(self, model: nn.Module) -> None:
-        """Refuse a model that cannot run this layout's inputs (every model can, by default)."""
+        """Refuse a model this layout cannot run exactly (``ValueError`` naming why; every model passes by default:
+        the conformance check compares the result with the model's plain forward anyway)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -9,8 +9,9 @@ Pieces, in the order data flows:
 
 * :func:`compute_reference_logps` runs the reference once, under ``no_grad``, through the same
   :func:`~lit_prunedpo.plan.exact_plan` (full prefixes, all positions, both branches),
-  :func:`~lit_prunedpo.scoring.group_inputs` and :class:`~lit_prunedpo.scoring.TokenScorer` as
-  :class:`~lit_prunedpo.reference.OnlineReference`, so the values are what the online reference computes.
+  :class:`~lit_prunedpo.scoring.TokenScorer` as :class:`~lit_prunedpo.reference.OnlineReference`, each response
+  in its own right-padded row (:class:`~lit_prunedpo.layout.RightPaddedLayout`, exact for any causal LM), so the
+  values are what the model's plain forward of each response alone computes.
 * :class:`~lit_prunedpo.reference.store.ReferenceLogpStore` holds them flat (``values`` float32
   ``[total_tokens]``) with per (row, branch) ``offsets``/``lengths`` and the sorted dataset keys
   (``batch.index``), and gathers at any positions.
@@ -56,7 +57,8 @@ from lit_prunedpo.plan import StepPlan, exact_plan
 from lit_prunedpo.reference.base import ReferenceData, ReferenceRuntime, ReferenceSource
 from lit_prunedpo.reference.fingerprint import fingerprint_diff, jsonable, reference_identity
 from lit_prunedpo.reference.store import VERSION, ReferenceLogpStore, read_fingerprint
-from lit_prunedpo.scoring import TokenScorer, group_inputs
+from lit_prunedpo.layout import PairLengths, RightPaddedLayout
+from lit_prunedpo.scoring import TokenScorer
 
 DEFAULT_FILENAME = "reference_logps.safetensors"
 
@@ -287,9 +289,8 @@ def compute_reference_logps(
 ) -> ReferenceLogpStore:
     """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
 
-    Each batch is planned with full prefixes, all positions and both branches and scored through
-    :func:`~lit_prunedpo.scoring.group_inputs` and ``scorer``, exactly as the online reference scores an
-    unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
+    Each batch is planned with full prefixes, all positions and both branches and scored in right-padded rows
+    (exact for any causal LM) with ``scorer``, as the online reference scores an unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
 
     Args:
         model: a ``transformers`` causal LM.
@@ -316,7 +317,8 @@ def compute_reference_logps(
             plan = exact_plan(batch)
             (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
             with context():
-                logps = scorer(model, group_inputs(batch, group.to(device))).float().cpu()
+                inputs = RightPaddedLayout().arrange(group, PairLengths.of(batch)).inputs(batch)
+                logps = scorer(model, inputs).float().cpu()
             # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
             # tokens are consecutive in `logps`.
             per_pair = batch.response_lengths.cpu()
