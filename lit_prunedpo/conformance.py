@@ -140,8 +140,10 @@ def layout_error(model: nn.Module, layout: Layout, scorer: TokenScorer, batch: P
     plan = exact_plan(batch)
     worst = 0.0
     with _modes(model, training, noise_free):
-        for candidate in (plan, _split_by_branch(plan)):
+        for i, candidate in enumerate((plan, _split_by_branch(plan))):
             forwards = executor.forwards(candidate.groups, PairLengths.of(batch))
+            if i and not any(f.laid_out.reads_previous for f in forwards.policy):
+                continue  # the split plan only adds the path that reads the previous forward's keys and values
             for group, logps in zip(candidate.groups, executor.run_policy(model, scorer, batch, forwards)):
                 truth = expected[group.pair[group.scored_row], group.branch[group.scored_row], group.scored_t]
                 diff = (logps.float().cpu() - truth).abs()
@@ -172,6 +174,21 @@ def _private(scorer: TokenScorer) -> TokenScorer:
         return copy.deepcopy(scorer)
     except Exception:  # a scorer that cannot be copied is probed as it is
         return scorer
+
+
+def _distinct(models: Sequence[nn.Module]) -> list[nn.Module]:
+    """``models`` without those of the same class and config as an earlier one (an online reference copied from the
+    policy runs a layout exactly when the policy does)."""
+    seen, out = set(), []
+    for model in models:
+        config = getattr(model, "config", None)
+        dtype = next(model.parameters()).dtype
+        key = (type(model), dtype, getattr(config, "_attn_implementation", None),
+               config.to_json_string() if hasattr(config, "to_json_string") else id(model))
+        if key not in seen:
+            seen.add(key)
+            out.append(model)
+    return out
 
 
 class _Probes:
@@ -224,6 +241,7 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
         RuntimeError: when the policy's training-mode forward differs from its eval-mode one (``train_noise_check``).
     """
     policy = models[0]
+    models = _distinct(models)
     probes = _Probes(max_length)
     scorer = _private(scorer)
     auto = isinstance(requested, AutoLayout)

@@ -209,3 +209,20 @@ def test_a_single_process_cpu_run_takes_one_thread_unless_omp_num_threads_says(o
         assert ("torch threads: 1 (was 2)" in caplog.text) == (omp is None)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("layout", ["RightPaddedLayout", "PaddedLayout", "SharedPromptLayout"])
+def test_the_layout_is_chosen_by_class_path_and_said_in_one_line(layout, tmp_path, caplog):
+    caplog.set_level("INFO")
+    cli = build_cli(["fit", *config_args("quickstart"), f"--trainer.default_root_dir={tmp_path}", *csv_logger(tmp_path),
+                     f"--model.layout=lit_prunedpo.layout.{layout}", "--trainer.max_steps=2",
+                     "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1", *FAST])
+    assert type(cli.model.resolved_layout()).__name__ == layout
+    assert f"layout: {layout} for LlamaForCausalLM" in caplog.text
+
+
+def test_an_unknown_layout_class_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        build_cli(["fit", *config_args("quickstart"), f"--trainer.default_root_dir={tmp_path}",
+                   "--model.layout=lit_prunedpo.layout.NoSuchLayout"], run=False)
+    assert "NoSuchLayout" in capsys.readouterr().err

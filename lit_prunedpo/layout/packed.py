@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.head import body_name
 from lit_prunedpo.layout.base import GroupInputs, LaidOutGroup, Layout, PairLengths, PastColumns
 from lit_prunedpo.plan import RowGroup
 
@@ -439,9 +440,10 @@ def packed_refusal(model: nn.Module) -> str | None:
 def _ignores_position_ids(model: nn.Module) -> bool:
     """Whether ``model``'s output is unchanged when the position ids of a short sequence skip ahead (RoFormer's
     sinusoidal positions, for one, are computed from the column): the packed layout relies on them."""
-    from lit_prunedpo.scoring import split_causal_lm
-
-    body = split_causal_lm(model)[0]
+    name = body_name(model)
+    body = getattr(model, name, None) if name is not None else None
+    if not isinstance(body, nn.Module):
+        return False
     parameter = next(model.parameters(), None)
     if parameter is None:
         return False
