@@ -241,6 +241,8 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
         RuntimeError: when the policy's training-mode forward differs from its eval-mode one (``train_noise_check``).
     """
     policy = models[0]
+    for model in models:
+        model_head(model)  # read each model's head now, not in its first step
     models = _distinct(models)
     probes = _Probes(max_length)
     scorer = _private(scorer)
