@@ -86,8 +86,8 @@ class PrunedDPO(L.LightningModule):
         layout: how a step's rows become forwards (``lit_prunedpo.layout``); ``None`` is the automatic choice
             (``lit_prunedpo.conformance.AutoLayout``): packed blocks that run each pair's prompt, and the common
             start of its two responses, once per forward (``SharedPromptLayout``) where the model runs them exactly,
-            else left-padded rows (``PaddedLayout``), else right-padded rows (``RightPaddedLayout``, exact for any
-            causal LM), said in one line at the first step. With packed blocks and a margin loss, training steps
+            else one right-padded row per response (``RightPaddedLayout``, exact for any causal LM), said in one
+            line at the first step. With packed blocks and a margin loss, training steps
             also skip scoring the common start (its log-ratios cancel in the margin; ``train/logps/*`` then sum
             the differing part only), and with branch pruning the no-grad rows read their prompts from the
             gradient forward's keys and values (not under gradient checkpointing).
