@@ -15,6 +15,7 @@ response lengths, a shared start, rows past the zoo's sliding window of 8). For 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,41 @@ def test_eager_attention_is_exact_too(model_type):
     choice = choose_layout(AutoLayout(), [model], TokenScorer(), train_noise_check=False)
     assert type(choice.layout).__name__ == PUBLISHED[model_type], choice.line
     assert layout_error(model, choice.layout, TokenScorer(), batch, expected) <= 1e-4, choice.line
+
+
+#: Packed architectures with sliding windows or logit transforms, where pruning changes what the packed blocks hold.
+PACKED_WITH_FEATURES = ("mistral", "gemma2", "gemma3_text", "cohere2", "gpt_oss", "starcoder2", "granite", "exaone4")
+
+
+@pytest.mark.parametrize("mode", ["all", "all-coupled", "sequence"])
+@pytest.mark.parametrize("model_type", PACKED_WITH_FEATURES)
+def test_pruned_plans_score_the_same_in_the_packed_and_the_exact_layout(model_type, mode):
+    """Cut prefixes, sampled positions and a no-grad branch reading the gradient forward's keys and values: the
+    packed layout scores what the right-padded one (exact for any causal LM) scores, in every group."""
+    from lit_prunedpo.modes import load_mode
+
+    model = build_tiny(model_type).eval()
+    samplers = load_mode(mode)
+    module = PrunedDPO(policy=Built(model), prefix_sampler=samplers.prefix_sampler,
+                       position_sampler=samplers.position_sampler, branch_sampler=samplers.branch_sampler)
+    assert isinstance(module.resolved_layout(), SharedPromptLayout), module._layout_choice.line
+    batch = zoo_batch(min(model.get_input_embeddings().num_embeddings, 128))
+    for seed in range(3):
+        plan = module.plan(batch, generator=torch.Generator().manual_seed(seed))
+        packed = module.execute(batch, plan)
+        exact = module.execute(batch, plan, dataclasses.replace(module.parts, layout=RightPaddedLayout()))
+        for ours, truth in zip(packed.policy + packed.reference, exact.policy + exact.reference):
+            assert torch.allclose(ours, truth, atol=1e-4), (model_type, mode, seed, float((ours - truth).abs().max()))
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "cohere2", "granite", "qwen3_next", "mamba", "roberta"])
+def test_gradient_checkpointing_changes_nothing(model_type):
+    model = build_tiny(model_type).eval()
+    batch = zoo_batch(min(model.get_input_embeddings().num_embeddings, 128))
+    grads = []
+    for checkpointing in (False, True):
+        module = PrunedDPO(policy=Built(model), gradient_checkpointing=checkpointing)
+        module.train()
+        module.step(batch).estimate.objective.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
