@@ -127,6 +127,14 @@ class PrunedDPOCLI(LightningCLI):
         trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FinalCheckpoint)] + finals
         return trainer
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """LightningCLI's subcommands but ``predict``: ``PrunedDPO`` has no predict step, so the command could only
+        fail; it is not offered (``--help`` does not list it, ``lit-prunedpo predict`` is an invalid choice)."""
+        commands = LightningCLI.subcommands()
+        commands.pop("predict", None)
+        return commands
+
     def _add_subcommands(self, parser, **kwargs: Any) -> None:  # noqa: ANN001 - LightningArgumentParser
         super()._add_subcommands(parser, **kwargs)
         # ``export`` is no Trainer method, so LightningCLI cannot build it; ``main`` runs it before LightningCLI

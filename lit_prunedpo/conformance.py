@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.execute import StepExecutor, keeps_keys_values
 from lit_prunedpo.layout import LaidOutGroup, Layout, PairLengths, RightPaddedLayout, SharedPromptLayout
-from lit_prunedpo.layout.packed import AttentionForm
+from lit_prunedpo.layout.attention import AttentionForm
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan
 from lit_prunedpo.scoring import TokenScorer, model_head
 

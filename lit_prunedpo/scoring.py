@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.head import OutputHead, body_name, output_head
 from lit_prunedpo.layout.base import GroupInputs, PastColumns
-from lit_prunedpo.layout.packed import model_attention_mask
+from lit_prunedpo.layout.attention import model_attention_mask
 from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
 

@@ -2,14 +2,16 @@
 lives in :mod:`lit_prunedpo.layout.packed` (``PackedLayout`` is its :class:`~lit_prunedpo.layout.packed.PackedBlocks`)
 and ``prompt_and_common_lengths`` in :mod:`lit_prunedpo.plan`. New code imports from there."""
 
-from lit_prunedpo.layout.packed import (
+from lit_prunedpo.layout.attention import (
     SUPPORTED_ATTENTION,
-    PackedBlocks,
-    PackedGroup,
-    SharedPromptLayout,
     attention_implementation,
     check_attention,
     model_attention_mask,
+)
+from lit_prunedpo.layout.packed import (
+    PackedBlocks,
+    PackedGroup,
+    SharedPromptLayout,
     packed_group_inputs,
     packed_layout,
     read_prompt_cache,

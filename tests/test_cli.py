@@ -193,6 +193,16 @@ def test_top_level_help_lists_export(capsys):
         main(["--help"])
     listed = re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M)
     assert {"fit", "validate", "test", "export"} <= set(listed)
+    assert "predict" not in listed  # PrunedDPO has no predict step: the command is not offered
+
+
+def test_predict_is_an_invalid_choice_naming_the_commands(capsys):
+    from lit_prunedpo.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["predict", "--config", "configs/quickstart.yaml"])
+    err = capsys.readouterr().err
+    assert "predict" in err and "fit" in err
 
 
 @pytest.mark.parametrize("omp", [None, "2"], ids=["omp-unset", "omp-set"])
