@@ -6,6 +6,7 @@ prune-early switch those callbacks use."""
 from ._memory import PeakMemoryMeter, PeakReading
 from .auto_pruning import AutoPruning
 from .final_checkpoint import FinalCheckpoint
+from .last_checkpoint import LastCheckpointAtValidation
 from .peak_memory import PeakMemoryMonitor
 from .progress_bar import StepProgressBar
 from .preemption import PreemptionCheckpoint
@@ -14,7 +15,7 @@ from .step_time import StepTimeMonitor
 from .validation_samples import ValidationSamples
 
 __all__ = [
-    "AutoPruning", "FinalCheckpoint", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
+    "AutoPruning", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
     "ValidationSamples",
     # the units the callbacks are built from, for harnesses that time and switch outside a Trainer (lit_prunedpo.bench,
     # lit_prunedpo.study): the peak-memory meter and the prune-early switch

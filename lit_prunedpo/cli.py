@@ -32,6 +32,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_prunedpo.callbacks.final_checkpoint import FinalCheckpoint
+from lit_prunedpo.callbacks.last_checkpoint import LastCheckpointAtValidation
 from lit_prunedpo.callbacks.model_summary import RichSummaryWithoutZeroFlops, SummaryWithoutZeroFlops
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpointing import (
@@ -121,7 +122,8 @@ class PrunedDPOCLI(LightningCLI):
             if type(callback) in replacements:
                 trainer.callbacks[i] = replacements[type(callback)](callback)
             elif type(callback) is ModelCheckpoint and callback.monitor is None:
-                callback.save_top_k, callback.save_last = 0, True
+                # last.ckpt at every validation (Lightning 2.6's ModelCheckpoint with save_top_k=0 writes none)
+                trainer.callbacks[i] = LastCheckpointAtValidation(dirpath=callback.dirpath, save_top_k=0, save_last=True)
         # FinalCheckpoint's summary is printed at teardown: after the progress bar's, which takes the bar off the screen
         finals = [c for c in trainer.callbacks if isinstance(c, FinalCheckpoint)]
         trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FinalCheckpoint)] + finals
