@@ -77,11 +77,11 @@ def split_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return body, head
 
 
-def model_head(model: nn.Module) -> OutputHead:
+def model_head(model: nn.Module, linear: nn.Module | None = None) -> OutputHead:
     """The head that turns ``model``'s gathered hidden states into its own logits, output transform included
-    (:func:`lit_prunedpo.head.output_head`)."""
+    (:func:`lit_prunedpo.head.output_head`); ``linear``, its LM head module when the caller has split it already."""
     unwrapped = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
-    return output_head(unwrapped, split_causal_lm(model)[1])
+    return output_head(unwrapped, linear if linear is not None else split_causal_lm(model)[1])
 
 
 class TokenScorer:
@@ -113,7 +113,8 @@ class TokenScorer:
     def __call__(self, model: nn.Module, inputs: GroupInputs, stats: list[Tensor] | None = None) -> Tensor:
         """``[K]`` log-probs of the scored positions of ``inputs``; with ``stats``, appends their ``[K, 3]``
         :func:`token_stats` (possibly in several pieces, in row order)."""
-        body, head = split_causal_lm(model)[0], model_head(model)
+        body, linear = split_causal_lm(model)
+        head = model_head(model, linear)
         hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
         if stats is None:  # a subclass's log_probs written without the stats argument still works
