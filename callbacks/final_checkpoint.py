@@ -17,6 +17,13 @@ and the Hugging Face folder when ``export_dir`` is set (written by :func:`lit_pr
 ``lit-prunedpo export`` command that writes one from the checkpoint. Each validation prints one line (step,
 ``val/loss``, ``val/rewards/accuracies``, ``val/rewards/margins``).
 
+Ctrl-C (SIGINT) is handled like a preemption: the first one finishes the current step, saves it as ``last.ckpt``,
+prints the summary and ends the process with status 130 (128 + SIGINT, what a shell reports for a program Ctrl-C
+stopped, so that ``fit && export`` does not go on); every rank stops at the same step. A second Ctrl-C stops at
+once (Lightning's own handling) and the log says which checkpoint was kept, and of which step, or that none was.
+After a SIGTERM stop, further SIGTERMs (a scheduler's burst) are ignored while the process exits, so that its exit
+status stays the clean stop's 0 instead of a kill's 143.
+
 The ``lit-prunedpo`` command adds this callback to every ``fit`` (its options are ``--final.*``).
 """
 
@@ -24,6 +31,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -32,6 +42,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
+
+
+class StoppedByCtrlC(SystemExit):
+    """Ends a fit that Ctrl-C stopped after its checkpoint was saved: exit status 130 (128 + SIGINT)."""
+
+    def __init__(self) -> None:
+        super().__init__(130)
 
 
 # the metrics of the one line each validation prints (all of them are in the logs and the final summary)
@@ -87,6 +104,8 @@ class FinalCheckpoint(Callback):
         self._val_step: Optional[int] = None
         self._saving = False
         self._finished = False
+        self._interrupt_requested = False
+        self._previous_sigint: Any = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -106,6 +125,7 @@ class FinalCheckpoint(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_sigint()
         self._save(trainer)
         if self.export_dir is not None:
             self._export(trainer)
@@ -113,17 +133,78 @@ class FinalCheckpoint(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore_sigint()
         if self._finished:
             self._finished = False
             self._summary(trainer, reason="finished")
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._restore_sigint()
+        if isinstance(exception, KeyboardInterrupt):
+            rank_zero_info(self._kept_after_interrupt(trainer))
+            return
         # Only Lightning's SIGTERM path: after other errors the ranks may be out of step and the state half-updated.
         if not isinstance(exception, SIGTERMException) or trainer.sanity_checking:
             return
         self._save(trainer)
         self._summary(trainer, reason="stopped by SIGTERM")
+        _ignore_later_sigterms(trainer)
+
+    # ------------------------------------------------------------------------------------ Ctrl-C
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._interrupt_requested = False
+        # only over Python's own handler: a handler the user installed stays theirs
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._interrupt_requested:  # the second Ctrl-C: stop at once
+            self._restore_sigint()
+            raise KeyboardInterrupt
+        self._interrupt_requested = True
+        sys.stderr.write("\nCtrl-C: stopping after this step and saving it (Ctrl-C again stops at once, keeping only "
+                         "the checkpoints already written)\n")
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+        self._previous_sigint = None
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        requested = self._interrupt_requested
+        if trainer.world_size > 1:  # any rank interrupted -> all stop at this step (the checkpoint is collective)
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if not requested:
+            return
+        self._save(trainer)
+        self._summary(trainer, reason="stopped by Ctrl-C")
+        self._restore_sigint()
+        raise StoppedByCtrlC()
+
+    def _kept_after_interrupt(self, trainer: pl.Trainer) -> str:
+        """The line a run stopped at once by Ctrl-C ends with: what was kept."""
+        if not trainer.training and trainer.global_step == 0:
+            return "interrupted by Ctrl-C before training started: nothing was trained, nothing saved"
+        head = f"interrupted by Ctrl-C at step {trainer.global_step}, without saving it"
+        kept = [(step, path) for step, path in self._checkpoints_written(trainer) if os.path.exists(path)]
+        if not kept:
+            return f"{head}; no checkpoint was written before: the {trainer.global_step} steps trained are lost"
+        step, path = max(kept)
+        return f"{head}; kept: {path} (step {step}), which --ckpt_path last resumes"
+
+    def _checkpoints_written(self, trainer: pl.Trainer) -> list[tuple[int, str]]:
+        """(step, path) of the checkpoints the run's callbacks wrote (their last ones)."""
+        written = []
+        for callback in trainer.callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
+                written.append((getattr(callback, "_last_global_step_saved", -1), callback.last_model_path))
+            elif getattr(callback, "saved_path", None):
+                written.append((getattr(callback, "_saved_step", None) or -1, callback.saved_path))
+        return [(int(step), str(path)) for step, path in written]
 
     # ------------------------------------------------------------------------------------ saving
     def _already_saved(self, trainer: pl.Trainer) -> Optional[str]:
@@ -202,6 +283,8 @@ class FinalCheckpoint(Callback):
             if type(callback).__name__ == "PeakMemoryMonitor" and peak is not None:
                 lines.append(f"peak memory ({callback.primary_key}, this rank): {peak:.1f} MB")
         lines.append(f"final checkpoint: {self.saved_path}")
+        if reason.startswith("stopped") and self.saved_path is not None:
+            lines.append("continue it: the same command with --ckpt_path last")
         if self.exported_dir is not None:
             lines.append(f"Hugging Face folder: {self.exported_dir}")
         elif self.saved_path is not None:
@@ -228,3 +311,14 @@ class FinalCheckpoint(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {}
+
+
+def _ignore_later_sigterms(trainer: pl.Trainer) -> None:
+    """After a SIGTERM stop, make SIGTERM ignored for the rest of the process: Lightning's teardown restores the
+    handler the process had before ``fit`` (the default, which kills with status 143), and a scheduler that sends
+    several SIGTERMs would then kill a run that has already saved and stopped cleanly."""
+    originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+    if isinstance(originals, dict) and signal.SIGTERM in originals:
+        originals[signal.SIGTERM] = signal.SIG_IGN  # what Lightning's teardown restores
+    elif threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -90,3 +90,75 @@ def test_arguments_are_checked():
         FinalCheckpoint(filename="last.ckpt")
     with pytest.raises(ValueError, match="export_adapter"):
         FinalCheckpoint(export_adapter="both")
+
+
+# ------------------------------------------------------------------------------------------------ Ctrl-C
+class _Interrupted(BoringModel):
+    def __init__(self, at: int, times: int = 1):
+        super().__init__()
+        self.at, self.times = at, times
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.at:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)  # handled here, at the next bytecode
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.fixture
+def restores_sigint():
+    yield
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning leaves SIGINT ignored after a Ctrl-C
+
+
+def test_ctrl_c_finishes_the_step_saves_it_and_exits_130(tmp_path, caplog, restores_sigint):
+    trainer, final = _trainer(tmp_path, max_steps=50)
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as stopped:
+        trainer.fit(_Interrupted(at=2))
+    assert stopped.value.code == 130
+    assert _step_of(final.saved_path) == trainer.global_step == 3  # the interrupted step finished, then saved
+    assert "run stopped by Ctrl-C at step 3" in caplog.text and f"final checkpoint: {final.saved_path}" in caplog.text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+def test_a_second_ctrl_c_stops_at_once_and_says_what_was_kept(tmp_path, caplog, restores_sigint):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    trainer, final = _trainer(tmp_path, max_steps=50)
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit):
+        trainer.fit(_Interrupted(at=2, times=2))
+    assert final.saved_path is None
+    assert "interrupted by Ctrl-C at step 2, without saving it; no checkpoint was written before: the 2 steps " \
+           "trained are lost" in caplog.text
+
+    kept = ModelCheckpoint(dirpath=tmp_path / "kept", every_n_train_steps=1, save_top_k=0, save_last=True)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, default_root_dir=tmp_path, callbacks=[kept, FinalCheckpoint()], max_steps=50)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit):
+        trainer.fit(_Interrupted(at=3, times=2))
+    path = tmp_path / "kept/last.ckpt"
+    assert f"interrupted by Ctrl-C at step 3, without saving it; kept: {path} (step 3)" in caplog.text
+    assert _step_of(path) == 3
+
+
+def test_a_user_sigint_handler_is_left_alone(tmp_path):
+    seen = []
+    signal.signal(signal.SIGINT, lambda *_: seen.append(1))
+    try:
+        trainer, final = _trainer(tmp_path, max_steps=4)
+        trainer.fit(_Interrupted(at=1))
+        assert seen == [1] and trainer.global_step == 4 and _step_of(final.saved_path) == 4
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_sigterm_stop_ignores_later_sigterms_while_the_process_exits(tmp_path):
+    trainer, final = _trainer(tmp_path, max_epochs=3, limit_train_batches=2)
+    try:
+        with pytest.raises(SIGTERMException):
+            trainer.fit(_Slow(sigterm_at=1))
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
