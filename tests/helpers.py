@@ -71,30 +71,6 @@ class Built(ModelSource):
         return copy.deepcopy(self.model)
 
 
-class SignalAt(Callback):
-    """Sends its own process ``count`` signals ``signum``, ``interval_s`` apart, from a thread, when training reaches
-    ``step`` (a scheduler's SIGTERM burst, a user's Ctrl-C)."""
-
-    def __init__(self, step: int, signum: int, count: int = 1, interval_s: float = 0.0) -> None:
-        self.step, self.signum, self.count, self.interval_s = step, signum, count, interval_s
-        self.started = False
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        if trainer.global_step < self.step or self.started:
-            return
-        import os
-        import threading
-        import time
-
-        def send() -> None:
-            for _ in range(self.count):
-                os.kill(os.getpid(), self.signum)
-                time.sleep(self.interval_s)
-
-        self.started = True
-        threading.Thread(target=send, daemon=True).start()
-
-
 class KillAt(Callback):
     """Kills its own process with SIGKILL (no handler runs, as an out-of-memory kill) when training reaches ``step``."""
 
