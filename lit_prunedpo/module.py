@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
+from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
 from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
@@ -37,6 +37,7 @@ from lit_prunedpo.metrics import (
     PAIR_METRICS, TOKEN_METRICS, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
 )
 from lit_prunedpo.models import ModelSource
+from lit_prunedpo.nonfinite import NonFiniteGuard
 from lit_prunedpo.optim import WarmupCosineLR, apply_changes, describe
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
 from lit_prunedpo.distributed import agree_on_forwards
@@ -79,8 +80,9 @@ class PrunedDPO(L.LightningModule):
             dropout module, the dropout and jitter fields layers copy from the config, and code that samples in
             training mode (:mod:`lit_prunedpo.training_noise`); the conformance check then also compares the
             policy's training-mode log-probs with its plain eval-mode forward.
-        on_nonfinite: ``raise`` stops at a non-finite loss naming the step and its parts; ``skip`` skips the
-            step (on every rank together), counts and logs it.
+        on_nonfinite: ``raise`` stops at a non-finite loss or gradient naming the step and its parts; ``skip``
+            skips the step's update (on every rank together), counts, warns and logs it; the step's own (non-finite)
+            values are logged either way (``lit_prunedpo.nonfinite``).
         max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
             the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
         layout: how a step's rows become forwards (``lit_prunedpo.layout``); ``None`` is the automatic choice
@@ -128,10 +130,7 @@ class PrunedDPO(L.LightningModule):
         super().__init__()
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta!r}")
-        if on_nonfinite not in ("raise", "skip"):
-            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
-        if max_consecutive_skips < 0:
-            raise ValueError(f"max_consecutive_skips must be >= 0, got {max_consecutive_skips!r}")
+        self.nonfinite = NonFiniteGuard(on_nonfinite, max_consecutive_skips)
         self.beta = float(beta)
         self.loss = loss if loss is not None else SigmoidLoss()
         self.prefix_sampler = prefix_sampler if prefix_sampler is not None else FullPrefix()
@@ -141,8 +140,6 @@ class PrunedDPO(L.LightningModule):
         self.optimizer_factory = optimizer if optimizer is not None else torch.optim.AdamW
         self.scheduler_factory = scheduler
         self.sampler_seed = sampler_seed
-        self.on_nonfinite = on_nonfinite
-        self.max_consecutive_skips = max_consecutive_skips
 
         # from_pretrained returns a model in eval mode, and Lightning keeps modules' modes: a policy left in
         # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
@@ -171,8 +168,7 @@ class PrunedDPO(L.LightningModule):
         self.sampler_rng = SamplerRNG()
         self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
         self.step_stats: StepStats | None = None
-        self.skipped_steps = 0
-        self.skipped_in_a_row = 0
+        self._grad_norm: Tensor | None = None  # this optimizer step's, checked before the update, then logged
         self._sharded = False  # set by configure_model under FSDP2
         self.num_tokens = 0  # TRL's num_tokens: input tokens of every rank's training batches so far
         self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS + TOKEN_METRICS})
@@ -361,8 +357,7 @@ class PrunedDPO(L.LightningModule):
         est = out.estimate
         self.step_stats = out.stats
         self._count_tokens(batch)
-        if not self._finite_or_skip(est, batch, batch_idx):
-            return None
+        finite = self.nonfinite.loss_ok(est, batch, batch_idx, self.global_step, self._trainer and self.trainer.strategy)
         B = batch.num_pairs
         values = {f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()}
         if logged:
@@ -373,6 +368,9 @@ class PrunedDPO(L.LightningModule):
         values.update({f"train/{k}": v for k, v in self.step_stats.as_metrics().items()})
         self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B)
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=B)
+        if not finite:  # logged above with its own values: a skipped step must not show the previous step's
+            self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+            return None
         return est.objective
 
     def _logs_this_step(self) -> bool:
@@ -388,13 +386,43 @@ class PrunedDPO(L.LightningModule):
             count = int(self.trainer.strategy.reduce(torch.tensor(count, device=self.device), reduce_op="sum"))
         self.num_tokens += count
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        if optimizer_closure is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+
+        def closure() -> Any:  # runs the step and its backward; the gradient is checked before the update
+            loss = optimizer_closure()
+            self._check_gradient(optimizer, batch_idx, loss is not None)
+            return loss
+
+        optimizer.step(closure=closure)
+
+    def _check_gradient(self, optimizer: torch.optim.Optimizer, batch_idx: int, has_loss: bool) -> None:
+        """A non-finite gradient never reaches the weights (``lit_prunedpo.nonfinite``): under ``skip`` the
+        gradients are dropped, so the optimizer's update changes nothing."""
+        self._grad_norm = None
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            if has_loss:  # a GradScaler skips infinite (scaled) gradients itself
+                self.nonfinite.finite_step()
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._grad_norm = gradient_norm(params)
+        if not self.nonfinite.gradient_ok(self._grad_norm, self.global_step, batch_idx):
+            for p in params:
+                p.grad = None
+            self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        elif has_loss:
+            self.nonfinite.finite_step()
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning calls this after the (accumulated) backward, with gradients unscaled and not yet clipped:
         # grad_norm is the norm that gradient clipping compares with gradient_clip_val, as TRL's (transformers').
+        # A step without a gradient (skipped) logs NaN, not the previous step's norm.
         self.log("train/learning_rate", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False)
-        norm = gradient_norm(p for group in optimizer.param_groups for p in group["params"])
-        if norm is not None:
-            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
+        norm, self._grad_norm = self._grad_norm, None
+        if norm is None:
+            norm = gradient_norm(p for group in optimizer.param_groups for p in group["params"])
+        self.log("train/grad_norm", norm if norm is not None else float("nan"), on_step=True, on_epoch=False)
 
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
         self._exact_step(batch, self.val_metrics, "val")
@@ -426,43 +454,14 @@ class PrunedDPO(L.LightningModule):
             self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True)
 
     # ---------------------------------------------------------------------------- failure policy
-    def _finite_or_skip(self, est: Estimate, batch: PreferenceBatch, batch_idx: int) -> bool:
-        finite = bool(torch.isfinite(est.objective).all() and torch.isfinite(est.log_ratio).all())
-        if self.on_nonfinite == "skip":
-            # Decided by all ranks together: one rank skipping its backward alone would hang DDP.
-            finite = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-            if not finite:
-                self.skipped_steps += 1
-                self.skipped_in_a_row += 1
-                if self.skipped_in_a_row > self.max_consecutive_skips:
-                    raise FloatingPointError(
-                        f"{self.skipped_in_a_row} steps in a row had a non-finite DPO loss (the last at step "
-                        f"{self.global_step}, batch {batch_idx}), more than model.max_consecutive_skips="
-                        f"{self.max_consecutive_skips}: the run diverged and is stopped. Lower the learning rate, or "
-                        "resume from a checkpoint written before the divergence"
-                    )
-                rank_zero_warn(f"skipping step {self.global_step} (batch {batch_idx}): non-finite DPO loss")
-                self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-            else:
-                self.skipped_in_a_row = 0
-            return finite
-        if finite:
-            return True
-        bad = (~torch.isfinite(est.log_ratio).all(-1) | ~torch.isfinite(est.loss)).nonzero().flatten()
-        parts = []
-        for i in bad[:4].tolist():
-            row = int(batch.index[i])
-            for b, name in enumerate(BRANCH_NAMES):
-                parts.append(
-                    f"row {row} {name}: policy logp {float(est.policy_logps[i, b]):.4g}, "
-                    f"reference logp {float(est.reference_logps[i, b]):.4g}"
-                )
-            parts.append(f"row {row}: margin {float(est.margin[i]):.4g}, loss {float(est.loss[i]):.4g}")
-        raise FloatingPointError(
-            f"non-finite DPO loss at step {self.global_step} (batch {batch_idx}); "
-            + "; ".join(parts)
-            + ". Set model.on_nonfinite=skip to skip such steps."
-        )
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for a non-finite loss or gradient, over the whole run (resumes included)."""
+        return self.nonfinite.skipped_steps
+
+    @property
+    def skipped_in_a_row(self) -> int:
+        return self.nonfinite.skipped_in_a_row
 
     # ------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -473,9 +472,8 @@ class PrunedDPO(L.LightningModule):
         if self._trainer is not None:
             install_atomic_io(self._trainer)
         checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
-        checkpoint["skipped_nonfinite_steps"] = self.skipped_steps
+        checkpoint.update(self.nonfinite.state_dict())  # a resume keeps counting toward the limit
         checkpoint["num_tokens"] = self.num_tokens  # a resumed run goes on counting (TRL's restarts from 0)
-        checkpoint["skipped_nonfinite_in_a_row"] = self.skipped_in_a_row  # a resume keeps counting toward the limit
         if getattr(self, "_optimizer_setup", None) is not None:
             checkpoint["optimizer_setup"] = self._optimizer_setup[0]  # this run's configuration, for a resume
         from lit_prunedpo.export import policy_metadata
@@ -489,9 +487,8 @@ class PrunedDPO(L.LightningModule):
         from lit_prunedpo.lora import restore_base
 
         restore_base(checkpoint, self.policy, self.policy_source, where=getattr(self._trainer, "ckpt_path", None))
-        self.skipped_steps = int(checkpoint.get("skipped_nonfinite_steps", 0))
+        self.nonfinite.load_state_dict(checkpoint)
         self.num_tokens = int(checkpoint.get("num_tokens", 0))
-        self.skipped_in_a_row = int(checkpoint.get("skipped_nonfinite_in_a_row", 0))
         # applied (or warned about) once Lightning has restored the optimizer state
         unrecorded = "unrecorded" if "optimizer_states" in checkpoint else None
         self._resumed_setup = checkpoint.get("optimizer_setup", unrecorded)

@@ -60,7 +60,7 @@ class NaNOnce(SigmoidLoss):
     def value(self, margin, beta):
         NaNOnce.calls += 1
         out = super().value(margin, beta)
-        return out * float("nan") if NaNOnce.calls == 1 else out
+        return out * float("nan") if NaNOnce.calls == 1 else out  # calls starts at 0: the first; at -1: the second
 
 
 def test_nonfinite_step_is_skipped_counted_and_logged(tiny_source, tmp_path):
@@ -72,6 +72,79 @@ def test_nonfinite_step_is_skipped_counted_and_logged(tiny_source, tmp_path):
     assert module.skipped_steps == 1
     assert t.global_step == 3  # the skipped batch did not count as an optimizer step
     assert all(torch.isfinite(p).all() for p in module.policy.parameters())
+
+
+class _NaNGradient(torch.autograd.Function):
+    """Identity forward, NaN backward: a finite loss whose gradient is not (an overflow in the backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+class NaNGradientAt(PrunedDPO):
+    """PrunedDPO whose objective, at the training steps in ``at``, is finite with a NaN gradient."""
+
+    def __init__(self, *args, at=(1,), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.at = set(at)
+
+    def training_step(self, batch, batch_idx):
+        self._nan_gradient = self.global_step in self.at
+        return super().training_step(batch, batch_idx)
+
+    def estimate(self, batch, plan, logps):
+        est = super().estimate(batch, plan, logps)
+        if not getattr(self, "_nan_gradient", False):
+            return est
+        return type(est)(**{**vars(est), "objective": _NaNGradient.apply(est.objective)})
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_skipped_not_applied(tiny_source, tmp_path):
+    module = NaNGradientAt(policy=tiny_source, at=(1,), on_nonfinite="skip")
+    with pytest.warns(UserWarning, match=r"skipping step 1 \(batch 1\): non-finite gradient \(norm nan\) with a finite loss"):
+        trainer(tmp_path, steps=4).fit(module, datamodule=data())
+    assert module.skipped_steps == 1 and module.skipped_in_a_row == 0
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())  # AdamW would have spread the NaN
+
+
+def test_a_nan_gradient_with_a_finite_loss_stops_a_raise_run(tiny_source, tmp_path):
+    module = NaNGradientAt(policy=tiny_source, at=(1,))
+    with pytest.raises(FloatingPointError, match=r"non-finite gradient \(total norm nan\) at step 1 \(batch 1\) with a "
+                                                 r"finite DPO loss: the optimizer step would put NaN"):
+        trainer(tmp_path).fit(module, datamodule=data())
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
+
+
+def test_nan_gradients_in_a_row_stop_a_skip_run(tiny_source, tmp_path):
+    module = NaNGradientAt(policy=tiny_source, at=range(100), on_nonfinite="skip", max_consecutive_skips=2)
+    with pytest.warns(UserWarning, match="skipping step"), pytest.raises(
+            FloatingPointError, match=r"3 steps in a row had a non-finite DPO loss or gradient \(the last at step 2"):
+        trainer(tmp_path, steps=10).fit(module, datamodule=data())
+
+
+def test_a_skipped_step_logs_its_own_values_not_the_previous_steps(tiny_source, tmp_path):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    NaNOnce.calls = -1  # the second step's loss is NaN
+    module = PrunedDPO(policy=tiny_source, loss=NaNOnce(), on_nonfinite="skip")
+    t = L.Trainer(accelerator="cpu", max_steps=4, logger=CSVLogger(tmp_path, name="log"), log_every_n_steps=1,
+                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                  limit_val_batches=0, default_root_dir=tmp_path)
+    with pytest.warns(UserWarning, match="skipping step 1"):
+        t.fit(module, datamodule=data())
+    rows = {int(r["step"]): r for r in csv.DictReader(open(next(tmp_path.rglob("metrics.csv"))))}
+    assert rows[1]["train/loss"] == "nan" and rows[1]["train/grad_norm"] == "nan"
+    assert rows[1]["train/skipped_nonfinite_steps"] == "1.0"
+    assert float(rows[0]["train/loss"]) > 0 and float(rows[0]["train/grad_norm"]) > 0
+    assert float(rows[0]["train/num_tokens"]) < float(rows[1]["train/num_tokens"]) < float(rows[2]["train/num_tokens"])
+    assert rows[2]["train/loss"] != "nan" and rows[2]["train/grad_norm"] != "nan"
 
 
 def test_vocabulary_mismatch_is_refused(tmp_path):
