@@ -25,7 +25,8 @@ steps once per run (the logged ``auto/calibration_s``).
 A calibration is worth running only if the run is long enough to repay it: with ``max_share`` (default 0.02) the
 callback first bounds the calibration's work by :func:`calibration_steps` (in vanilla steps, counting every pass as
 a full step) and skips it when that exceeds ``max_share`` of the run's optimizer steps, training vanilla and logging
-why. On the regime map's 10-CPU-second runs a calibration cost 4 % to 200 % of vanilla's time to target, and it
+why. A skipped calibration is not a choice: a resume whose steps left (a larger ``max_steps``) now repay one
+calibrates at its first batch, and says so. On the regime map's 10-CPU-second runs a calibration cost 4 % to 200 % of vanilla's time to target, and it
 never picked a pruning mode there (``docs/time-to-quality.md``).
 
 Single process only: under DDP or FSDP each rank would measure its own batch (and pick on its own); calibrate with
@@ -113,13 +114,17 @@ class AutoDecision:
     draws: int
     calibration_s: float
     """Wall seconds the calibration took."""
+    skipped: bool = False
+    """The run was too short to repay a calibration (:func:`skip_reason`): none ran, and a longer run (a resume
+    with a larger ``max_steps``) decides again."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> "AutoDecision":
-        return cls(**{**state, "arms": tuple(ArmCalibration(**a) for a in state["arms"])})
+        skipped = state.get("skipped", not state["arms"] and state["reason"].startswith("calibration skipped"))
+        return cls(**{**state, "arms": tuple(ArmCalibration(**a) for a in state["arms"]), "skipped": skipped})
 
 
 def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, float]], min_gain: float) -> tuple[str, str, tuple[ArmCalibration, ...]]:
@@ -243,18 +248,20 @@ class AutoPruning(Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         if self._applied:
             return
+        if self.decision is not None and self.decision.skipped:
+            self._decide_again(trainer)
         if self.decision is None:
             run_steps = _estimated_steps(trainer)
             skipped = skip_reason(run_steps, self.pairs, self.draws, len(self.candidates), self.max_share)
             if skipped is not None:
-                self.decision = AutoDecision(VANILLA, skipped, math.nan, (), self.pairs, self.draws, 0.0)
+                self.decision = AutoDecision(VANILLA, skipped, math.nan, (), self.pairs, self.draws, 0.0, skipped=True)
                 rank_zero_info(f"AutoPruning: {skipped}")
             else:
                 modes = {m: load_mode(m).samplers for m in self.candidates}
                 self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed)
                 rank_zero_info(f"AutoPruning: chose {self.decision.choice} in {self.decision.calibration_s:.1f} s of "
                                f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: {self.decision.reason}")
-        else:
+        elif not self.decision.skipped:
             rank_zero_info(f"AutoPruning: resumed with {self.decision.choice} (calibrated before: {self.decision.reason})")
         if self.decision.choice != VANILLA:
             for name, sampler in zip(SAMPLER_ATTRS, load_mode(self.decision.choice).samplers, strict=True):
@@ -267,6 +274,19 @@ class AutoPruning(Callback):
             metrics.update({f"auto/{arm.mode}/k": arm.k, f"auto/{arm.mode}/inefficiency": arm.inefficiency})
         metrics["auto/pruned"] = float(self.decision.choice != VANILLA)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=batch.num_pairs)
+
+    def _decide_again(self, trainer: pl.Trainer) -> None:
+        """A resumed run whose earlier part skipped the calibration: the steps left now may repay one."""
+        run_steps = _estimated_steps(trainer)
+        left = None if run_steps is None else run_steps - trainer.global_step
+        again = skip_reason(left, self.pairs, self.draws, len(self.candidates), self.max_share)
+        if again is None:
+            rank_zero_info(f"AutoPruning: resumed at step {trainer.global_step} with {left} steps left, enough to repay "
+                           "a calibration (skipped before: too short a run): calibrating now")
+            self.decision = None
+        else:
+            self.decision = dataclasses.replace(self.decision, reason=again)
+            rank_zero_info(f"AutoPruning: resumed at step {trainer.global_step}, still vanilla: {again}")
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -148,6 +148,35 @@ def test_a_resumed_run_keeps_its_choice_without_calibrating_again(tiny_source, t
     assert len(record.steps) == 2 and all(s[0] == s[1] // 2 for s in record.steps)
 
 
+def test_a_skipped_calibration_is_decided_again_when_the_run_is_extended(tiny_source, tmp_path, monkeypatch, caplog):
+    # 2 pairs, 1 draw, 1 candidate: at most 5 vanilla steps of work; max_share 0.5 asks for 10 steps or more
+    calls = []
+    real = auto_pruning.calibrate
+    monkeypatch.setattr(auto_pruning, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = AutoPruning(candidates=["antithetic"], pairs=2, draws=1, max_share=0.5)
+    _fit(tiny_source, first, tmp_path, max_steps=3)
+    assert calls == [] and first.decision.skipped and first.decision.choice == "vanilla"
+
+    short = AutoPruning(candidates=["antithetic"], pairs=2, draws=1, max_share=0.5)  # 6 steps left: still too few
+    with caplog.at_level("INFO"):
+        _fit(tiny_source, short, tmp_path, max_steps=9, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert calls == [] and short.decision.skipped and "still vanilla" in caplog.text and "run's 6 steps" in caplog.text
+
+    longer = AutoPruning(candidates=["antithetic"], pairs=2, draws=1, max_share=0.5)  # 10 steps left: calibrates
+    with caplog.at_level("INFO"):
+        _fit(tiny_source, longer, tmp_path, max_steps=19, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert calls == [1] and not longer.decision.skipped
+    assert [a.mode for a in longer.decision.arms] == ["vanilla", "antithetic"]
+    assert "resumed at step 9 with 10 steps left, enough to repay a calibration" in caplog.text
+
+
+def test_a_decision_saved_before_the_skipped_field_is_read_as_skipped():
+    old = {"choice": "vanilla", "reason": "calibration skipped: its work ...", "between": math.nan, "arms": [],
+           "pairs": 8, "draws": 4, "calibration_s": 0.0}
+    assert AutoDecision.from_dict(old).skipped
+    assert not AutoDecision.from_dict({**old, "reason": "no candidate gains"}).skipped
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown candidate mode.*shipped modes are"):
         AutoPruning(candidates=["positon"])
