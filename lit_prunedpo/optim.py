@@ -7,7 +7,12 @@ run's configuration says. Here:
 
 * :class:`WarmupCosineLR` left with ``total_steps: None`` follows this run's trainer (``max_steps``) also after a
   resume: a larger ``max_steps`` extends the schedule (logged), instead of the checkpoint's total holding the
-  rate at its final value (0 by default) for every later step.
+  rate at its final value (0 by default) for every later step. By default (``on_extension: continue``) the rate
+  goes on from where the checkpoint left it, down a cosine to the floor at the new end: no jump. Re-fitting the
+  whole warm-up and cosine to the new total (``stretch``, what transformers' Trainer does on such a resume) puts
+  the rate back up at the resume step, which undid a finished run's last steps in the issue that asked for this.
+  A schedule that had already ended at rate 0 cannot continue (every added step would train at rate 0): that
+  resume is refused, naming both ways on.
 * :func:`describe` records the classes and constructor arguments of a run's optimizer and scheduler (in every
   checkpoint, by ``PrunedDPO``); :func:`apply_changes` compares the checkpoint's record with this run's once
   the state is restored, and applies every argument that differs (the rate in the optimizer's groups, the
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
@@ -43,10 +48,14 @@ class WarmupCosineLR(LambdaLR):
             estimated number of stepping batches before training starts (again on a resume: a resume with a
             larger ``max_steps`` extends the schedule).
         min_lr_ratio: final rate as a fraction of the base rate, in [0, 1].
+        on_extension: what a resume whose ``max_steps`` changes the total does after the warm-up: ``continue``
+            from the rate at the resume step down a cosine to ``min_lr_ratio`` at the new end, or ``stretch`` the
+            whole schedule over the new total (the rate at the resume step jumps to the new schedule's).
     """
 
     def __init__(
-        self, optimizer: Optimizer, warmup_steps: int = 0, total_steps: int | None = None, min_lr_ratio: float = 0.0
+        self, optimizer: Optimizer, warmup_steps: int = 0, total_steps: int | None = None, min_lr_ratio: float = 0.0,
+        on_extension: Literal["continue", "stretch"] = "continue",
     ) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
@@ -54,10 +63,14 @@ class WarmupCosineLR(LambdaLR):
             raise ValueError(f"total_steps must be >= 1 or None, got {total_steps!r}")
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
+        if on_extension not in ("continue", "stretch"):
+            raise ValueError(f"on_extension must be 'continue' or 'stretch', got {on_extension!r}")
         self.warmup_steps = int(warmup_steps)
         self.total_steps = total_steps
         self.min_lr_ratio = float(min_lr_ratio)
         self.follows_trainer = total_steps is None
+        self.on_extension = on_extension
+        self.anchor: tuple[int, float] | None = None  # (step, factor) a continued extension decays from
         super().__init__(optimizer, self._factor)
 
     def _factor(self, step: int) -> float:
@@ -65,6 +78,10 @@ class WarmupCosineLR(LambdaLR):
             return (step + 1) / (self.warmup_steps + 1)
         if self.total_steps is None:
             return 1.0
+        if self.anchor is not None and step >= self.anchor[0]:
+            start, factor = self.anchor
+            progress = min(1.0, (step - start) / max(1, self.total_steps - start))
+            return self.min_lr_ratio + (factor - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
@@ -84,21 +101,47 @@ class WarmupCosineLR(LambdaLR):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # The state holds the checkpoint's total_steps (filled from *its* trainer): a total that follows this run's
         # trainer is kept, so that a resume with a larger max_steps extends the schedule. Whether it follows the
-        # trainer is this run's configuration too (apply_changes applies a total_steps that was changed).
+        # trainer, and what an extension does, are this run's configuration too (apply_changes applies a
+        # total_steps that was changed).
+        # min_lr_ratio too, so that the rate an extension continues from is this configuration's (apply_changes
+        # logs the change; it sets the rates as if this configuration had run all along)
+        mine = {k: getattr(self, k) for k in ("follows_trainer", "on_extension", "min_lr_ratio")}
         follows, filled = self.follows_trainer, self.total_steps
         super().load_state_dict(state_dict)
-        self.follows_trainer = follows
-        if follows and filled is not None:
-            previous, self.total_steps = self.total_steps, filled
-            if previous != filled:
-                change = "extended" if previous is None or previous < filled else "shortened"
-                rank_zero_info(f"resume: WarmupCosineLR schedule {change} from {previous} to {filled} steps "
-                               "(total_steps follows the trainer's max_steps)")
-                # the rate of the next step too (Lightning restores the optimizer's groups, and the rate the old
-                # schedule gave them, before this state), not only from the first scheduler step on
-                for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-                    group["lr"] = base * self._factor(self.last_epoch)
-                self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self.__dict__.update(mine)
+        self.anchor = state_dict.get("anchor")
+        if follows and filled is not None and self.total_steps != filled:
+            self._refit(filled)
+
+    def _refit(self, total: int) -> None:
+        """Make the restored schedule end at ``total`` (module docstring), say how in one line, and set the rate
+        of the next step (Lightning restores the optimizer's groups, and the rate the old schedule gave them,
+        before this state), not only from the first scheduler step on."""
+        step, previous = self.last_epoch, self.total_steps
+        base = self.base_lrs[0]
+        before = self._factor(step)
+        self.total_steps, anchor = total, self.anchor
+        self.anchor = None
+        stretched = self._factor(step)
+        change = "extended" if previous is None or previous < total else "shortened"
+        head = f"resume: WarmupCosineLR schedule {change} from {previous} to {total} steps (total_steps follows the trainer's max_steps)"
+        if self.on_extension == "stretch" or step < self.warmup_steps:
+            rank_zero_info(f"{head}: the whole schedule re-fitted to {total} steps, rate {base * stretched:.3g} at "
+                           f"step {step} (was {base * before:.3g})")
+        elif before <= 0.0:
+            raise ValueError(
+                f"{head}, but the checkpoint's schedule had ended at rate 0 at step {step}: continued, every added "
+                f"step would train at rate 0. Set model.scheduler.init_args.on_extension=stretch to re-fit the warm-up "
+                f"and cosine to {total} steps (rate {base * stretched:.3g} at step {step}), or min_lr_ratio > 0 to go "
+                "on at that floor")
+        else:
+            self.anchor = (step, before) if anchor is None or step > anchor[0] else anchor
+            rank_zero_info(f"{head}: the rate continues from {base * before:.3g} at step {step} down a cosine to "
+                           f"{base * self.min_lr_ratio:.3g} at step {total} (on_extension=stretch would re-fit the "
+                           f"whole schedule instead: rate {base * stretched:.3g} at step {step})")
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base_lr * self._factor(step)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 # ------------------------------------------------------------------------------------------------ resume

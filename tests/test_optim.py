@@ -29,7 +29,7 @@ def test_warmup_then_cosine():
 
 
 @pytest.mark.parametrize("kwargs, name", [({"warmup_steps": -1}, "warmup_steps"), ({"total_steps": 0}, "total_steps"),
-                                          ({"min_lr_ratio": 2.0}, "min_lr_ratio")])
+                                          ({"min_lr_ratio": 2.0}, "min_lr_ratio"), ({"on_extension": "jump"}, "on_extension")])
 def test_bad_arguments(kwargs, name):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=name):
@@ -40,20 +40,65 @@ def _sgd(lr):
     return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
 
 
-def test_a_total_left_to_the_trainer_follows_the_resumed_run_not_the_checkpoint():
-    first = WarmupCosineLR(_sgd(1.0))
-    first.fit_to(4)
-    rates(first, 4)
-    assert first.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)  # the end of a 4-step schedule
-    resumed = WarmupCosineLR(_sgd(1.0))
-    resumed.fit_to(8)
-    resumed.optimizer.load_state_dict(first.optimizer.state_dict())  # Lightning's order: optimizer, then scheduler
+def _extended(first_total, steps, new_total, **kwargs):
+    """A schedule of ``first_total`` steps run for ``steps``, then resumed (Lightning's order: optimizer state,
+    then scheduler state) by one that follows a trainer of ``new_total`` steps."""
+    first = WarmupCosineLR(_sgd(1.0), **kwargs)
+    first.fit_to(first_total)
+    rates(first, steps)
+    resumed = WarmupCosineLR(_sgd(1.0), **kwargs)
+    resumed.fit_to(new_total)
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
     resumed.load_state_dict(first.state_dict())
+    return first, resumed
+
+
+def test_an_extension_continues_from_the_resume_steps_rate_without_a_jump(caplog):
+    caplog.set_level("INFO")
+    first, resumed = _extended(10, 6, 20, warmup_steps=2, min_lr_ratio=0.1)
+    at_resume = first.optimizer.param_groups[0]["lr"]  # the rate step 6 would have had in the first run
+    assert (resumed.total_steps, resumed.last_epoch) == (20, 6)
+    later = rates(resumed, 15)  # steps 6..20
+    assert later[0] == pytest.approx(at_resume)  # no jump
+    assert all(a > b for a, b in zip(later, later[1:-1]))  # down a cosine ...
+    assert later[14] == pytest.approx(0.1)  # ... to the floor at the new end (step 20)
+    assert later[7] == pytest.approx(0.1 + (at_resume - 0.1) * 0.5)  # half-way: (20 - 6) / 2 steps on
+    assert "continues from" in caplog.text and "on_extension=stretch would re-fit" in caplog.text
+    # extended again from step 12: continues from the continued curve, not from the first schedule
+    again = WarmupCosineLR(_sgd(1.0), warmup_steps=2, min_lr_ratio=0.1)
+    again.fit_to(30)
+    second = WarmupCosineLR(_sgd(1.0), warmup_steps=2, min_lr_ratio=0.1)
+    second.fit_to(20)
+    second.optimizer.load_state_dict(first.optimizer.state_dict())
+    second.load_state_dict(first.state_dict())
+    rates(second, 6)  # to step 12
+    again.optimizer.load_state_dict(second.optimizer.state_dict())
+    again.load_state_dict(second.state_dict())
+    assert again.get_last_lr()[0] == pytest.approx(second.get_last_lr()[0]) and again.anchor[0] == 12
+
+
+def test_a_finished_schedule_is_not_continued_at_rate_zero():
+    with pytest.raises(ValueError, match=r"extended from 4 to 8 steps .* had ended at rate 0 at step 4: continued, "
+                                         r"every added step would train at rate 0. Set model.scheduler.init_args."
+                                         r"on_extension=stretch to re-fit the warm-up and cosine to 8 steps \(rate 0.5"):
+        _extended(4, 4, 8)
+    _, floor = _extended(4, 4, 8, min_lr_ratio=0.2)  # a floor above 0 goes on at the floor
+    assert rates(floor, 4) == pytest.approx([0.2] * 4)
+
+
+def test_stretch_refits_the_whole_schedule_and_a_given_total_is_the_users():
+    first, resumed = _extended(4, 4, 8, on_extension="stretch")
+    assert first.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)  # the end of a 4-step schedule
     assert (resumed.total_steps, resumed.last_epoch) == (8, 4)
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.5)  # half-way through 8 steps, from this step
     given = WarmupCosineLR(_sgd(1.0), total_steps=4)
     given.load_state_dict(first.state_dict())
     assert given.total_steps == 4 and not given.follows_trainer  # a total that was given is the user's
+
+
+def test_an_extension_during_the_warm_up_has_nothing_to_jump():
+    first, resumed = _extended(10, 2, 20, warmup_steps=5)
+    assert resumed.anchor is None and resumed.get_last_lr()[0] == pytest.approx(first.get_last_lr()[0])
 
 
 def _resume(make_scheduler, lr_before, lr_after, steps):

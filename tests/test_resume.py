@@ -54,13 +54,17 @@ def test_resume_last_with_a_larger_max_steps_extends_the_schedule_and_trains(tmp
     before = _weights(first)
     logs = tmp_path / "lightning_logs"
     assert _rates(logs / "version_0")[2] > 0
-    resumed = _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last")
+    # the finished schedule ended at rate 0: continuing it would train at 0, so the default resume is refused
+    with pytest.raises(ValueError, match=r"had ended at rate 0 at step 3: continued, .*on_extension=stretch to re-fit"):
+        _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last")
+    resumed = _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last", "--model.scheduler.init_args.on_extension=stretch")
     # the resumed run logs into a version of its own; it resumed from the previous run's checkpoint, and says so
     checkpoint = logs / "version_0/checkpoints/last.ckpt"
     assert f"resume (ckpt_path=last): resuming from {checkpoint}, the newest readable checkpoint" in caplog.text
-    assert resumed.trainer.global_step == 6 and sorted(p.name for p in logs.iterdir()) == ["version_0", "version_1"]
-    assert "resume: WarmupCosineLR schedule extended from 3 to 6 steps" in caplog.text
-    rates = _rates(logs / "version_1")
+    assert resumed.trainer.global_step == 6 and sorted(p.name for p in logs.iterdir()) == ["version_0", "version_1", "version_2"]  # version_1: the refused resume
+    assert "resume: WarmupCosineLR schedule extended from 3 to 6 steps (total_steps follows the trainer's max_steps): " \
+           "the whole schedule re-fitted to 6 steps" in caplog.text
+    rates = _rates(logs / "version_2")
     assert sorted(rates) == [3, 4, 5] and all(rate > 0 for rate in rates.values()), rates  # was 0.0 at every later step
     assert rates[3] == pytest.approx(0.002 * 0.5)  # half-way through the cosine of 6 steps
     after = _weights(resumed)
@@ -98,17 +102,19 @@ def test_changed_optimizer_and_scheduler_arguments_are_applied_on_resume(tmp_pat
     scheduler = resumed.trainer.lr_scheduler_configs[0].scheduler
     assert (group["initial_lr"], scheduler.base_lrs, group["weight_decay"]) == (1e-5, [1e-5], 0.1)
     assert scheduler.min_lr_ratio == 0.5
-    # step 2 of a 4-step cosine from 1e-5 down to 0.5e-5: the new rate and the new floor, not the checkpoint's
-    assert _rates(tmp_path / "lightning_logs/version_1")[2] == pytest.approx(1e-5 * (0.5 + 0.5 * 0.5))
+    # the 2-step schedule ended at its floor, now 0.5 of the new rate 1e-5: the extension continues there (not at
+    # the checkpoint's rate 0 and floor 0)
+    assert _rates(tmp_path / "lightning_logs/version_1")[2] == pytest.approx(1e-5 * 0.5)
 
 
 def test_another_optimizer_class_on_resume_is_refused(tmp_path):
-    _fit(tmp_path, "--trainer.max_steps=1")
+    floor = "--model.scheduler.init_args.min_lr_ratio=0.1"  # so that the finished schedule may go on (at its floor)
+    _fit(tmp_path, "--trainer.max_steps=1", floor)
     with pytest.raises(ValueError, match=r"resume: the checkpoint was trained with model.optimizer "
                                          r"torch.optim.adamw.AdamW, this run has torch.optim.sgd.SGD: the checkpoint's "
                                          r"optimizer state cannot be carried over to another class"):
         _fit(tmp_path, "--trainer.max_steps=2", "--ckpt_path=last", "--model.optimizer=torch.optim.SGD",
-             "--model.optimizer.init_args.lr=0.01")
+             "--model.optimizer.init_args.lr=0.01", floor)
 
 
 def test_a_failed_save_of_last_falls_back_to_the_step_checkpoint_beside_it(tmp_path, monkeypatch, caplog):
@@ -144,6 +150,7 @@ def test_runs_without_a_logger_never_share_a_checkpoint_folder(tmp_path, caplog)
     assert (tmp_path / "checkpoints-1/last.ckpt").is_file() and (tmp_path / "config-1.yaml").is_file()
     assert (f"{tmp_path} holds other runs' outputs (logger: false): this run's checkpoints go to "
             f"{tmp_path / 'checkpoints-1'} and its config is {tmp_path / 'config-1.yaml'}") in caplog.text
-    third = _fit(tmp_path, "--trainer.max_steps=3", "--ckpt_path=last", logger=False)
+    third = _fit(tmp_path, "--trainer.max_steps=3", "--ckpt_path=last", "--model.scheduler.init_args.on_extension=stretch",
+                 logger=False)  # the 2-step schedule ended at rate 0: continuing it is refused
     assert f"resuming from {tmp_path / 'checkpoints-1/last.ckpt'}, the newest readable checkpoint" in caplog.text
     assert third.model.sampler_rng.step == 3 and (tmp_path / "checkpoints-2/last.ckpt").is_file()
