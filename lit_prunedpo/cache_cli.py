@@ -12,6 +12,10 @@ without ever loading the reference model::
 A cache that is already up to date is left alone; a stale one is refused, naming the fields that differ,
 unless ``--model.reference.init_args.recompute=true``. The build runs in this one process (one device);
 multi-device builds happen inside ``fit``, sharded over its ranks.
+
+A disk that fills while the cache is written ends the command with one line naming the file and saying so
+(``lit-prunedpo-cache: reference cache PATH: disk full (ENOSPC: ...) while writing it ...``, exit status 1); nothing
+half-written is left under the cache's name (see :mod:`lit_prunedpo.reference.store`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.reference import CachedReference, ReferenceRuntime
+from lit_prunedpo.full_disk import DiskFull
 
 
 def main(args: list[str] | None = None) -> None:
@@ -31,7 +36,8 @@ def main(args: list[str] | None = None) -> None:
             ``sys.argv[1:]``.
 
     Raises:
-        SystemExit: the config's ``model.reference`` is not a ``CachedReference``.
+        SystemExit: the config's ``model.reference`` is not a ``CachedReference``, or the disk filled while the
+            cache was written (the message names the file).
     """
     given = sys.argv[1:] if args is None else list(args)
     if given and given[0] == "fit":
@@ -49,7 +55,10 @@ def main(args: list[str] | None = None) -> None:
     runtime = ReferenceRuntime.of(cli.trainer)
     path = reference.resolve_path(runtime.root_dir)
     start = time.perf_counter()
-    reference.prepare(cli.model.policy, datamodule, runtime)
+    try:
+        reference.prepare(cli.model.policy, datamodule, runtime)
+    except DiskFull as err:  # a user's problem with one cause: the message alone, no traceback
+        raise SystemExit(f"lit-prunedpo-cache: {err}") from None
     store = reference.store
     action = "built" if reference.builds else "up to date, reused"
     print(

@@ -6,12 +6,17 @@ is not a local path is loaded, :func:`hub_or_cache` sends one request to the hub
 timeout of :data:`PROBE_TIMEOUT_S`): when nothing answers and the local cache does not hold the name, it fails in
 one line naming the name, the argument and what to do; when the cache holds it, it is read from there.
 
+A name that can only be a local path (:func:`written_as_path`: absolute, ``./``, ``~``, more than one ``/``) is never
+a hub name, so a folder of that name that is gone (moved or deleted) is to be reported as such, not handed to the hub
+client, whose "Repo id must be in the form 'repo_name' or 'namespace/repo_name'" says nothing about the folder.
+
 Under ``HF_HUB_OFFLINE=1`` nothing is probed: the libraries read their caches, and :func:`offline_hint` explains
 their failure when the cache lacks the name. The model loaders (``lit_prunedpo.models``) can use the same two calls.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +27,14 @@ from lightning.pytorch.utilities import rank_zero_info
 
 #: Seconds the probe waits for the hub's answer: a reachable hub answers well within it.
 PROBE_TIMEOUT_S = 3.0
+
+
+def written_as_path(name: str) -> bool:
+    """Whether ``name`` can only be a local path, never a hub name: absolute, starting with ``.`` or ``~``, holding
+    this system's separator where that is not ``/``, or more than one ``/``. A hub name is ``name`` or
+    ``owner/name``, each part starting with a letter, digit or ``_``, so it is none of these."""
+    return (name.startswith((".", "~")) or os.path.isabs(name) or (os.sep != "/" and os.sep in name)
+            or name.count("/") > 1)
 
 
 class HubUnreachable(ConnectionError):

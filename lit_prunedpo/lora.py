@@ -13,7 +13,11 @@ built base on resume (:func:`restore_base`). Under FSDP2 the sharded checkpoint 
 sharded loader asks the files for every key of the model. Since a single-file checkpoint names its base only by
 its source (a path, a seed), :meth:`LoRA.build` takes a digest of the base's weights, the checkpoint stores it,
 and a resume or an export that takes the base from its source refuses one with other weights (a base folder
-replaced by another model of the same architecture would otherwise be used silently).
+replaced by another model of the same architecture would otherwise be used silently). A base folder that is gone
+(moved or deleted since training) is refused by :func:`check_base_folder` before anything is loaded, naming the
+folder, where it was named (the config's argument, or the checkpoint) and the option that names the new place:
+:meth:`LoRA.build` checks it (so a fresh ``fit`` and a resume with ``fit --ckpt_path`` refuse it at model
+construction), and so does ``lit-prunedpo export`` (whose ``--base_model`` replaces the recorded base).
 
 Requires the ``lora`` extra: ``pip install "lit-prunedpo[lora]"``.
 """
@@ -22,16 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_prunedpo.fingerprint import tensors_digest
+from lit_prunedpo.hub import written_as_path
 from lit_prunedpo.models import ModelSource
 
-__all__ = ["LoRA", "adapters_off", "base_weights_digest", "check_base", "drop_frozen", "is_peft_model",
-           "load_adapter_state", "restore_base", "restore_frozen"]
+__all__ = ["LoRA", "adapters_off", "base_folder_name", "base_weights_digest", "check_base", "check_base_folder",
+           "drop_frozen", "is_peft_model", "load_adapter_state", "restore_base", "restore_frozen"]
+
+#: Where a LoRA config names its base's folder, and how to name another one, for the messages of a gone folder.
+BASE_ARGUMENT = "model.policy.init_args.base.init_args.name_or_path"
 
 
 def _peft() -> Any:
@@ -116,6 +125,8 @@ class LoRA(ModelSource):
         )
 
     def build(self) -> nn.Module:
+        # Before the base's own loader, which would take a gone folder's path for a malformed hub name.
+        check_base_folder(self.base_spec(), f"the config ({BASE_ARGUMENT})", f"pass --{BASE_ARGUMENT}=<new path>")
         base = self.base.build()
         self.base_digest = base_weights_digest(base, self.base_spec())
         return _peft().get_peft_model(base, self.lora_config())
@@ -134,6 +145,37 @@ def describe_base(spec: Mapping[str, Any] | None) -> str:
         return repr(args["name_or_path"])
     shown = ", ".join(f"{k}={v!r}" for k, v in args.items() if k != "config")
     return f"{str(spec.get('class_path', '?')).rpartition('.')[2]}({shown})"
+
+
+def base_folder_name(spec: Mapping[str, Any] | None) -> str | None:
+    """The folder or hub name a base's source spec loads from (``Pretrained``'s ``name_or_path``), else ``None``."""
+    name = dict((spec or {}).get("init_args") or {}).get("name_or_path")
+    return name if isinstance(name, str) else None
+
+
+def check_base_folder(spec: Mapping[str, Any] | None, named_in: str, fix: str, recorded: str | None = None) -> None:
+    """Refuse a base whose source names a local folder that does not exist (moved or deleted since training).
+
+    A name counts as a folder when it is written as a path (:func:`lit_prunedpo.hub.written_as_path`) or when
+    ``recorded`` (the folder's absolute path at training time, :func:`lit_prunedpo.export.policy_metadata`) says
+    it was one; any other missing name is left to the loader as a hub name.
+
+    Args:
+        spec: the base source's spec (``{"class_path", "init_args"}``).
+        named_in: where the name comes from, for the message (``checkpoint PATH``, the config's argument).
+        fix: what to do, for the message (the option that names the new place).
+        recorded: the folder's absolute path when the checkpoint was written, if known.
+
+    Raises:
+        FileNotFoundError: ``the LoRA base model folder NAME named in NAMED_IN does not exist (moved or deleted?):
+            FIX``, on one line.
+    """
+    name = base_folder_name(spec)
+    if name is None or Path(name).expanduser().exists() or not (recorded or written_as_path(name)):
+        return
+    shown = name if recorded in (None, name) else f"{name} ({recorded} when trained)"
+    raise FileNotFoundError(f"the LoRA base model folder {shown} named in {named_in} does not exist (moved or "
+                            f"deleted?): {fix}")
 
 
 def base_weights_digest(base: nn.Module, spec: Mapping[str, Any] | None) -> str:
@@ -179,7 +221,9 @@ def load_adapter_state(
     peft = _peft()
     digest = None if policy_info is None else base_weights_digest(base, policy_info.get("base"))
     known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
-    config = peft.LoraConfig(**{k: v for k, v in peft_config.items() if k in known})
+    # base_model_name_or_path left out: get_peft_model sets it from ``base`` itself (warning when a moved base's new
+    # folder differs from the recorded one, which is the point of loading it from there)
+    config = peft.LoraConfig(**{k: v for k, v in peft_config.items() if k in known and k != "base_model_name_or_path"})
     model = peft.get_peft_model(base, config)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     result = model.load_state_dict(dict(state), strict=False)

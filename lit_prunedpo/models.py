@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint
+from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint, written_as_path
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -91,6 +91,10 @@ class Pretrained(ModelSource):
         if self.dtype is not None:
             kwargs["dtype"] = self.dtype
         looks_local = Path(self.name_or_path).expanduser().exists()
+        if not looks_local and written_as_path(self.name_or_path):
+            # a folder that is gone (moved or deleted): the hub client would call it a malformed repo id
+            raise FileNotFoundError(f"model folder {self.name_or_path} does not exist (moved or deleted?): give the "
+                                    "folder's new path, or a hub name")
         if not looks_local:
             # a hub name: one request says at once whether the hub answers, instead of a minute of retries
             kwargs["local_files_only"] = hub_or_cache(

@@ -90,3 +90,14 @@ for load in (lambda: load_tokenizer("gpt2"), lambda: load_split("Anthropic/hh-rl
         assert message.startswith(f"'{name}' ({argument}) is not a local path, so it is a Hugging Face "
                                   "Hub name, but the hub (http://127.0.0.1:9) does not answer (ConnectError"), line
         assert "set HF_HUB_OFFLINE=1 with a cache that holds it" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [("gpt2", False), ("openai-community/gpt2", False), ("Qwen/Qwen2.5-0.5B", False), ("base", False),
+     ("/models/base", True), ("./base", True), ("../base", True), ("~/base", True), ("runs/lora/base", True)],
+)
+def test_names_that_can_only_be_local_paths(name: str, path: bool) -> None:
+    # a hub name is "name" or "owner/name", each starting with a letter, digit or "_": a gone folder written as
+    # a path must be said to be gone, not looked up on the hub
+    assert hub.written_as_path(name) is path

@@ -1,6 +1,7 @@
 """LoRA (peft): the adapters-off reference scores exactly the base model, gradients reach only the adapters,
 nothing of the policy is registered twice, the cached reference agrees with the online one, checkpoints hold
-the adapters only, resume is exact, and every sampler, the chunked scorer and gradient checkpointing train.
+the adapters only, resume is exact, and every sampler, the chunked scorer and gradient checkpointing train; a base
+folder replaced or moved since training is refused by export and resume, naming it and what to pass.
 DDP and FSDP2 on 2 CPU processes run with the multi-process tests (tests/distributed)."""
 
 from __future__ import annotations
@@ -223,3 +224,44 @@ def test_the_base_digest_is_the_identity_of_the_weights(tiny_source):
     with torch.no_grad():
         next(again.parameters()).view(-1)[0] += 1e-6  # one value of one tensor
     assert digest(again) != digest(first) != digest(first.to(torch.bfloat16))
+
+
+def test_a_moved_base_folder_is_named_by_export_and_resume(tmp_path, monkeypatch, capsys):
+    """The base folder named ``./base`` at training time: an export from another working folder still finds it (the
+    checkpoint records its absolute path); once moved, export and resume say the folder is gone and what to pass,
+    instead of taking its path for a malformed hub name; ``export --base_model`` loads it from its new place."""
+    from safetensors.torch import load_file
+
+    from lit_prunedpo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _save_base(tmp_path / "base", seed=0)
+    pretrained = ('--model.policy.init_args.base={"class_path": "lit_prunedpo.models.Pretrained", '
+                  '"init_args": {"name_or_path": "./base"}}')
+    _fit(tmp_path / "run", 1, pretrained)
+    ckpt = tmp_path / "run/lightning_logs/version_0/checkpoints/last.ckpt"
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["policy"]["base_folder"] == str(tmp_path / "base")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'found'}"])  # ./base is not here: the recorded path is
+
+    (tmp_path / "base").rename(tmp_path / "moved")
+    gone = (rf"^the LoRA base model folder \./base \({re.escape(str(tmp_path / 'base'))} when trained\) named in "
+            rf"checkpoint {re.escape(str(ckpt))} does not exist \(moved or deleted\?\): pass --base_model <new path>$")
+    with pytest.raises(FileNotFoundError, match=gone):
+        main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'hf'}"])
+    assert not (tmp_path / "hf").exists()
+    nowhere = re.escape(str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match=rf"^--base_model {nowhere}: no such folder"):
+        main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'hf'}", f"--base_model={tmp_path / 'nowhere'}"])
+    main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'hf'}", f"--base_model={tmp_path / 'moved'}"])
+    found, moved = load_file(tmp_path / "found/model.safetensors"), load_file(tmp_path / "hf/model.safetensors")
+    assert found.keys() == moved.keys() and all(torch.equal(found[k], moved[k]) for k in found)
+
+    resume = (r"^the LoRA base model folder \./base named in the config \(model\.policy\.init_args\.base\.init_args\."
+              r"name_or_path\) does not exist \(moved or deleted\?\): pass "
+              r"--model\.policy\.init_args\.base\.init_args\.name_or_path=<new path>$")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=resume):
+        main(["fit", "--config", str(REPO / "configs/lora.yaml"), f"--trainer.default_root_dir={tmp_path / 'resumed'}",
+              "--trainer.max_steps=2", *FAST, pretrained, f"--ckpt_path={ckpt}"])

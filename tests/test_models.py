@@ -4,6 +4,8 @@ not know (transformers would store them as attributes and keep the defaults)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -102,3 +104,16 @@ def test_from_config_accepts_the_config_classes_own_and_common_keys(model_type):
 def test_from_config_refuses_keys_its_config_class_does_not_know(model_type, config, message):
     with pytest.raises(ValueError, match=message):
         FromConfig(model_type, config)
+
+
+def test_a_model_folder_that_is_gone_is_named_not_taken_for_a_hub_name(tmp_path, tiny_source):
+    from lit_prunedpo.models import Pretrained
+
+    folder = tmp_path / "policy"
+    tiny_source.build().save_pretrained(folder)
+    assert Pretrained(str(folder)).build() is not None
+    moved = tmp_path / "moved"
+    folder.rename(moved)
+    for name in (str(folder), "./policy", "~/no/such/policy"):
+        with pytest.raises(FileNotFoundError, match=rf"model folder {re.escape(name)} does not exist \(moved or deleted\?\)"):
+            Pretrained(name).build()

@@ -124,6 +124,8 @@ class CachedReference(ReferenceSource):
         Raises:
             ValueError: no ``data``; a stale cache without ``recompute``, or a cache failing its checks.
             TypeError: ``data`` does not implement :class:`~lit_prunedpo.reference.ReferenceData`.
+            DiskFull: the disk filled while the cache (or a rank's shard) was written; nothing half-written is left
+                under its name (:meth:`ReferenceLogpStore.save`).
         """
         if self.store is not None:
             return

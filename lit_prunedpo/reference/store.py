@@ -6,6 +6,14 @@ computes and checks it against the run).
 keys (``batch.index``); it gathers at any positions and saves to / loads from one safetensors file (4 bytes
 per token plus 40 bytes per pair) whose metadata carries a fingerprint and a BLAKE2b checksum of the tensors'
 bytes: a file whose values were altered after it was written is refused on load, naming it.
+
+A file is written whole or not at all: :meth:`ReferenceLogpStore.save` writes ``<path>.partial-<pid>`` and renames
+it into place only once complete, so a killed build leaves at most that sibling, which nothing loads (a file cut
+short under the cache's own name, e.g. copied in part, fails safetensors' header check or the checksum on load).
+A write that fails because the disk is full (``ENOSPC``) or the file too large for its file system (``EFBIG``)
+removes the partial file and raises :class:`DiskFull`, one line naming the cache and saying so
+(:func:`disk_full_errno` also recognises the errors of safetensors' and tokenizers' Rust writers, which carry no
+errno). ``lit_prunedpo.export`` reports a full disk with the same two.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from lit_prunedpo.batch import BRANCH_NAMES
+from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno, partial_path
 
 FORMAT = "lit_prunedpo.reference_cache"
 VERSION = 2  # 2: a checksum of the tensors in the metadata
@@ -231,15 +240,31 @@ class ReferenceLogpStore:
 
     # -- files ---------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write a safetensors file atomically (a temporary file renamed into place)."""
+        """Write a safetensors file atomically: into ``<path>.partial-<pid>``, renamed into place once complete.
+
+        Raises:
+            DiskFull: the disk is full or the file too large for it; the partial file is removed, ``path`` is left
+                as it was.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp = partial_path(path)
         tensors = {"values": self.values, "keys": self.keys, "offsets": self.offsets, "lengths": self.lengths}
         metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True),
                     "checksum": tensors_checksum(tensors)}
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+            os.replace(tmp, path)
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)  # nothing half-written stays behind, whatever stopped the write
+            code = disk_full_errno(err)
+            if code is None:
+                raise
+            raise DiskFull(
+                f"reference cache {path}: {describe_full(code)} while writing it (as {tmp.name}, now removed; "
+                f"{path.name} is as it was): free space on that disk, or point model.reference.init_args.path at "
+                "another one", code,
+            ) from None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ReferenceLogpStore":
@@ -290,7 +315,9 @@ def read_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
     except Exception as err:  # safetensors raises its own error types for non-safetensors files
-        raise ValueError(f"reference cache {path}: not a readable safetensors file: {err}") from err
+        # a file cut short (copied in part, a disk that filled under another writer) ends here: never loaded
+        raise ValueError(f"reference cache {path}: not a readable safetensors file (cut short or not a cache?): "
+                         f"{err}; delete it or rebuild it (model.reference.init_args.recompute=true)") from err
     if meta.get("format") != FORMAT or meta.get("version") != str(VERSION):
         raise ValueError(
             f"reference cache {path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected "
