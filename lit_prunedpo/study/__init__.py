@@ -15,5 +15,6 @@ ratio to the better vanilla, with a bootstrap interval over seeds and a WIN / TI
 * :mod:`~lit_prunedpo.study.sweep`: each arm's learning rate, on tuning seeds;
 * :mod:`~lit_prunedpo.study.curves`: target, time to target, censoring, bootstrap intervals, the win rule;
 * :mod:`~lit_prunedpo.study.report`: study.json / study.md / study.png, progress.jsonl as the study goes;
+* :mod:`~lit_prunedpo.study.outputs`: the output folder's lock, files written whole, one-line write errors;
 * :mod:`~lit_prunedpo.study.cli`: the command.
 """

@@ -36,11 +36,23 @@ Every numeric option is checked while parsing (``argument --max-eval-pairs: must
 finished run are appended to ``--out``/``progress.jsonl`` as they happen. ``--quick`` is a version of a few
 minutes: 2 s budgets, 40 steps, 4 evaluations, 64 held-out pairs, **3 seeds** (0-2), 1 tuning seed (100),
 2 calibration steps, unless given.
+
+**The output folder** (:mod:`lit_prunedpo.study.outputs`): locked for the study's whole run (``--out/.lock``), so a
+second study into it while the first runs is refused, naming the first's process; a folder holding an earlier
+study's records (``progress.jsonl``, ``study.json``...) is refused unless ``--overwrite`` is given, which removes
+them first (a replacement killed early then never sits beside the old report). Reports are written whole; a file
+that cannot be written (a full disk) ends the study with one line naming it. These errors print ``error: ...``;
+the exit status is 2 when nothing ran (folder in use, earlier study), 1 when the study stopped.
+
+At **batch 1** no vanilla batch is smaller, so there is no cost-matched control: the log and ``study.md`` say
+what the verdicts then cannot conclude (:data:`lit_prunedpo.study.report.ONE_PAIR_NOTE`). A memory budget over
+every arm's peak binds nothing, and the report says so (:func:`lit_prunedpo.study.memory.budget_binds`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -50,12 +62,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from lit_prunedpo.study.arms import MODES
+from lit_prunedpo.study.outputs import OutputError, Refused, folder_lock
 from lit_prunedpo.study.tasks import TASKS, StudyTask
 
 QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64, "seeds": [0, 1, 2], "tune_seeds": [100],
          "calibration_steps": 2}
 DEFAULTS = {"budget": 30.0, "steps": 300, "evals": 10, "max_eval_pairs": None, "seeds": [0, 1, 2, 3, 4],
             "tune_seeds": [100, 101], "calibration_steps": 5}
+#: What a study writes under ``--out``; any of them there means an earlier study (refused without ``--overwrite``).
+STUDY_FILES = ("progress.jsonl", "study.json", "study.md", "study.png")
 
 
 def _csv(text: str) -> list[str]:
@@ -182,13 +197,55 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads", type=count(1), default=1, help="torch threads (default 1: CPU seconds then measure work)")
     a("--out", default=None, help="folder for progress.jsonl (written as the study goes), study.json, study.md, "
                                   "study.png; created and test-written before any training (default: print the table)")
+    a("--overwrite", action="store_true", help="replace an earlier study's records in --out (progress.jsonl, study.json, "
+                                                  "study.md, study.png; removed before this study starts); without it such "
+                                                  "a folder is refused")
     a("--quiet", action="store_true", help="no progress lines")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> int:
     """Run the study described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status. ``task``
-    replaces ``--task``'s (the regime map, :mod:`lit_prunedpo.study.map_cli`, passes each cell's own task)."""
+    replaces ``--task``'s (the regime map, :mod:`lit_prunedpo.study.map_cli`, passes each cell's own task).
+    An output folder refused or a file that cannot be written is one ``error:`` line (status 2 / 1)."""
+    try:
+        return run(argv, task)
+    except Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.status
+    except OutputError as exc:
+        print(f"error: {exc}; the study stopped", file=sys.stderr)
+        return exc.status
+
+
+def run(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> int:
+    """:func:`main`, raising :class:`~lit_prunedpo.study.outputs.Refused` or ``OutputError`` instead of printing
+    them (the map tells a full disk from a failed cell by them); ``--out`` is locked until it returns."""
+    with contextlib.ExitStack() as held:
+        return _study(argv, task, held)
+
+
+def claim_out(out: Path, overwrite: bool, held: contextlib.ExitStack) -> bool:
+    """Lock ``out`` for this study (held by ``held``) and refuse an earlier study's records there unless
+    ``overwrite``, which removes them; returns whether any were removed.
+
+    Raises:
+        Refused: another study runs there (its process named), or an earlier one's records are there.
+    """
+    held.enter_context(folder_lock(out, "study"))
+    earlier = [name for name in STUDY_FILES if (out / name).exists()]
+    if earlier and not overwrite:
+        raise Refused(f"--out {out} holds an earlier study ({', '.join(earlier)}): choose another --out, or pass "
+                      "--overwrite to replace it")
+    for name in earlier:  # removed up front: a replacement stopped early must not sit beside the old report
+        try:
+            (out / name).unlink()
+        except OSError as exc:
+            raise OutputError.of(out / name, exc) from exc
+    return bool(earlier)
+
+
+def _study(argv: Sequence[str] | None, task: StudyTask | None, held: contextlib.ExitStack) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -204,6 +261,7 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
                      "turns exact, so it cannot be fitted to one budget")
     command = "lit-prunedpo-study " + " ".join(sys.argv[1:] if argv is None else argv)
     out = Path(args.out) if args.out else None
+    replaced = False
     if out is not None:
         from lit_prunedpo.study.report import check_writable
 
@@ -211,6 +269,7 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
             check_writable(out)
         except OSError as exc:
             parser.error(f"--out: {exc}")
+        replaced = claim_out(out, args.overwrite, held)
 
     import torch
 
@@ -219,14 +278,15 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     from lit_prunedpo.study.calibrate import (
         cost_matched_batch, fit_line, flop_matched_batch, measure_step_costs, schedule_steps, vanilla_probe_sizes,
     )
-    from lit_prunedpo.study.report import Journal, payload_of, to_markdown, warm_start_summary, write_report
+    from lit_prunedpo.study.report import ONE_PAIR_NOTE, Journal, payload_of, to_markdown, warm_start_summary, write_report
     from lit_prunedpo.study.runner import eval_batches, run_study
     from lit_prunedpo.study.sweep import sweep, window_of
 
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     journal = Journal(out, command) if out is not None else None
     if journal is not None:
-        log(f"writing {journal.path} as the study goes" + (" (replacing the previous study's)" if journal.replaced else ""))
+        log(f"writing {journal.path} as the study goes"
+            + (" (the earlier study's records removed: --overwrite)" if replaced else ""))
     torch.set_num_threads(args.threads)
     task = TASKS[args.task] if task is None else task
     for name in ("batch_size", "max_rows", "lr", "warm_start_steps"):  # checked by their argument types
@@ -282,7 +342,7 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
     memory, same_batch_reference = None, True
     if args.memory_budget_mb is not None:
         from lit_prunedpo.callbacks import PeakMemoryMeter
-        from lit_prunedpo.study.memory import fit_to_budget
+        from lit_prunedpo.study.memory import budget_binds, fit_to_budget, not_binding_text
 
         log(f"memory budget {args.memory_budget_mb:g} MB: measuring peaks, and the exact variants of every arm over it")
         try:
@@ -305,12 +365,16 @@ def main(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> in
             log(f"memory budget: {name} ({memory['peaks'][name]:.1f} MB) fitted as {f}")
         log("memory budget: references " + ", ".join(memory["references"])
             + ("; " + memory["gpu_note"] if memory["gpu_needed"] else ""))
+        if not budget_binds(memory):
+            log(f"warning: {not_binding_text(memory)}")
     calibration = {"clock": args.clock, "steps": opt["calibration_steps"], "warmup": 1, "seed": seeds[0],
                    "vanilla_measured": {a.batch_size: costs[a].on(args.clock) for a in probes}, "vanilla_line": list(line),
                    "arms": {a.name: dataclasses.asdict(c) for a, c in costs.items()}, "cost_matched": matched_info}
     for m, info in matched_info.items():
         log(f"calibration: {m}@{B} {info['pruned_cost_s']:.4f} {args.clock}-s/step -> cost-matched vanilla batch "
             f"{info['batch']} (FLOP model: {info['flop_batch']})")
+    if B == 1 and pruned:
+        log(f"warning: {ONE_PAIR_NOTE}")
     if journal is not None:
         journal.append("calibration", **calibration)
         if memory is not None:

@@ -26,7 +26,29 @@ limit is refused. Then, per cell:
 ``map.json`` and ``map.md`` (:mod:`lit_prunedpo.study.map_report`) are rewritten after every cell and
 ``progress.jsonl`` appended (the plan, each cell's noise, each finished or failed cell), so a killed map keeps
 its finished cells; ``--resume`` reuses them (a cell with both ``study.json`` and ``noise.json``; a reused cell
-without ``auto.json`` is calibrated for it) and appends to the journal.
+without ``auto.json`` is calibrated for it; an unfinished one is run again, replacing its partial records) and
+appends to the journal.
+
+**Resuming with other settings** is refused (:func:`resume_conflicts`): a finished cell's settings are read back
+from its records (the ``lit-prunedpo-study`` command in ``study.json``, parsed as the study parses it, and the seed,
+pairs and draws in ``noise.json``) and compared with the ones this run would give it; any that differ (``--steps``,
+``--evals``, seeds, modes, learning-rate factors, bootstrap resamples, threads, the cell's memory budget, noise
+pairs or draws...) stop the map before anything runs, naming each ``old -> new``, since reused cells would be
+reported under settings they did not run with. Options that change no result (``--jobs``, ``--quiet``,
+``--work-dir``, ``--limit-minutes``) do not. Without ``--budget`` a resumed map keeps the first run's budget (its
+plan in ``progress.jsonl``), not a new fit to freshly timed probes. A record that is not valid JSON is refused
+naming the file (delete that cell's folder to run it again).
+
+**The output folder** (:mod:`lit_prunedpo.study.outputs`) is locked for the whole run (``--out/.lock``): a second
+map into it while the first runs is refused, naming the first's process. A folder holding an earlier map
+(``progress.jsonl``, ``map.json``, ``cells/``...) is refused without ``--resume``. Every record and report is
+written whole (a temporary file renamed into place); a cut-off last line of ``progress.jsonl`` (a kill while
+appending) is dropped on resume; a file that cannot be written (a full disk) stops the map with one line naming
+it. These errors print ``error: ...``; the exit status is 2 when nothing ran, 1 when the map stopped or a cell
+failed.
+
+A memory budget over every arm's measured peak binds nothing: the cell's row and ``map.md`` say so (the memory
+axis decides nothing there). A batch of 1 pair is refused by the spec (:mod:`lit_prunedpo.study.map_spec`).
 """
 
 from __future__ import annotations
@@ -35,20 +57,26 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import errno
 import io
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from lit_prunedpo.study.cli import count, factor_list, mode_list, real, seed_list
+from lit_prunedpo.study.outputs import OutputError, Refused, folder_lock, read_journal, read_json, write_atomic
 
 MAP_DEFAULTS: dict[str, Any] = {"steps": 10, "evals": 5, "max_eval_pairs": 32, "seeds": [0, 1, 2, 3, 4], "tune_seeds": [100],
                                 "calibration_steps": 3, "noise_pairs": 16, "noise_draws": 24, "limit_minutes": 90.0}
 MAP_QUICK: dict[str, Any] = {"steps": 10, "evals": 3, "max_eval_pairs": 32, "seeds": [0, 1, 2], "tune_seeds": [100],
                              "calibration_steps": 2, "noise_pairs": 8, "noise_draws": 8, "limit_minutes": 5.0, "budget": 1.0}
+#: What a map writes under ``--out``; any of them there means an earlier map (refused without ``--resume``).
+MAP_FILES = ("progress.jsonl", "map.json", "map.md", "map.png", "cells")
+#: ``lit-prunedpo-study`` options that change no result of a cell: where it writes and how much it says.
+NOT_RESULTS = frozenset({"out", "work_dir", "quiet", "overwrite"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--work-dir", default=None, help="warm-start cache (default: --out/work)")
     a("--out", default=None, help="folder for map.json, map.md, progress.jsonl and cells/<cell>/ (required unless --plan-only)")
     a("--plan-only", action="store_true", help="probe the cells, print the plan and stop")
-    a("--resume", action="store_true", help="reuse cells already finished under --out")
+    a("--resume", action="store_true", help="reuse cells already finished under --out (refused if they ran with other "
+                                            "settings; without --budget, the first run's budget)")
     a("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -97,6 +126,118 @@ def study_argv(out: Path, modes: Sequence[str], opt: dict[str, Any], budget: flo
             "--work-dir", str(work_dir), "--quiet"]
     argv += [] if memory_budget_mb is None else ["--memory-budget-mb", f"{memory_budget_mb:g}"]
     return argv + ([] if args.sweep else ["--no-sweep"])
+
+
+def cell_settings(study_args: Sequence[str], noise: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a cell's results: its ``lit-prunedpo-study`` arguments as that command parses them (so ``0.2``
+    and ``0.20`` agree; options that change no result left out: :data:`NOT_RESULTS`; the sweep's seeds and factors
+    only with the sweep), and the noise model's seed, pairs and draws.
+
+    Raises:
+        ValueError: if the arguments cannot be parsed.
+    """
+    from lit_prunedpo.study.cli import build_parser
+
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # a bad recorded command is reported by the caller
+            parsed, _ = parser.parse_known_args(list(study_args))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"its arguments cannot be parsed ({exc})") from None
+    settings = {k: v for k, v in vars(parsed).items() if k not in NOT_RESULTS}
+    if not settings["sweep"]:
+        del settings["tune_seeds"], settings["lr_factors"]
+    return {**settings, "noise_seed": noise.get("seed"), "noise_pairs": noise.get("pairs"), "noise_draws": noise.get("draws")}
+
+
+def _option(key: str) -> str:
+    """How a setting of :func:`cell_settings` is named to the user."""
+    names = {"sweep": "the learning-rate sweep", "noise_seed": "the noise model's seed (the first of --seeds)",
+             "memory_budget_mb": "the cell's memory budget (--memory-budget-mb, from the spec)"}
+    return names.get(key, "--" + key.replace("_", "-"))
+
+
+def _shown(key: str, value: Any) -> str:
+    if key == "sweep":
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def reused_record(cell_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A finished cell's ``study.json`` and ``noise.json`` (``None``: not finished, it runs again), every JSON record
+    of it checked readable.
+
+    Raises:
+        Refused: naming a file that is not valid JSON (or a ``study.json`` without its command), and that deleting
+            the cell's folder runs the cell again.
+    """
+    if not ((cell_dir / "study.json").exists() and (cell_dir / "noise.json").exists()):
+        return None
+    remedy = f"delete the folder {cell_dir} to run that cell again"
+    study, noise = read_json(cell_dir / "study.json", remedy), read_json(cell_dir / "noise.json", remedy)
+    for name in ("auto.json", "cpu_s.json"):
+        if (cell_dir / name).exists():
+            read_json(cell_dir / name, remedy)
+    if not isinstance(study, dict) or not str(study.get("command", "")).startswith("lit-prunedpo-study "):
+        raise Refused(f"{cell_dir / 'study.json'} is corrupt (no lit-prunedpo-study command recorded); {remedy}")
+    if not isinstance(noise, dict):
+        raise Refused(f"{cell_dir / 'noise.json'} is corrupt (not a JSON object); {remedy}")
+    return study, noise
+
+
+def resume_conflicts(cells: Sequence[Any], out: Path, wanted: Mapping[str, dict[str, Any]]) -> str | None:
+    """Why the finished cells under ``out`` cannot be reused with this run's settings (``wanted``: per cell name,
+    :func:`cell_settings` of the arguments it would run with), as one line; ``None`` when every one matches.
+
+    Raises:
+        Refused: a cell's record is corrupt (:func:`reused_record`).
+    """
+    diffs: dict[str, None] = {}
+    differing = []
+    for cell in cells:
+        cell_dir = out / "cells" / cell.name
+        record = reused_record(cell_dir)
+        if record is None:
+            continue
+        study, noise = record
+        try:
+            had = cell_settings(study["command"].split()[1:], noise)
+        except ValueError as exc:
+            raise Refused(f"{cell_dir / 'study.json'}: {exc}; delete the folder {cell_dir} to run that cell again") from None
+        now = wanted[cell.name]
+        changed = [k for k in dict.fromkeys([*had, *now]) if had.get(k) != now.get(k)]
+        if changed:
+            differing.append(cell.name)
+            diffs.update({f"{_option(k)} {_shown(k, had.get(k))} -> {_shown(k, now.get(k))}": None for k in changed})
+    if not differing:
+        return None
+    names = ", ".join(differing[:3]) + (f" and {len(differing) - 3} more" if len(differing) > 3 else "")
+    return (f"--resume: {len(differing)} finished cell(s) under {out} ran with other settings than this run's: "
+            f"{'; '.join(diffs)} (cells {names}); reusing them would report their results under settings they did not run "
+            "with. Resume with the first run's settings, or choose another --out to run the map afresh with these")
+
+
+def recorded_budget(out: Path) -> float | None:
+    """The training budget of the last plan in ``out``'s ``progress.jsonl`` (``None``: no plan recorded)."""
+    records, _ = read_journal(out / "progress.jsonl")
+    budgets = [r.get("budget_s") for r in records if r.get("kind") == "plan" and isinstance(r.get("budget_s"), (int, float))]
+    return float(budgets[-1]) if budgets else None
+
+
+def claim_map_folder(out: Path, resume: bool, held: contextlib.ExitStack) -> None:
+    """Lock ``out`` for this map (held by ``held``); without ``resume`` refuse a folder holding an earlier map.
+
+    Raises:
+        Refused: another map runs there (its process named), or an earlier map's outputs are there.
+    """
+    held.enter_context(folder_lock(out, "map"))
+    earlier = [name for name in MAP_FILES if (out / name).exists()]
+    if earlier and not resume:
+        raise Refused(f"--out {out} holds an earlier map ({', '.join(earlier)}): pass --resume to go on with it (with its "
+                      "settings), or choose another --out")
 
 
 def measure_noise(cell: Any, modes: Sequence[str], seed: int, pairs: int, draws: int, work_dir: Path) -> tuple[dict, float]:
@@ -127,7 +268,22 @@ def measure_noise(cell: Any, modes: Sequence[str], seed: int, pairs: int, draws:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the map described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status."""
+    """Run the map described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status. An output folder
+    refused, a resume with other settings or a file that cannot be written is one ``error:`` line (status 2 when
+    nothing ran, 1 when the map stopped)."""
+    try:
+        with contextlib.ExitStack() as held:  # --out's lock, released however the map ends
+            return _map(argv, held)
+    except Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.status
+    except OutputError as exc:
+        print(f"error: {exc}; the map stopped: the finished cells are kept, rerun the same command with --resume once "
+              "the file can be written", file=sys.stderr)
+        return exc.status
+
+
+def _map(argv: Sequence[str] | None, held: contextlib.ExitStack) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -155,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_writable(out)
         except OSError as exc:
             parser.error(f"--out: {exc}")
+        if not args.plan_only:  # a plan writes nothing there
+            claim_map_folder(out, args.resume, held)
     command = "lit-prunedpo-study-map " + " ".join(sys.argv[1:] if argv is None else argv)
 
     import torch
@@ -182,7 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       c.memory_budget_mb is not None)
                          for c in spec.cells], args.jobs)
 
-    budget = opt["budget"] if opt["budget"] is not None else fit_budget(total, limit_s)
+    # a resumed map keeps its first run's budget unless told otherwise: a new fit to freshly timed probes would differ
+    inherited = recorded_budget(out) if args.resume and args.budget is None and out is not None else None
+    budget = inherited if inherited is not None else opt["budget"] if opt["budget"] is not None else fit_budget(total, limit_s)
     shown = budget if budget is not None else 0.1  # the plan is shown even when it cannot fit
     planned = {c.name: cell_seconds(probes[c.name], plan_options, shown, c.task.batch_size, c.task.warm_start_steps,
                                       c.memory_budget_mb is not None) for c in spec.cells}
@@ -201,7 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if budget is None:
         parser.error(f"the map cannot fit --limit-minutes {opt['limit_minutes']:g}: even a 0.1 s budget per run plans "
                      f"{minutes(plan['total_s'])}; drop cells, modes or seeds, or raise the limit")
-    if plan["total_s"] > limit_s:
+    if inherited is not None:  # the finished cells ran on it: the limit only shaped the first run's plan
+        log(f"resume: budget {budget:g} CPU-s per run, the first run's (its plan in {out / 'progress.jsonl'}; --budget "
+            "sets another, which finished cells then refuse)")
+    elif plan["total_s"] > limit_s:
         parser.error(f"--budget {budget:g}: the planned total {minutes(plan['total_s'])} exceeds --limit-minutes "
                      f"{opt['limit_minutes']:g}; lower --budget (or omit it: the largest that fits is chosen) or raise the limit")
     if args.plan_only:
@@ -210,7 +373,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     assert out is not None
     work_dir = Path(args.work_dir) if args.work_dir else out / "work"
+    if args.resume:  # before anything is written: a refused resume leaves the folder as it was
+        noise_settings = {"seed": opt["seeds"][0], "pairs": opt["noise_pairs"], "draws": opt["noise_draws"]}
+        wanted = {c.name: cell_settings(study_argv(out / "cells" / c.name, modes, opt, budget, args, work_dir,
+                                                   c.memory_budget_mb), noise_settings) for c in spec.cells}
+        conflict = resume_conflicts(spec.cells, out, wanted)
+        if conflict:
+            raise Refused(conflict)
     journal = Journal(out, command, keep=args.resume)  # a resumed map's journal goes on after the first run's
+    if journal.dropped:
+        log(f"resume: dropped the cut-off last line of {journal.path} ({journal.dropped} bytes: a write the previous run "
+            "did not finish)")
     journal.append("plan", **plan)
     wall0 = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -218,11 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     study_args = " ".join(study_argv(Path("cells/<cell>"), modes, opt, budget, args, work_dir))
 
     def finished(cell: Any, result: dict[str, Any]) -> None:
-        """Record one cell (in the parent process) and rewrite map.json / map.md with every cell so far."""
+        """Record one cell (in the parent process) and rewrite map.json / map.md with every cell so far; a cell that
+        found the disk full stops the map (every cell after it would fail the same way)."""
         if result.get("error"):
             unfinished.append(cell.name)
             journal.append("cell_failed", cell=cell.name, error=result["error"])
             log(f"cell {cell.name}: FAILED: {result['error']}")
+            if result.get("disk_full"):
+                raise OutputError(errno.ENOSPC, result["error"])
         else:
             if not result["reused"]:
                 journal.append("noise", cell=cell.name, **result["noise"])
@@ -232,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + "; ".join(f"{r['mode']} {r['loss_verdict']} {r['loss_text']}, predicted {r['prediction']} ({r['agreement']})"
                             for r in result["rows"])
                 + "".join(f"; auto: {r['choice']}, {r['loss_text']} of vanilla's time" for r in result["auto_rows"]))
+            if any(r.get("memory_binds") is False for r in result["rows"]):
+                log(f"warning: cell {cell.name}: its memory budget binds nothing (every arm's peak is under it): "
+                    "the memory axis decides nothing in this cell")
         done = [c for c in spec.cells if c.name in results]
         cpu = sum(results[c.name]["cpu_s"] for c in done)
         if cpu > plan["cpu_s"]:
@@ -253,8 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             longest_first = sorted(jobs, key=lambda job: -planned[job[0].name])  # as the plan's makespan assumes
             futures = {pool.submit(run_cell, *job): job[0] for job in longest_first}
-            for future in as_completed(futures):
-                finished(futures[future], future.result())
+            try:
+                for future in as_completed(futures):
+                    finished(futures[future], future.result())
+            except BaseException:  # a stopped map starts no more cells (the running ones finish)
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     for name in ("map.json", "map.md"):
         log(f"wrote {out / name}")
     print((out / "map.md").read_text())
@@ -267,47 +450,73 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace, cell_dir: Path,
              work_dir: Path) -> dict[str, Any]:
-    """One cell: the noise model, then the study (or both reused with ``--resume``); its rows, or the error.
-    Runs in a worker process with ``--jobs`` > 1, so it returns plain data and writes only under ``cell_dir``."""
+    """One cell: the noise model, then the study (or both reused with ``--resume``); its rows, or the error
+    (``disk_full``: it could not write a file, the disk being full). Runs in a worker process with ``--jobs`` > 1,
+    so it returns plain data and writes only under ``cell_dir``, each file whole."""
     import torch
 
-    from lit_prunedpo.study.cli import main as study_main
     from lit_prunedpo.study.map_auto import auto_row, calibrate_cell
     from lit_prunedpo.study.map_report import cell_rows
 
     torch.set_num_threads(args.threads)
     start = time.process_time()
     reused = args.resume and (cell_dir / "study.json").exists() and (cell_dir / "noise.json").exists()
+    remedy = f"delete the folder {cell_dir} to run that cell again"
     try:
         if reused:
-            noise = json.loads((cell_dir / "noise.json").read_text())
+            noise = read_json(cell_dir / "noise.json", remedy)
         else:
             with contextlib.redirect_stdout(io.StringIO()):
                 report, share = measure_noise(cell, modes, opt["seeds"][0], opt["noise_pairs"], opt["noise_draws"], work_dir)
             noise = {**report, "head_share": share, "seed": opt["seeds"][0]}
             cell_dir.mkdir(parents=True, exist_ok=True)
-            (cell_dir / "noise.json").write_text(json.dumps(noise, indent=1))
-            with contextlib.redirect_stdout(io.StringIO()):
-                rc = study_main(study_argv(cell_dir, modes, opt, budget, args, work_dir, cell.memory_budget_mb), task=cell.task)
-            if rc != 0:
-                raise RuntimeError(f"the study exited with status {rc}")
-        study = json.loads((cell_dir / "study.json").read_text())
+            (cell_dir / "auto.json").unlink(missing_ok=True)  # a stopped run's, with settings nobody compared
+            write_atomic(cell_dir / "noise.json", json.dumps(noise, indent=1))
+            # --overwrite: a cell run again replaces the partial records of the run that was stopped in it
+            argv = study_argv(cell_dir, modes, opt, budget, args, work_dir, cell.memory_budget_mb)
+            run_study(argv + ["--overwrite"], cell.task)
+        study = read_json(cell_dir / "study.json", remedy)
         rows = cell_rows({"name": cell.name, **cell.settings()}, study, noise, noise["head_share"], modes)
         if (cell_dir / "auto.json").exists():
-            auto = json.loads((cell_dir / "auto.json").read_text())
+            auto = read_json(cell_dir / "auto.json", remedy)
         else:  # also for a reused cell that has none: the calibration is seconds, not a study
             with contextlib.redirect_stdout(io.StringIO()):
                 auto = calibrate_cell(cell, modes, opt["seeds"][0], work_dir)
-            (cell_dir / "auto.json").write_text(json.dumps(auto, indent=1))
+            write_atomic(cell_dir / "auto.json", json.dumps(auto, indent=1))
         auto_rows = [auto_row({"name": cell.name, **cell.settings()}, study, auto)]
         cpu_s = time.process_time() - start
         if reused and (cell_dir / "cpu_s.json").exists():  # what the cell took when it ran, not its reuse
-            cpu_s = json.loads((cell_dir / "cpu_s.json").read_text())["cpu_s"]
+            cpu_s = read_json(cell_dir / "cpu_s.json", remedy)["cpu_s"]
         elif not reused:
-            (cell_dir / "cpu_s.json").write_text(json.dumps({"cpu_s": cpu_s}))
+            write_atomic(cell_dir / "cpu_s.json", json.dumps({"cpu_s": cpu_s}))
+    except OutputError as exc:
+        return {"error": str(exc), "disk_full": exc.errno == errno.ENOSPC}
     except (Exception, SystemExit) as exc:  # one cell's failure is recorded and the map goes on
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"error": None, "reused": reused, "noise": noise, "rows": rows, "auto_rows": auto_rows, "cpu_s": cpu_s}
+
+
+def run_study(argv: list[str], task: Any) -> None:
+    """The cell's ``lit-prunedpo-study``, its report on stdout dropped; an argument it refuses, or a non-zero exit,
+    raised with the study's own error line (argparse prints it to stderr, kept here to name it in the journal).
+
+    Raises:
+        OutputError: the study could not write a file (a full disk).
+        RuntimeError: the study refused its arguments or failed.
+    """
+    from lit_prunedpo.study.cli import run
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = run(argv, task=task)
+    except (SystemExit, Refused) as exc:
+        rc = exc.code if isinstance(exc, SystemExit) else f"{exc.status} ({exc})"
+    finally:
+        sys.stderr.write(err.getvalue())  # what the study said stays visible
+    if rc != 0:
+        said = [line for line in err.getvalue().splitlines() if "error:" in line]
+        raise RuntimeError(f"the study exited with status {rc}" + (f": {said[-1].strip()}" if said else ""))
 
 
 if __name__ == "__main__":

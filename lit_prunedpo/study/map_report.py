@@ -9,7 +9,9 @@ batch beside it), the LM head's share of a vanilla step (cost model), and the no
 prediction and whether the measured loss verdict agrees. Under a memory budget, also: the budget, every arm's
 measured peak step memory, how vanilla (and the pruned arm, if it was over) was fitted, and ``gpu``: the
 verdict leans on gradient accumulation (the pruned arm's fit or a reference's), nearly free on the CPU but not
-on a GPU, so it is a CPU verdict that a GPU must confirm (:data:`lit_prunedpo.study.memory.GPU_NOTE`).
+on a GPU, so it is a CPU verdict that a GPU must confirm (:data:`lit_prunedpo.study.memory.GPU_NOTE`). A budget
+over every arm's peak binds nothing (``memory_binds`` false): the row and a line of ``map.md`` say that the memory
+axis decides nothing in that cell. The files are written whole (:mod:`lit_prunedpo.study.outputs`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from lit_prunedpo.callbacks.auto_pruning import DEFAULT_MAX_SHARE
-from lit_prunedpo.study.memory import GPU_NOTE
+from lit_prunedpo.study.memory import GPU_NOTE, budget_binds, largest_peak
 from lit_prunedpo.study.noise import agreement, predict
+from lit_prunedpo.study.outputs import atomic_path, write_atomic
 
 
 def cell_rows(cell: Mapping[str, Any], study: Mapping[str, Any], noise: Mapping[str, Any], head_share: float,
@@ -61,19 +64,22 @@ def cell_rows(cell: Mapping[str, Any], study: Mapping[str, Any], noise: Mapping[
 
 def _memory_columns(memory: Mapping[str, Any] | None, arm: Mapping[str, Any], by_name: Mapping[str, Any]) -> dict[str, Any]:
     if memory is None:
-        return {"memory_budget_mb": None, "peaks_mb": None, "vanilla_fit": None, "pruned_fit": None, "gpu": None}
+        return {"memory_budget_mb": None, "peaks_mb": None, "vanilla_fit": None, "pruned_fit": None, "gpu": None,
+                "memory_binds": None, "largest_peak_mb": None}
     involved = [arm, *(by_name[n] for n in arm["references"] if n in by_name)]
     gpu = any(r.get("micro_batches", 1) > 1 for r in involved)
     peaks = {n: memory["peaks"][n] for n in [arm["arm"], *arm["references"]] if n in memory["peaks"]}
     return {"memory_budget_mb": memory["budget_mb"], "peaks_mb": peaks,
-            "vanilla_fit": memory["vanilla_fit"], "pruned_fit": arm.get("fit", "as is"), "gpu": GPU_NOTE if gpu else None}
+            "vanilla_fit": memory["vanilla_fit"], "pruned_fit": arm.get("fit", "as is"), "gpu": GPU_NOTE if gpu else None,
+            "memory_binds": budget_binds(memory), "largest_peak_mb": (largest_peak(memory) or (None, None))[1]}
 
 
 def _memory_text(r: Mapping[str, Any]) -> str:
     if r.get("memory_budget_mb") is None:
         return "none | - | - |"
     peaks = ", ".join(f"{n} {p:.0f}" for n, p in r["peaks_mb"].items())
-    return (f"{r['memory_budget_mb']:g} MB ({peaks}) | vanilla: {r['vanilla_fit']}; {r['mode']}: {r['pruned_fit']} | "
+    binds = "" if r.get("memory_binds", True) is not False else ", **binds nothing**"
+    return (f"{r['memory_budget_mb']:g} MB ({peaks}{binds}) | vanilla: {r['vanilla_fit']}; {r['mode']}: {r['pruned_fit']} | "
             f"{r['gpu'] or 'no'} |")
 
 
@@ -103,6 +109,14 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
             f"| {r['name']} | {r['mode']} | {r['head_share']:.3f} | {r['k']:.2f} ({r['cost_matched_batch']}) | "
             f"**{r['loss_verdict']}** | {r['loss_text']} vs {r['loss_reference']} | {r['accuracy_verdict']} {r['accuracy_text']} | "
             f"{r['between']:.4g} | {r['within']:.4g} | {r['variance_budget']:.4g} | {r['prediction']} | {_memory_text(r)}")
+    loose = {r["name"]: r for r in rows if r.get("memory_binds") is False}
+    if loose:
+        lines += ["", "Memory budgets that bind nothing (every arm's measured peak is under the budget, so these cells ran "
+                  "as without it and the memory axis decides nothing there): "
+                  + ", ".join(f"{n} ({r['memory_budget_mb']:g} MB; " + ("no peak measured)" if r["largest_peak_mb"] is None
+                                                                          else f"largest peak {r['largest_peak_mb']:.1f} MB)")
+                              for n, r in loose.items())
+                  + "."]
     lines += ["", "Noise model against the measurement (loss verdict):", ""]
     lines += [f"- {r['name']}, {r['mode']}: predicted {r['prediction']}; measured {r['loss_verdict']}: {r['agreement']}"
               for r in rows]
@@ -129,10 +143,15 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
 
 
 def write_map(payload: Mapping[str, Any], out: Path) -> list[Path]:
-    """Write ``map.json``, ``map.md`` and (with matplotlib) ``map.png`` under ``out``; returns the paths written."""
+    """Write ``map.json``, ``map.md`` and (with matplotlib) ``map.png`` under ``out``, each whole; returns the paths
+    written.
+
+    Raises:
+        OutputError: naming the file that could not be written (a full disk: ``disk full``).
+    """
     paths = [out / "map.json", out / "map.md"]
-    paths[0].write_text(json.dumps(payload, indent=1))
-    paths[1].write_text(to_markdown(payload))
+    write_atomic(paths[0], json.dumps(payload, indent=1))
+    write_atomic(paths[1], to_markdown(payload))
     if payload["rows"] and plot_map(payload, out / "map.png"):
         paths.append(out / "map.png")
     return paths
@@ -192,6 +211,9 @@ def plot_map(payload: Mapping[str, Any], path: Path) -> bool:
     ax.set_xticks([t for t in (0.25, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0) if lo <= t <= hi])
     ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return True

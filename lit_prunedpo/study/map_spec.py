@@ -10,11 +10,13 @@ A spec names the pruning modes and lists **blocks**; each block is a factorial p
       - {task: hh-rlhf, length: 64, batch_size: 8}
 
 Fields: ``task`` (``generated``: :class:`~lit_prunedpo.study.map_tasks.CellTask`; ``hh-rlhf``: the real pairs,
-:func:`~lit_prunedpo.study.map_tasks.hh_cell`), ``length`` (tokens per response), ``batch_size``, and for
-generated cells ``head_share`` (the LM head's share of a vanilla step's FLOPs) and ``similarity``
-(``near-duplicate`` or ``unrelated``); optional for both, ``memory_budget_mb``: a cap on every arm's measured peak
-step memory (MiB above the step's start; ``null``: none), the memory axis (the cell's study runs with
-``--memory-budget-mb``: vanilla fitted its fastest exact way, :mod:`lit_prunedpo.study.memory`). Every cell's task
+:func:`~lit_prunedpo.study.map_tasks.hh_cell`), ``length`` (tokens per response), ``batch_size`` (at least 2: at 1
+pair a step a cell has no cost-matched control, the noise model no vanilla batch to compare with and
+``AutoPruning`` nothing to calibrate on), and for generated cells ``head_share`` (the LM head's share of a vanilla
+step's FLOPs) and ``similarity`` (``near-duplicate`` or ``unrelated``); optional for both, ``memory_budget_mb``: a
+cap on every arm's measured peak step memory (MiB above the step's start; ``null``: none), the memory axis (the
+cell's study runs with ``--memory-budget-mb``: vanilla fitted its fastest exact way,
+:mod:`lit_prunedpo.study.memory`). Every cell's task
 is built while the spec is read, so an unreachable head share or a bad length is refused before anything runs, with
 the spec, block and field in the message. :data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue
 17's map, 15 generated cells, 2 with a memory budget), ``quick`` (two small cells) and ``hh-rlhf`` (the real pairs
@@ -38,6 +40,9 @@ from lit_prunedpo.study.tasks import StudyTask
 TASK_KINDS = ("generated", "hh-rlhf")
 FIELDS = {"generated": ("task", "length", "batch_size", "head_share", "similarity"), "hh-rlhf": ("task", "length", "batch_size")}
 OPTIONAL = ("memory_budget_mb",)  # fields a block may leave out (every kind)
+#: Why a cell needs 2 pairs a step: what a map cell at batch 1 could not conclude.
+ONE_PAIR = (" (at 1 pair a step no vanilla batch is smaller, so the cell has no cost-matched control and the noise "
+            "model's prediction compares with an impossible batch of 1/k pairs; AutoPruning needs 2 pairs to calibrate)")
 
 DEFAULT_SPEC: dict[str, Any] = {
     "modes": ["position-coupled", "antithetic"],
@@ -113,9 +118,10 @@ def _values(value: Any) -> list[Any]:
 def _cell(where: str, settings: Mapping[str, Any]) -> Cell:
     kind = settings["task"]
     length, batch = settings.get("length"), settings.get("batch_size")
-    for name, value, low in (("length", length, 2), ("batch_size", batch, 1)):
+    for name, value, low in (("length", length, 2), ("batch_size", batch, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
+            why = ONE_PAIR if name == "batch_size" else ""
+            raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}{why}")
     budget = settings.get("memory_budget_mb")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf")):
         raise ValueError(f"{where}: memory_budget_mb must be a number > 0 (MiB of peak step memory) or null, got {budget!r}")

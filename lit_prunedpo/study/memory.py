@@ -15,7 +15,8 @@ logits), the policy's gradient checkpointing, gradient accumulation over 2, 4, .
 budget (ties: the smaller peak). Every variant computes the same step (the same loss and gradients up to float
 rounding), so only its cost differs. For vanilla at the task's batch this is the **memory-fitted vanilla**
 control; a pruned arm is replaced by its fitted variant. Nothing fitting is an error naming the budget and the
-smallest measured peak.
+smallest measured peak. A budget over every arm's peak binds nothing (:func:`budget_binds`): the report says so,
+since such a study is the one without the budget and decides nothing about memory.
 
 On the CPU a micro-batch costs about its share of the full step, so accumulation is nearly free; on a GPU
 small micro-batches under-use the device. A verdict whose fitting used accumulation is therefore a CPU verdict
@@ -101,6 +102,27 @@ def choose_fit(table: Mapping[Arm, tuple[float, float]], budget_mb: float, what:
                          f"step memory is {table[smallest][0]:.1f} MB ({smallest.fit}); raise --memory-budget-mb to at least that")
     changes = lambda a: int(a.chunked) + int(a.checkpointing) + int(a.micro_batches > 1)  # noqa: E731
     return min(fitting, key=lambda a: (table[a][1], table[a][0], changes(a)))
+
+
+def largest_peak(record: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The arm with the largest measured peak in a budget's ``record`` (:class:`BudgetFit`), and that peak."""
+    peaks = [(name, peak) for name, peak in record["peaks"].items() if peak is not None]
+    return max(peaks, key=lambda np: np[1]) if peaks else None
+
+
+def budget_binds(record: Mapping[str, Any]) -> bool:
+    """Whether any arm's measured peak is over the budget. When none is, the budget changed nothing: the study is
+    the one without it, and it says nothing about memory (a budget larger than any arm needs)."""
+    top = largest_peak(record)
+    return top is not None and top[1] > record["budget_mb"]
+
+
+def not_binding_text(record: Mapping[str, Any]) -> str:
+    """One sentence for a budget that binds nothing (:func:`budget_binds`)."""
+    top = largest_peak(record)
+    largest = f"the largest: {top[0]}, {top[1]:.1f} MB" if top is not None else "none was measured"
+    return (f"the memory budget of {record['budget_mb']:g} MB binds nothing: no arm's peak step memory is over it ({largest}), "
+            "so every arm ran as it would without it and the verdicts say nothing about training under a memory limit")
 
 
 def needs_gpu(arms: Sequence[Arm]) -> bool:

@@ -2,7 +2,10 @@
 summary), ``study.md`` (the tables and the verdicts), ``study.png`` (held-out loss and accuracy against
 training seconds and against steps, mean over seeds with the min-max band; needs matplotlib, the ``[bench]``
 extra), and ``progress.jsonl``, written as the study goes (:class:`Journal`): a study stopped late keeps what
-it measured. :func:`check_writable` proves the output folder usable before any training starts.
+it measured. :func:`check_writable` proves the output folder usable before any training starts. Reports are
+written whole (a temporary file renamed into place) and journal lines are never left half-written
+(:mod:`lit_prunedpo.study.outputs`); a file that cannot be written raises an ``OutputError`` naming it (``the disk
+is full`` for ENOSPC).
 
 The protocol the summary applies (target, censoring, intervals, win rule) is in :mod:`lit_prunedpo.study.curves`.
 """
@@ -10,12 +13,13 @@ The protocol the summary applies (target, censoring, intervals, win rule) is in 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from lit_prunedpo.study.curves import improvement_target, mean_curve, mean_interval, spread, time_ratio, time_to_target
+from lit_prunedpo.study.memory import budget_binds, not_binding_text
+from lit_prunedpo.study.outputs import OutputError, append_line, atomic_path, drop_cut_off_tail, write_atomic
 from lit_prunedpo.study.runner import Clock, Run
 
 
@@ -37,20 +41,26 @@ class Journal:
     """``progress.jsonl`` under the output folder: one JSON object per line, appended and flushed as each
     thing is measured (the calibration, every evaluation of the sweep and of the study, every finished run).
     Started afresh for each study, its first line naming the command (``keep``: appended to, for a resumed run);
-    ``replaced`` says whether an earlier study's file was replaced (the command logs it)."""
+    ``replaced`` says whether an earlier study's file was replaced (the command logs it), ``dropped`` how many bytes
+    of a cut-off last line a kept file lost (a run killed while appending it: the next line would be glued on).
+
+    Raises:
+        OutputError: naming the file, when a line cannot be written (never left half-written in the file).
+    """
 
     def __init__(self, out: Path, command: str, keep: bool = False) -> None:
         self.path = Path(out) / "progress.jsonl"
         self.replaced = self.path.exists() and not keep
+        self.dropped = drop_cut_off_tail(self.path) if keep else 0
         if not keep:
-            self.path.write_text("")
+            try:
+                self.path.write_text("")
+            except OSError as exc:
+                raise OutputError.of(self.path, exc) from exc
         self.append("study", command=command)
 
     def append(self, kind: str, **record: Any) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"kind": kind, **record}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, json.dumps({"kind": kind, **record}))
 
     def point(self, phase: str, run: Run, point: Any) -> None:
         self.append("point", phase=phase, arm=run.arm.name, seed=run.seed, lr=run.optimizer.param_groups[0]["initial_lr"],
@@ -58,6 +68,12 @@ class Journal:
 
     def run(self, phase: str, run: Run) -> None:
         self.append("run", phase=phase, **run.summary())
+
+
+#: What a study at one pair per step cannot conclude (logged and in study.md).
+ONE_PAIR_NOTE = ("batch 1: no vanilla batch is smaller, so no cost-matched control exists (each pruned arm is judged "
+                 "against same-batch vanilla only, whatever its step costs) and the vanilla cost line rests on one batch "
+                 "size; the verdicts cannot say whether pruning beats vanilla at equal cost per step")
 
 
 def _by_seed(runs: Sequence[Run]) -> dict[int, Run]:
@@ -218,6 +234,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
         for mode, m in cal.get("cost_matched", {}).items():
             lines.append(f"- {mode}: pruned step {m['pruned_cost_s']:.4f} {clock}-s -> cost-matched vanilla batch "
                          f"**{m['batch']}** (measured); the FLOP model's ideal speedup {m['flop_speedup']:.2f}x gives {m['flop_batch']}.")
+        if task.get("batch_size") == 1 and cal.get("cost_matched"):
+            lines.append(f"- {ONE_PAIR_NOTE}.")
     mem = payload.get("memory")
     if mem:
         lines += ["", memory_markdown(mem, clock)]
@@ -246,6 +264,9 @@ def memory_markdown(mem: Mapping[str, Any], clock: str) -> str:
     peaks = ", ".join(f"{name} {peak:.1f}" if peak is not None else f"{name} unmeasured" for name, peak in mem["peaks"].items())
     lines = [f"Memory budget: **{mem['budget_mb']:g} MB** of peak step memory above the step's start ({mem['measure']}, "
              f"the largest over the calibration's steps). Measured peaks (MB): {peaks}."]
+    if not budget_binds(mem):
+        text = not_binding_text(mem)
+        lines.append(f"- **{text[0].upper()}{text[1:]}**.")
     for name, rows in mem["tables"].items():
         chosen = next(r for r in rows if r["chosen"])
         lines.append(f"- {name} is over the budget: fitted as **{chosen['fit']}** ({chosen['peak_mb']:.1f} MB, "
@@ -291,8 +312,11 @@ def plot(payload: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     fig = study_figure(payload)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:  # whole or absent
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return True
 
 
@@ -343,11 +367,15 @@ def study_figure(payload: dict[str, Any]) -> Any:
 
 
 def write_report(payload: dict[str, Any], out: Path) -> list[Path]:
-    """Write study.json, study.md and (with matplotlib) study.png under ``out``; returns the paths written."""
+    """Write study.json, study.md and (with matplotlib) study.png under ``out``, each whole; returns the paths written.
+
+    Raises:
+        OutputError: naming the file that could not be written (the others already written stay).
+    """
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "study.json", out / "study.md"]
-    written[0].write_text(json.dumps(payload, indent=1))
-    written[1].write_text(to_markdown(payload))
+    write_atomic(written[0], json.dumps(payload, indent=1))
+    write_atomic(written[1], to_markdown(payload))
     if plot(payload, out / "study.png"):
         written.append(out / "study.png")
     return written

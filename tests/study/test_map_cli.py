@@ -2,15 +2,28 @@
 0.2 CPU-s): the plan, the noise model, the cell's study, map.json / map.md with one row per (cell, mode) carrying
 the verdict, interval, k, head share and prediction, progress.jsonl, and --resume reusing a finished cell through
 the worker pool. The
-``--quick`` map itself (two cells) plans about 2 minutes; it runs the same code with bigger numbers."""
+``--quick`` map itself (two cells) plans about 2 minutes; it runs the same code with bigger numbers.
+
+Then what a map refuses or stops on, each one ``error:`` line: a resume with settings that change a cell's results
+(options that do not, and an omitted ``--budget``, resume), an earlier map's folder without ``--resume``, a folder
+locked by another running process, a corrupt record under ``--resume`` (a stopped cell and a cut-off journal line
+are run again / dropped), a batch of 1, and a full disk (injected: stops the map at the cell that found it)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
+import lit_prunedpo.study.map_cli as map_cli
 from lit_prunedpo.study.map_cli import main
+from lit_prunedpo.study.outputs import OutputError, folder_lock
 
 SPEC = {"modes": ["position-coupled"], "blocks": [
     {"task": "generated", "length": 8, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": 4}]}
@@ -78,3 +91,175 @@ def test_resume_reuses_finished_cells(finished):
     assert kinds.count("study") == 2 and "noise" in kinds[:second] and "noise" not in kinds[second:] and kinds[-1] == "cell"
     last = json.loads((out / "progress.jsonl").read_text().splitlines()[-1])
     assert last["cpu_s"] == first_cpu_s
+
+
+CELL = "near-duplicate-L8-head0.25-B4"
+
+
+def _copy(finished, tmp_path):
+    """A copy of the finished map's folder, for a test that changes it."""
+    spec, out = finished
+    shutil.copytree(out, tmp_path / "out")
+    return spec, tmp_path / "out"
+
+
+def _error(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_resume_with_other_settings_is_refused(finished, tmp_path, capsys):
+    spec, out = _copy(finished, tmp_path)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    changed = [a for a in ARGS if a not in ("--quiet",)]
+    changed[changed.index("--steps") + 1] = "3"
+    changed[changed.index("--seeds") + 1] = "0,2"
+    changed[changed.index("--noise-draws") + 1] = "3"
+    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "1", *changed, "--quiet"]) == 2
+    assert _error(capsys) == (
+        f"error: --resume: 1 finished cell(s) under {out} ran with other settings than this run's: --seeds 0,1 -> 0,2; "
+        f"--steps 2 -> 3; --noise-draws 2 -> 3 (cells {CELL}); reusing them would report their results under settings "
+        "they did not run with. Resume with the first run's settings, or choose another --out to run the map afresh with these")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing written
+    # the memory budget of a cell (from the spec) is one of its settings too
+    mem = tmp_path / "mem.json"
+    mem.write_text(json.dumps({**SPEC, "blocks": [{**SPEC["blocks"][0], "memory_budget_mb": 500}]}))
+    shutil.copytree(out / "cells" / CELL, out / "cells" / f"{CELL}-mem500MB")
+    assert main(["--spec", str(mem), "--out", str(out), "--resume", *ARGS]) == 2
+    assert "the cell's memory budget (--memory-budget-mb, from the spec) none -> 500" in _error(capsys)
+
+
+def test_resume_ignores_settings_that_change_no_result_and_keeps_the_budget(finished, tmp_path, capsys):
+    # no --budget: the first run's (its plan in progress.jsonl), not a new fit; the sweep's factors without the sweep,
+    # --jobs, --limit-minutes and the progress lines change nothing a cell computes
+    spec, out = _copy(finished, tmp_path)
+    rows = json.loads((out / "map.json").read_text())["rows"]
+    args = [a for a in ARGS if a != "--quiet"]
+    del args[args.index("--budget"):args.index("--budget") + 2]
+    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "1", "--lr-factors", "1,3", "--limit-minutes",
+                 "4", *args]) == 0
+    assert "resume: budget 0.2 CPU-s per run, the first run's" in capsys.readouterr().err
+    payload = json.loads((out / "map.json").read_text())
+    assert payload["rows"] == rows and payload["plan"]["budget_s"] == 0.2
+
+
+def test_a_folder_with_an_earlier_map_needs_resume(finished, capsys):
+    spec, out = finished
+    journal = (out / "progress.jsonl").read_bytes()
+    assert main(["--spec", str(spec), "--out", str(out), "--jobs", "1", *ARGS]) == 2
+    assert _error(capsys) == (f"error: --out {out} holds an earlier map (progress.jsonl, map.json, map.md, map.png, cells): "
+                              "pass --resume to go on with it (with its settings), or choose another --out")
+    assert (out / "progress.jsonl").read_bytes() == journal
+
+
+HOLD = """import sys
+from pathlib import Path
+from lit_prunedpo.study.outputs import folder_lock
+with folder_lock(Path(sys.argv[1]), sys.argv[2]):
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+def hold_lock(folder, what):
+    """A second process holding ``folder``'s lock (as a running study or map does) until its stdin closes."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), what], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline().strip() == "locked"
+    return child
+
+
+def test_a_map_folder_in_use_by_another_process_is_refused(tmp_path, capsys):
+    spec, out = tmp_path / "tiny.json", tmp_path / "out"
+    spec.write_text(json.dumps(SPEC))
+    out.mkdir()
+    child = hold_lock(out, "map")
+    try:
+        assert main(["--spec", str(spec), "--out", str(out), *ARGS]) == 2
+        assert _error(capsys) == (f"error: --out {out} is in use by another running map (process {child.pid} on host "
+                                  f"{socket.gethostname()}; lock file {out / '.lock'}): wait for it to finish, or choose "
+                                  "another --out")
+        assert not (out / "progress.jsonl").exists()
+    finally:
+        child.send_signal(signal.SIGKILL)  # killed, not closed: the kernel drops its lock
+        child.wait()
+    with folder_lock(out, "map"):  # nothing stale left behind
+        pass
+
+
+def test_a_corrupt_record_is_named_and_a_stopped_cell_runs_again(finished, tmp_path, capsys):
+    spec, out = _copy(finished, tmp_path)
+    cell = out / "cells" / CELL
+    good = (cell / "study.json").read_text()
+    for name in ("study.json", "noise.json"):
+        kept = (cell / name).read_text()
+        (cell / name).write_text(kept[: len(kept) // 2])  # cut off, as by a tool that does not write whole files
+        assert main(["--spec", str(spec), "--out", str(out), "--resume", *ARGS]) == 2
+        err = _error(capsys)
+        assert err.startswith(f"error: {cell / name} is corrupt or unreadable (not valid JSON: ")
+        assert err.endswith(f"); delete the folder {cell} to run that cell again")
+        (cell / name).write_text(kept)
+    # a cell stopped before its study finished (noise.json and a partial progress.jsonl, no study.json) runs again,
+    # its partial records replaced; the map's journal line cut off by the kill is dropped, not glued to the next
+    (cell / "study.json").unlink()
+    with (out / "progress.jsonl").open("a") as f:
+        f.write('{"kind": "cell", "cel')
+    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "1", *[a for a in ARGS if a != "--quiet"]]) == 0
+    assert "resume: dropped the cut-off last line of" in capsys.readouterr().err
+    assert all(json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines())
+    study = json.loads((cell / "study.json").read_text())
+    assert study["command"].endswith("--overwrite") and good != (cell / "study.json").read_text()
+    kinds = [json.loads(line)["kind"] for line in (cell / "progress.jsonl").read_text().splitlines()]
+    assert kinds.count("study") == 1  # the stopped run's lines are gone
+
+
+def test_a_batch_of_one_pair_is_refused(tmp_path, capsys):
+    spec = tmp_path / "one.json"
+    spec.write_text(json.dumps({**SPEC, "blocks": [{**SPEC["blocks"][0], "batch_size": 1}]}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--spec", str(spec), "--out", str(tmp_path / "out"), *ARGS])
+    assert exit_.value.code == 2
+    assert "batch_size must be an integer >= 2, got 1 (at 1 pair a step no vanilla batch is smaller" in _error(capsys)
+
+
+def test_a_full_disk_stops_the_map_naming_the_file(tmp_path, capsys, monkeypatch):
+    # two cells; the first cannot write its noise.json (ENOSPC, injected): the map records it and stops, the second
+    # cell never starts, and the error names the file and the full disk
+    spec, out = tmp_path / "two.json", tmp_path / "out"
+    spec.write_text(json.dumps({**SPEC, "blocks": [{**SPEC["blocks"][0], "length": [8, 12]}]}))
+    real = map_cli.write_atomic
+
+    def full(path, text):
+        if path.name == "noise.json":
+            raise OutputError.of(path, OSError(errno.ENOSPC, "No space left on device"))
+        return real(path, text)
+
+    monkeypatch.setattr(map_cli, "write_atomic", full)
+    assert main(["--spec", str(spec), "--out", str(out), "--jobs", "1", *ARGS]) == 1
+    first = out / "cells" / CELL / "noise.json"  # with --jobs 1 the cells run in the spec's order
+    assert _error(capsys) == (f"error: cannot write {first}: disk full (ENOSPC: No space left on device); the map "
+                              "stopped: the finished cells are kept, rerun the same command with --resume once the file "
+                              "can be written")
+    records = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["study", "plan", "cell_failed"] and records[-1]["cell"] == CELL
+    assert not (out / "cells" / "near-duplicate-L12-head0.25-B4").exists()
+
+
+def test_a_full_journal_write_leaves_no_half_line(tmp_path, capsys, monkeypatch):
+    # the plan's line hits a full disk half-way (ENOSPC from the write itself): it is cut back off the file
+    import lit_prunedpo.study.outputs as outputs
+
+    spec, out = tmp_path / "tiny.json", tmp_path / "out"
+    spec.write_text(json.dumps(SPEC))
+    real = outputs._write_all
+
+    def half_then_full(fd, data):
+        if b'"kind": "plan"' in data:
+            real(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(outputs, "_write_all", half_then_full)
+    assert main(["--spec", str(spec), "--out", str(out), "--jobs", "1", *ARGS]) == 1
+    assert _error(capsys).startswith(f"error: cannot write {out / 'progress.jsonl'}: disk full (ENOSPC")
+    text = (out / "progress.jsonl").read_text()
+    assert text.endswith("\n") and [json.loads(line)["kind"] for line in text.splitlines()] == ["study"]

@@ -8,6 +8,7 @@ import pytest
 from lit_prunedpo.study.map_auto import auto_row
 from lit_prunedpo.study.map_report import cell_rows, plot_map, to_markdown
 from lit_prunedpo.study.memory import GPU_NOTE
+from lit_prunedpo.study.report import memory_markdown
 
 
 def _ratio(reference: str) -> dict:
@@ -58,6 +59,28 @@ def test_rows_without_a_budget_say_none():
     assert row["memory_budget_mb"] is None and row["gpu"] is None
     md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
     assert "| none | - | - |" in md
+
+
+def test_a_budget_over_every_peak_is_said_to_bind_nothing():
+    # 1e12 MiB: nothing is over it, so the cell ran as without a budget; the row, map.md and the study's own report say so
+    study = _study(1, "as is")
+    study["memory"]["budget_mb"] = 1e12
+    (row,) = cell_rows({**CELL, "name": "c-mem1e+12MB"}, study, NOISE, 0.97, ["position-coupled"])
+    assert row["memory_binds"] is False and row["largest_peak_mb"] == 134.0
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    assert "| 1e+12 MB (position-coupled@8 61, vanilla@3 (cost-matched) 67, " in md and ", **binds nothing**) |" in md
+    assert ("Memory budgets that bind nothing (every arm's measured peak is under the budget, so these cells ran as without "
+            "it and the memory axis decides nothing there): c-mem1e+12MB (1e+12 MB; largest peak 134.0 MB).") in md
+    record = {**study["memory"], "measure": "peak RSS", "tables": {}, "references": ["vanilla@8"], "over": [],
+              "gpu_needed": False, "gpu_note": GPU_NOTE}
+    assert ("- **The memory budget of 1e+12 MB binds nothing: no arm's peak step memory is over it (the largest: vanilla@8, "
+            "134.0 MB), so every arm ran as it would without it and the verdicts say nothing about training under a "
+            "memory limit**.") in memory_markdown(record, "cpu")
+    # a budget that binds says nothing of the kind
+    (row,) = cell_rows(CELL, _study(1, "chunked scorer"), NOISE, 0.97, ["position-coupled"])
+    assert row["memory_binds"] is True
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    assert "binds nothing" not in md and "bind nothing" not in md
 
 
 def _timed_study() -> dict:

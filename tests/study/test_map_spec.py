@@ -47,7 +47,11 @@ def test_a_block_is_a_factorial_product():
     ({"modes": ["branch"], "blocks": [{**CELL, "length": "64"}]}, "length must be an integer >= 2, got '64'"),
     ({"modes": ["branch"], "blocks": [{**CELL, "length": 2.5}]}, "length must be an integer >= 2, got 2.5"),
     ({"modes": ["branch"], "blocks": [{**CELL, "length": 5000}]}, r"length must be an integer in \[2, 1024\]"),
-    ({"modes": ["branch"], "blocks": [{**CELL, "batch_size": 0}]}, "batch_size must be an integer >= 1"),
+    ({"modes": ["branch"], "blocks": [{**CELL, "batch_size": 0}]}, "batch_size must be an integer >= 2, got 0"),
+    # one pair a step: no cost-matched control, no vanilla batch for the noise model, nothing for AutoPruning
+    ({"modes": ["branch"], "blocks": [{**CELL, "batch_size": 1}]},
+     r"batch_size must be an integer >= 2, got 1 \(at 1 pair a step no vanilla batch is smaller, so the cell has no "
+     "cost-matched control"),
     ({"modes": ["branch"], "blocks": [{**CELL, "head_share": 0.001}]}, "needs a vocabulary of .* < 384"),
     ({"modes": ["branch"], "blocks": [{**CELL, "head_share": "a lot"}]}, "head_share must be a number"),
     ({"modes": ["branch"], "blocks": [{**CELL, "similarity": "same"}]}, "similarity must be one of"),

@@ -229,6 +229,19 @@ def test_cli_refuses_bad_numbers_while_parsing(argv, message, capsys, monkeypatc
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_a_study_at_batch_1_says_what_it_cannot_conclude(tmp_path, capsys):
+    # no vanilla batch below 1 pair: no cost-matched control, and the log and study.md say what that leaves out
+    from lit_prunedpo.study.report import ONE_PAIR_NOTE
+
+    argv = [a for a in TINY_CLI if a != "--quiet"]
+    argv[argv.index("--batch-size") + 1] = "1"
+    out = tmp_path / "study"
+    assert main(argv + ["--modes", "vanilla,branch", "--no-sweep", "--out", str(out)]) == 0
+    assert f"warning: {ONE_PAIR_NOTE}" in capsys.readouterr().err
+    assert f"- {ONE_PAIR_NOTE}." in (out / "study.md").read_text()
+    assert ONE_PAIR_NOTE.startswith("batch 1: no vanilla batch is smaller, so no cost-matched control exists")
+
+
 def test_cli_checks_the_output_folder_before_training(tmp_path, capsys, monkeypatch):
     import lit_prunedpo.study.tasks as tasks
 
