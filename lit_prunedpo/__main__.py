@@ -1,6 +1,6 @@
 """``python -m lit_prunedpo`` is the ``lit-prunedpo`` command."""
 
-from lit_prunedpo.cli import main
+from lit_prunedpo.cli import command
 
 if __name__ == "__main__":
-    main()
+    command()

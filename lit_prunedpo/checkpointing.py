@@ -39,7 +39,9 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import re
 import socket
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -427,7 +429,12 @@ def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
     candidates = sorted(candidates, key=lambda p: os.path.getmtime(p), reverse=True)
     if not candidates:
         if implicit:
-            return "last"  # Lightning warns that there is nothing to resume and starts afresh (a first launch)
+            # A first launch: nothing to resume. Lightning would say so with a hint to set save_last=True, which the
+            # configs do (their checkpoints just do not exist yet); the line here says what happens instead.
+            rank_zero_info(f"resume: no checkpoint in {', '.join(places)} yet (a first launch): starting afresh; "
+                           "relaunching this command resumes from the checkpoints this run writes there")
+            _ignore_warning(r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint available')
+            return "last"
         raise FileNotFoundError(
             f"resume (ckpt_path=last): no checkpoint of a previous run in {', '.join(places)}. Pass --ckpt_path with "
             "a checkpoint file (or the root folder of the run to resume: --trainer.default_root_dir), or leave "
@@ -454,6 +461,8 @@ def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
                        "readable checkpoint")
     rank_zero_info(f"resume (ckpt_path=last): resuming from {chosen[0]}, the newest readable checkpoint in "
                    f"{', '.join(places)}")
+    # a relaunch into a fixed folder: Lightning's "exists and is not empty" is the checkpoint this run resumes from
+    _ignore_warning(rf"Checkpoint directory {re.escape(str(Path(chosen[0]).parent))} exists and is not empty")
     return chosen[0]
 
 
@@ -514,4 +523,14 @@ def lock_checkpoint_dirs(trainer: "pl.Trainer") -> None:
         return
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath and _is_local(callback.dirpath):
-            _take_lock(Path(callback.dirpath))
+            folder = Path(callback.dirpath)
+            _take_lock(folder)
+            if {p.name for p in folder.iterdir()} == {LOCK_NAME}:
+                # Lightning warns at set-up that a top-k folder "exists and is not empty": here it holds only the
+                # lock just taken (a first launch), which is no earlier run's checkpoint
+                _ignore_warning(rf"Checkpoint directory {re.escape(str(callback.dirpath))} exists and is not empty")
+
+
+def _ignore_warning(message: str) -> None:
+    """Ignore, for the rest of this process (one CLI run), Lightning warnings that match ``message`` (a regex)."""
+    warnings.filterwarnings("ignore", message=message)

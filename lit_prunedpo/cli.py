@@ -313,5 +313,13 @@ def main(args: list[str] | None = None) -> None:
         destroy_process_groups()
 
 
+def command() -> None:
+    """The ``lit-prunedpo`` console command: :func:`main` on ``sys.argv``, an error of the package's own checks
+    printed as one line (``lit_prunedpo.user_errors``)."""
+    from lit_prunedpo.user_errors import run_command
+
+    run_command(main)
+
+
 if __name__ == "__main__":
-    main()
+    command()

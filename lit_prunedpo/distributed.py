@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -271,9 +272,13 @@ def destroy_process_groups() -> None:
 
     dist.destroy_process_group()
     gc.collect()  # runs, modules and FSDP states in reference cycles free their groups while the interpreter is whole
-    for obj in gc.get_objects():
-        if isinstance(obj, DeviceMesh) and isinstance(getattr(obj, "_pg_registry", None), dict):
-            obj._pg_registry.clear()
+    with warnings.catch_warnings():
+        # isinstance on torch's deprecated torch.distributed.reduce_op object, one of the objects listed, would warn
+        # "reduce_op is deprecated" at the end of every multi-process run: code of neither the user nor this package
+        warnings.simplefilter("ignore", FutureWarning)
+        for obj in gc.get_objects():
+            if isinstance(obj, DeviceMesh) and isinstance(getattr(obj, "_pg_registry", None), dict):
+                obj._pg_registry.clear()
 
 
 # ------------------------------------------------------------------------ same forwards on all ranks

@@ -286,3 +286,36 @@ def test_a_folder_of_shards_missing_a_shard_its_metadata_names_is_torn(tmp_path)
     (sharded / shards[0]).write_bytes((sharded / shards[0]).read_bytes()[:10])
     (sharded / shards[1]).write_bytes(b"")
     assert "is shorter than its .metadata records" in checkpoint_problem(sharded)
+
+
+def test_a_requeued_run_launches_and_relaunches_without_misleading_warnings(tmp_path, monkeypatch, caplog):
+    # the DDP/FSDP configs' set-up on one process: a fixed ModelCheckpoint folder and PreemptionCheckpoint (so a
+    # relaunch of the same command resumes); first launch: nothing to resume, no "no last checkpoint ... set
+    # save_last=True" (it is set) and no "exists and is not empty" (only the lock is there); the relaunch resumes
+    # without "exists and is not empty" (its own checkpoint) and the default checkpoint without "dirpath has changed"
+    import warnings
+
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    setup = [*CHECKPOINTS[:3], "--trainer.callbacks.every_n_train_steps=2",
+             "--trainer.callbacks+=lit_prunedpo.callbacks.PreemptionCheckpoint"]
+    for steps in (2, 4):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _fit(tmp_path, f"--trainer.max_steps={steps}", *setup)
+        said = [str(w.message) for w in seen]
+        assert not [m for m in said if "no last checkpoint" in m or "is not empty" in m or "dirpath has changed" in m], said
+    assert f"resume: no checkpoint in {tmp_path / 'ckpt'} yet (a first launch): starting afresh" in caplog.text
+    assert f"resuming from {tmp_path / 'ckpt' / 'last.ckpt'}" in caplog.text
+
+
+def test_a_resume_with_the_default_checkpoint_does_not_warn_that_its_folder_changed(tmp_path):
+    import warnings
+
+    _fit(tmp_path, "--trainer.max_steps=2", "--trainer.val_check_interval=1", "--trainer.limit_val_batches=1")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cli = build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=3",
+                         "--ckpt_path=last"])
+    assert cli.trainer.global_step == 3
+    assert not [str(w.message) for w in seen if "dirpath has changed" in str(w.message)]

@@ -40,3 +40,38 @@ def test_a_misspelt_model_config_key_ends_the_output(tmp_path):
     error = caught.value
     assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
     assert not list(tmp_path.rglob("config*.yaml"))  # refused before the run config is written
+
+
+def test_the_command_prints_its_own_checks_as_one_line_and_keeps_other_tracebacks(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "lit_prunedpo", "fit", f"--trainer.default_root_dir={tmp_path}", "--ckpt_path=last"]
+    env = {**os.environ, "LIT_PRUNEDPO_TRACEBACK": "0"}
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("error: resume (ckpt_path=last): no checkpoint of a previous run")
+    run = subprocess.run(command, cwd=tmp_path, env={**env, "LIT_PRUNEDPO_TRACEBACK": "1"}, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 1 and "Traceback" in run.stderr and "FileNotFoundError: resume" in run.stderr
+
+
+def test_only_errors_raised_by_the_package_are_shortened():
+    import torch
+
+    from lit_prunedpo.optim import WarmupCosineLR
+    from lit_prunedpo.user_errors import raised_here
+
+    def caught(fn):
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001
+            return err
+        raise AssertionError("no error")
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert raised_here(caught(lambda: WarmupCosineLR(opt, warmup_steps=-1)))  # the package's own check
+    assert not raised_here(caught(lambda: torch.zeros(2) @ torch.zeros(3)))  # torch's: keeps its traceback
+    assert not raised_here(caught(lambda: {}["x"]))  # raised outside the package (here, a test)
+    assert not raised_here(KeyboardInterrupt())
