@@ -51,7 +51,8 @@ def pair_metrics(est: Estimate, beta: float) -> dict[str, Tensor]:
 
 @dataclass(frozen=True)
 class StepStats:
-    """Work done by one step's policy forwards, and what an unpruned concatenated step would have done.
+    """Work done by one step's policy forwards, what an unpruned concatenated step would have done, and what the
+    samplers kept.
 
     ``tokens_executed`` counts padded tokens entering the policy body; ``positions_scored`` counts rows
     entering the LM head; ``reference_tokens_executed`` is the online reference's share (0 when cached).
@@ -64,15 +65,22 @@ class StepStats:
     unpruned_tokens: int
     unpruned_positions: int
     unpruned_branches: int
+    kept_positions: int
+    drawn_positions: int
 
     def as_metrics(self) -> dict[str, float]:
+        """``pruning/*``: the samplers' shares, exactly 1 in a step that prunes nothing; ``work/*``: what the step
+        ran against concatenated, unpruned DPO, below 1 also without pruning where the layout saves work (each
+        prompt once, the responses' common start not scored under a margin loss)."""
         return {
-            "pruning/tokens_executed": float(self.tokens_executed),
-            "pruning/positions_scored": float(self.positions_scored),
-            "pruning/branches_backpropagated": float(self.branches_backpropagated),
-            "pruning/tokens_executed_frac": self.tokens_executed / self.unpruned_tokens,
-            "pruning/positions_scored_frac": self.positions_scored / max(1, self.unpruned_positions),
+            "pruning/response_tokens_kept_frac": self.kept_positions / max(1, self.unpruned_positions),
+            "pruning/positions_scored_frac": self.drawn_positions / max(1, self.unpruned_positions),
             "pruning/branches_backpropagated_frac": self.branches_backpropagated / self.unpruned_branches,
+            "work/tokens_executed": float(self.tokens_executed),
+            "work/positions_scored": float(self.positions_scored),
+            "work/branches_backpropagated": float(self.branches_backpropagated),
+            "work/tokens_executed_frac": self.tokens_executed / self.unpruned_tokens,
+            "work/positions_scored_frac": self.positions_scored / max(1, self.unpruned_positions),
         }
 
 

@@ -76,6 +76,8 @@ class StepPlan:
         prompt_width: ``P``, the batch's prompt columns (what the padded layout's rows start with).
         unpruned_tokens: tokens a concatenated, unpruned step would execute (``2B * (P + T - 1)``).
         unpruned_positions: response positions an unpruned step would score.
+        kept_positions: response positions inside the prefixes the prefix sampler kept.
+        drawn_positions: positions the position sampler drew (before a margin loss's common start is left out).
     """
 
     groups: tuple[RowGroup, ...]
@@ -84,6 +86,8 @@ class StepPlan:
     prompt_width: int
     unpruned_tokens: int
     unpruned_positions: int
+    kept_positions: int
+    drawn_positions: int
 
     @property
     def positions_scored(self) -> int:
@@ -176,6 +180,7 @@ def plan_step(
     branch_prob = branch.probabilities(B)
     kept = prefix.draw(lengths, generator)
     scored = position.draw(kept, T, generator)
+    drawn = int(scored.sum())
     if not score_common_prefix:
         _, common_len = prompt_and_common_lengths(batch)
         scored = scored & (torch.arange(T)[None, :] >= common_len.repeat_interleave(2)[:, None])
@@ -197,6 +202,8 @@ def plan_step(
         prompt_width=P,
         unpruned_tokens=2 * B * (P + T - 1),
         unpruned_positions=int(lengths.sum()),
+        kept_positions=int(kept.sum()),
+        drawn_positions=drawn,
     )
 
 

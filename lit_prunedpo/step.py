@@ -76,4 +76,6 @@ class StepOutput:
             unpruned_tokens=plan.unpruned_tokens,
             unpruned_positions=plan.unpruned_positions,
             unpruned_branches=int(plan.grad_mask.numel()),
+            kept_positions=plan.kept_positions,
+            drawn_positions=plan.drawn_positions,
         )

@@ -79,15 +79,18 @@ def test_fit_a_few_steps(mode, tmp_path):
     build_cli(["fit", *config_args(mode), f"--trainer.default_root_dir={tmp_path}", *csv_logger(tmp_path),
                "--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1", *FAST])
     metrics = metrics_of(tmp_path)
-    for key in ("train/loss", "train/rewards/accuracies", "train/pruning/tokens_executed_frac",
+    for key in ("train/loss", "train/rewards/accuracies", "train/work/tokens_executed_frac",
                 "val/loss", "val/rewards/margins", "val/logps/rejected"):
         assert key in metrics, key
     assert list(tmp_path.rglob("*.ckpt")), "no checkpoint written"
     if mode in ("branch", "all"):
         assert metrics["train/pruning/branches_backpropagated_frac"] == 0.5
     if mode in ("vanilla", "quickstart"):
-        # nothing pruned; the shared prompt (on by default) runs each prompt once and no left padding
-        assert 0.5 < metrics["train/pruning/tokens_executed_frac"] < 1.0
+        # nothing pruned: the samplers' shares are exactly 1; the shared prompt (on by default) runs each prompt
+        # once and no left padding, and the margin loss leaves the responses' common start unscored: less work
+        for share in ("response_tokens_kept_frac", "positions_scored_frac", "branches_backpropagated_frac"):
+            assert metrics[f"train/pruning/{share}"] == 1.0, share
+        assert 0.5 < metrics["train/work/tokens_executed_frac"] < 1.0
 
 
 def test_quickstart_learns(tmp_path):

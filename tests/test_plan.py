@@ -113,3 +113,19 @@ def test_placeholder_and_device_move():
     assert moved.requires_grad == plan.groups[0].requires_grad
     (group,) = plan.groups
     assert group.to("cpu") is group  # already there: the same group
+
+
+def test_the_plan_counts_what_the_samplers_kept_apart_from_what_the_layout_skips():
+    # pair 0's responses share their first 2 tokens; a margin loss then leaves them unscored: layout work, not pruning
+    batch = make_batch([2, 2], [6, 4], [5, 3], seed=0)
+    batch.response_ids[0, 1, :2] = batch.response_ids[0, 0, :2]
+    lengths = int(batch.response_lengths.sum())
+    g = torch.Generator().manual_seed(0)
+    whole = plan_step(batch, *exact_samplers(), g)
+    assert whole.kept_positions == whole.drawn_positions == whole.positions_scored == whole.unpruned_positions == lengths
+    margin_only = plan_step(batch, *exact_samplers(), g, score_common_prefix=False)
+    assert margin_only.kept_positions == margin_only.drawn_positions == lengths
+    assert margin_only.positions_scored == lengths - 4  # 2 common tokens in each of pair 0's branches
+    pruned = plan_step(batch, SharedFractionPrefix(0.5), BernoulliPositions(0.5), BothBranches(), g)
+    assert pruned.kept_positions == sum(int(group.kept.sum()) for group in pruned.groups) <= lengths
+    assert pruned.drawn_positions == pruned.positions_scored < pruned.kept_positions  # this seed's draws
