@@ -37,9 +37,11 @@ yourself for the rest.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import pickle
 import re
+import shutil
 import socket
 import warnings
 import zipfile
@@ -54,6 +56,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_prunedpo.distributed import VerifiedCheckpointIO
+from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno
 
 #: Environment variables that name a process's rank before the trainer knows it (launchers set them).
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "GROUP_RANK")
@@ -80,9 +83,29 @@ class AtomicCheckpointIO(VerifiedCheckpointIO):
         try:
             super().save_checkpoint(checkpoint, tmp, storage_options)
             os.replace(tmp, final)
+        except Exception as err:
+            code = disk_full_errno(err) or _full_now(final.parent)  # before the partial file is removed
+            if code is None:
+                raise
+            raise DiskFull(f"could not save checkpoint {final}: {describe_full(code)} (torch's error: {err}); the "
+                           f"previous {final.name}, if any, is as it was: free space on that disk, or give the "
+                           "checkpoint another folder (ModelCheckpoint dirpath)", code) from None
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+
+#: Free bytes under which a failed write is taken for a full disk: torch's writer reports one as "unexpected pos"
+#: or "file write failed", without an errno.
+FULL_BELOW_BYTES = 1 << 20
+
+
+def _full_now(folder: Path) -> int | None:
+    """``errno.ENOSPC`` when the file system of ``folder`` has (almost) no space left, else ``None``."""
+    try:
+        return errno.ENOSPC if shutil.disk_usage(folder).free < FULL_BELOW_BYTES else None
+    except OSError:
+        return None
 
 
 def _is_local(path: Any) -> bool:

@@ -22,3 +22,31 @@ def tiny_source() -> FromConfig:
 @pytest.fixture
 def small_batch():
     return make_batch([3, 1, 4], [5, 2, 7], [4, 6, 1])
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: a ``mount -t tmpfs`` folder of ``size`` (``"256k"``), a real disk that fills; skipped where
+    mounting is not permitted (not root, a container without CAP_SYS_ADMIN), where injected-ENOSPC tests cover the
+    same paths; always unmounted."""
+    import shutil
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str):
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command: cannot make a small file system that fills")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip() or done.returncode})")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)

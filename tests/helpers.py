@@ -83,3 +83,19 @@ class KillAt(Callback):
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fill_disk(folder) -> None:
+    """Fill the file system of ``folder`` to the last byte with one file, ``filler`` (unbuffered writes: nothing is
+    left to flush once it is full)."""
+    import errno
+    import os
+
+    fd = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as err:
+        assert err.errno == errno.ENOSPC, err
+    finally:
+        os.close(fd)

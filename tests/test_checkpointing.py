@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -319,3 +320,18 @@ def test_a_resume_with_the_default_checkpoint_does_not_warn_that_its_folder_chan
                          "--ckpt_path=last"])
     assert cli.trainer.global_step == 3
     assert not [str(w.message) for w in seen if "dirpath has changed" in str(w.message)]
+
+
+def test_a_checkpoint_on_a_full_disk_is_named_as_such(tmp_path, tmpfs, monkeypatch):
+    # torch's writer reports a full disk as "[enforce fail at inline_container.cc] unexpected pos ...": the save names
+    # the checkpoint and the cause instead, and leaves no partial file
+    from lit_prunedpo.full_disk import DiskFull
+
+    disk = tmpfs("256k")  # the quickstart's checkpoint (weights and optimizer state) is about 1 MB
+    with pytest.raises(DiskFull, match=rf"^could not save checkpoint {re.escape(str(disk))}/ckpt/last.ckpt: disk full "
+                                       r"\(ENOSPC: No space left on device\) \(torch's error: .*\); the previous last.ckpt"):
+        _fit(tmp_path, "--trainer.max_steps=1", "--trainer.callbacks+=ModelCheckpoint",
+             f"--trainer.callbacks.dirpath={disk / 'ckpt'}", "--trainer.callbacks.save_last=true")
+    from lit_prunedpo.checkpointing import LOCK_NAME
+
+    assert [p.name for p in (disk / "ckpt").iterdir()] == [LOCK_NAME]  # the run's lock alone: no partial file

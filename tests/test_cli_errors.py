@@ -75,3 +75,21 @@ def test_only_errors_raised_by_the_package_are_shortened():
     assert not raised_here(caught(lambda: torch.zeros(2) @ torch.zeros(3)))  # torch's: keeps its traceback
     assert not raised_here(caught(lambda: {}["x"]))  # raised outside the package (here, a test)
     assert not raised_here(KeyboardInterrupt())
+
+
+def test_ctrl_c_outside_a_fit_ends_with_one_line_and_status_130(capsys, monkeypatch):
+    from lit_prunedpo.user_errors import run_command
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("LIT_PRUNEDPO_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        run_command(interrupted)
+    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+    def bug():
+        raise ValueError("raised outside the package")
+
+    with pytest.raises(ValueError, match="outside the package"):  # not the package's own check: its traceback stays
+        run_command(bug)

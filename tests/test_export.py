@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -280,31 +279,6 @@ def test_a_full_disk_names_the_file_and_leaves_the_earlier_export_whole(trained,
     assert caught.value.errno == errno.ENOSPC and "\n" not in str(caught.value)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     _wrote_nothing_beside(out)
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A ``mount -t tmpfs`` folder of a given size (a real disk that fills); skipped where mounting is not
-    permitted (not root, a container without CAP_SYS_ADMIN); always unmounted."""
-    mounted = []
-
-    def mount(size: str):
-        where = tmp_path / f"tmpfs{len(mounted)}"
-        where.mkdir()
-        if shutil.which("mount") is None:
-            pytest.skip("no mount command: cannot make a small file system that fills")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip() or done.returncode}): the "
-                        "injected-ENOSPC test covers the same path")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_an_export_onto_a_disk_too_small_names_the_weights_file(trained, tmpfs):

@@ -8,11 +8,9 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
-import subprocess
 
 import pytest
-from helpers import REPO, TINY_LLAMA
+from helpers import REPO, fill_disk
 
 import lit_prunedpo.reference.store as store_module
 from lit_prunedpo.data import SyntheticPreferenceData
@@ -89,31 +87,11 @@ def test_what_a_killed_build_leaves_is_never_read_and_a_cut_cache_is_refused(tmp
 
 
 @pytest.fixture
-def full_tmpfs(tmp_path):
-    """A 512 KiB tmpfs filled to the last byte by one file; skipped where mounting is not permitted; always
-    unmounted."""
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command: cannot make a small file system that fills")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip() or done.returncode}): the "
-                    "injected-ENOSPC tests cover the same path")
-    try:
-        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 4096):  # unbuffered: nothing left to flush once the disk is full
-                pass
-        except OSError as err:
-            assert err.errno == errno.ENOSPC
-        finally:
-            os.close(fd)
-        yield where
-    finally:
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+def full_tmpfs(tmpfs):
+    """A 512 KiB tmpfs filled to the last byte by one file (``filler``)."""
+    where = tmpfs("512k")
+    fill_disk(where)
+    return where
 
 
 def test_the_cache_command_on_a_full_disk_ends_with_one_line_naming_the_file(full_tmpfs, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import lit_prunedpo.study.outputs as outputs
+from helpers import fill_disk
 from lit_prunedpo.study.cli import main
 from lit_prunedpo.study.outputs import (
     FolderInUse, OutputError, Refused, append_line, folder_lock, read_journal, read_json, write_atomic,
@@ -144,26 +145,12 @@ def test_a_corrupt_record_is_named(tmp_path):
 # A really full disk: a 256 KiB tmpfs filled to the last page (this machine runs as root; skipped where mounting is
 # not permitted).
 @pytest.fixture
-def full_disk(tmp_path):
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True, capture_output=True,
-                       timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {exc}")
-    try:
-        (mount / "out").mkdir()
-        (mount / "out" / "map.json").write_text('{"old": true}')
-        with (mount / "filler").open("wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-        yield mount / "out"
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True, timeout=30)
+def full_disk(tmpfs):
+    mount = tmpfs("256k")
+    (mount / "out").mkdir()
+    (mount / "out" / "map.json").write_text('{"old": true}')
+    fill_disk(mount)
+    return mount / "out"
 
 
 def test_on_a_really_full_disk_files_stay_whole_and_lines_unwritten(full_disk):
