@@ -32,7 +32,7 @@ from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
 from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.layout import Layout, SharedPromptLayout
-from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss
+from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
 from lit_prunedpo.metrics import (
     PAIR_METRICS, TOKEN_METRICS, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
 )
@@ -63,7 +63,8 @@ class PrunedDPO(L.LightningModule):
         policy: where the trainable policy comes from (``lit_prunedpo.models.FromConfig`` or ``Pretrained``).
         reference: source of reference log-probs; ``None`` is a frozen copy of the initial policy, run online,
             or no reference at all (``NoReference``) for a loss that needs none.
-        loss: the loss (``lit_prunedpo.losses``); ``None`` is DPO's sigmoid loss.
+        loss: the loss (``lit_prunedpo.losses``); ``None`` is DPO's sigmoid loss; a TRL ``loss_type`` name (``"ipo"``)
+            or a list of them is that loss (``lit_prunedpo.losses.trl_loss``).
         beta: DPO's inverse temperature (> 0).
         prefix_sampler: which response prefixes run; ``None`` keeps them whole.
         position_sampler: which kept positions are scored; ``None`` scores all.
@@ -109,7 +110,7 @@ class PrunedDPO(L.LightningModule):
         self,
         policy: ModelSource,
         reference: ReferenceSource | None = None,
-        loss: PreferenceLoss | None = None,
+        loss: PreferenceLoss | str | list[str] | None = None,
         beta: float = 0.1,
         prefix_sampler: PrefixSampler | None = None,
         position_sampler: PositionSampler | None = None,
@@ -132,6 +133,8 @@ class PrunedDPO(L.LightningModule):
             raise ValueError(f"beta must be > 0, got {beta!r}")
         self.nonfinite = NonFiniteGuard(on_nonfinite, max_consecutive_skips)
         self.beta = float(beta)
+        if isinstance(loss, (str, list)):
+            loss = trl_loss(loss)  # TRL's names, as a TRL user writes them
         self.loss = loss if loss is not None else SigmoidLoss()
         self.prefix_sampler = prefix_sampler if prefix_sampler is not None else FullPrefix()
         self.position_sampler = position_sampler if position_sampler is not None else AllPositions()

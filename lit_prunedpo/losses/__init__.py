@@ -9,10 +9,11 @@ from lit_prunedpo.losses.nll import SftLoss
 from lit_prunedpo.losses.normalized import LengthNormalized, SigmoidNormLoss
 from lit_prunedpo.losses.reference_free import OddsRatioLoss, SimPOLoss
 from lit_prunedpo.losses.refused import AotLoss, AotUnpairedLoss
+from lit_prunedpo.losses.trl import TRL_LOSS_TYPES, TRLLoss, trl_loss
 
 __all__ = [
     "AotLoss", "AotUnpairedLoss", "ApoDownLoss", "ApoZeroLoss", "BcoPairLoss", "BranchSums", "DiscoPopLoss",
     "ExoPairLoss", "HingeLoss", "IPOLoss", "LengthNormalized", "MarginLoss", "NcaPairLoss", "OddsRatioLoss",
     "PreferenceLoss", "RobustLoss", "SftLoss", "SigmoidLoss", "SigmoidNormLoss", "SimPOLoss", "SppoHardLoss",
-    "WeightedLoss",
+    "TRL_LOSS_TYPES", "TRLLoss", "WeightedLoss", "trl_loss",
 ]

@@ -20,7 +20,7 @@ from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.losses import (
     ApoDownLoss, ApoZeroLoss, BcoPairLoss, DiscoPopLoss, ExoPairLoss, HingeLoss, IPOLoss, LengthNormalized,
     NcaPairLoss, OddsRatioLoss, RobustLoss, SftLoss, SigmoidLoss, SigmoidNormLoss, SimPOLoss, SppoHardLoss,
-    WeightedLoss,
+    TRL_LOSS_TYPES, TRLLoss, WeightedLoss, trl_loss,
 )
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
@@ -131,6 +131,13 @@ CASES = [
     ("simpo", SimPOLoss(GAMMA, EPS), trl_simpo),
     ("orpo_odds_ratio", OddsRatioLoss(), trl_odds_ratio),
 ]
+# TRL's names, as a TRL user gives them (--model.loss ipo, TRLLoss(loss_type=..., label_smoothing=...)): the same
+# formulas through the translation (TRL 1.16's sigmoid ignores label_smoothing: 0 here, cDPO's is tested above)
+CASES += [(f"name:{name}", trl_loss(name, label_smoothing=0.0 if name == "sigmoid" else EPS, discopop_tau=TAU),
+           lambda *a, name=name: trl_dpo(name, *a)) for name in TRL_LOSS_TYPES if not name.startswith("aot")]
+CASES += [("name:mpo", TRLLoss(["sigmoid", "bco_pair", "sft"], [0.8, 0.2, 1.0]),
+           lambda *a: 0.8 * trl_dpo("sigmoid", *a) + 0.2 * trl_dpo("bco_pair", *a) + 1.0 * trl_dpo("sft", *a)),
+          ("name:robust-TRLLoss", TRLLoss("robust", label_smoothing=EPS), lambda *a: trl_dpo("robust", *a))]
 
 
 def token_grid(seed):
