@@ -56,8 +56,17 @@ def ipw_sums(plan: StepPlan, token_logps: Sequence[Tensor], num_pairs: int) -> T
     parts, slots = [], []
     for group, logps in zip(plan.groups, token_logps, strict=True):
         weight = group.weight.to(device=logps.device, dtype=logps.dtype)
-        parts.append(logps * weight)
-        slots.append((group.pair * 2 + group.branch)[group.scored_row].to(logps.device))
+        weighted = logps * weight
+        slot = (group.pair * 2 + group.branch)[group.scored_row].to(logps.device)
+        if group.shared is not None:
+            # a common-start position scored once in one row stands for the other branch's too; no gradient:
+            # it cancels exactly in the margin (the only losses that share positions are margin losses)
+            shared = group.shared.to(logps.device)
+            weighted = torch.where(shared, weighted.detach(), weighted)
+            parts.append(weighted[shared])
+            slots.append(slot[shared] ^ 1)  # the pair's other branch
+        parts.append(weighted)
+        slots.append(slot)
     values, index = torch.cat(parts), torch.cat(slots)
     sums = torch.zeros(2 * num_pairs, dtype=values.dtype, device=values.device).index_add(0, index, values)
     return sums.view(num_pairs, 2)

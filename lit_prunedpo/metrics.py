@@ -71,7 +71,7 @@ class StepStats:
     def as_metrics(self) -> dict[str, float]:
         """``pruning/*``: the samplers' shares, exactly 1 in a step that prunes nothing; ``work/*``: what the step
         ran against concatenated, unpruned DPO, below 1 also without pruning where the layout saves work (each
-        prompt once, the responses' common start not scored under a margin loss)."""
+        prompt once, the responses' common start scored once under a margin loss)."""
         return {
             "pruning/response_tokens_kept_frac": self.kept_positions / max(1, self.unpruned_positions),
             "pruning/positions_scored_frac": self.drawn_positions / max(1, self.unpruned_positions),
@@ -101,6 +101,9 @@ def token_metrics(plan: StepPlan, token_stats: Sequence[Tensor], num_pairs: int)
         values = torch.cat([torch.ones_like(weight)[:, None], stats.detach().float()], dim=-1)
         slots = (group.pair * 2 + group.branch)[group.scored_row].to(device)
         sums.index_add_(0, slots, values * weight[:, None])
+        if group.shared is not None:  # a common-start position counts in both branches (TRL's means)
+            shared = group.shared.to(device)
+            sums.index_add_(0, slots[shared] ^ 1, (values * weight[:, None])[shared])
     sums = sums.view(num_pairs, 2, 4)
     count = sums[..., 0]
     tiny = torch.finfo(torch.float32).tiny

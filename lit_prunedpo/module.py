@@ -91,8 +91,8 @@ class PrunedDPO(L.LightningModule):
             start of its two responses, once per forward (``SharedPromptLayout``) where the model runs them exactly,
             else one right-padded row per response (``RightPaddedLayout``, exact for any causal LM), said in one
             line at the first step. With packed blocks and a margin loss, training steps
-            also skip scoring the common start (its log-ratios cancel in the margin; ``train/logps/*`` then sum
-            the differing part only), and with branch pruning the no-grad rows read their prompts from the
+            also score the common start once, in one row, and count it in both branches (its log-ratios cancel in
+            the margin; ``train/logps/*`` are the whole responses', as TRL's), and with branch pruning the no-grad rows read their prompts from the
             gradient forward's keys and values (not under gradient checkpointing).
         shared_prompt: shorthand kept for configs written before ``layout``: ``true`` is ``SharedPromptLayout``,
             ``false`` is ``PaddedLayout``; give ``layout`` or this, not both.
@@ -321,7 +321,7 @@ class PrunedDPO(L.LightningModule):
         return plan_step(
             batch, parts.prefix_sampler, parts.position_sampler, parts.branch_sampler,
             generator if generator is not None else self.sampler_rng.next(),
-            # the common prefix's log-ratios cancel exactly in a margin: a margin loss need not score them
+            # the common prefix's log-ratios cancel exactly in a margin: a margin loss scores them once, for both
             score_common_prefix=not (parts.layout.runs_common_start_once and self.loss.margin_only),
         )
 

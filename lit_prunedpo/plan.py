@@ -39,6 +39,8 @@ class RowGroup:
         scored_t: ``[K]`` 0-based response position of each scored position.
         weight: ``[K]`` float64 inverse-probability weight of each scored position.
         requires_grad: whether the group's rows get a gradient.
+        shared: ``[K]`` bool, positions inside the pair's common start, scored in this row once for both
+            branches (``plan_step(score_common_prefix=False)``); ``None``: none.
     """
 
     pair: Tensor
@@ -48,6 +50,7 @@ class RowGroup:
     scored_t: Tensor
     weight: Tensor
     requires_grad: bool
+    shared: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -112,6 +115,11 @@ def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
         if f.name == "requires_grad":
             continue
         parts = [getattr(g, f.name) for g in groups]
+        if f.name == "shared":
+            if all(part is None for part in parts):
+                continue
+            parts = [torch.zeros(g.num_scored, dtype=torch.bool) if part is None else part
+                     for g, part in zip(groups, parts, strict=True)]
         if f.name == "scored_row":
             parts = [rows + o for rows, o in zip(parts, offsets, strict=True)]
         merged[f.name] = torch.cat(parts)
@@ -139,7 +147,8 @@ def exact_plan(batch: PreferenceBatch) -> StepPlan:
     return plan_step(batch, *exact_samplers(), generator=torch.Generator())
 
 
-def _group(rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, requires_grad: bool) -> RowGroup | None:
+def _group(rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, requires_grad: bool,
+           shared: Tensor | None) -> RowGroup | None:
     if rows.numel() == 0:
         return None
     scored_row, scored_t = scored[rows].nonzero(as_tuple=True)
@@ -151,6 +160,7 @@ def _group(rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, requires_
         scored_t=scored_t,
         weight=weight[rows][scored_row, scored_t],
         requires_grad=requires_grad,
+        shared=None if shared is None else shared[rows][scored_row, scored_t],
     )
 
 
@@ -166,10 +176,11 @@ def plan_step(
 
     All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too.
 
-    With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are not
-    scored in either branch: their log-ratios are equal in both branches (same context, same token), so they
-    cancel exactly in the margin ``R_w - R_l``; a loss of the margin alone loses nothing (the IPW weights of the
-    other positions are unchanged), while per-branch sums (``logps/chosen``) then cover the differing part only.
+    With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are scored
+    once, in one row (the one with a gradient when only one has it, else the chosen one), and marked ``shared``: their log-probs are equal in both branches (same context, same
+    token), so :func:`lit_prunedpo.estimate.ipw_sums` counts them in both branch sums (``logps/*`` mean what TRL's
+    do) without a gradient (they cancel exactly in the margin ``R_w - R_l``, so a loss of the margin alone loses
+    nothing); the rejected row leaves them out.
     """
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
     lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
@@ -181,9 +192,16 @@ def plan_step(
     kept = prefix.draw(lengths, generator)
     scored = position.draw(kept, T, generator)
     drawn = int(scored.sum())
+    shared = None
     if not score_common_prefix:
         _, common_len = prompt_and_common_lengths(batch)
-        scored = scored & (torch.arange(T)[None, :] >= common_len.repeat_interleave(2)[:, None])
+        common = torch.arange(T)[None, :] < common_len.repeat_interleave(2)[:, None]
+        # scored in the row of the forward that runs the common start anyway: the one with a gradient where only
+        # one branch has it (branch pruning), else the chosen one
+        owner = torch.where(grad_mask[:, 0] != grad_mask[:, 1], grad_mask[:, 1].long(), 0)
+        owns = (torch.arange(2 * B) % 2 == owner.repeat_interleave(2))[:, None]
+        shared = scored & common & owns
+        scored = scored & (owns | ~common)
     survival = prefix.survival(lengths, T)
     inclusion = position.inclusion(kept, T)
 
@@ -192,8 +210,8 @@ def plan_step(
 
     rows = torch.arange(2 * B)
     flat_grad = grad_mask.reshape(-1)
-    grad_group = _group(rows[flat_grad], kept, scored, weight, True)
-    no_grad_group = _group(rows[~flat_grad], kept, scored, weight, False)
+    grad_group = _group(rows[flat_grad], kept, scored, weight, True, shared)
+    no_grad_group = _group(rows[~flat_grad], kept, scored, weight, False, shared)
     groups = tuple(g for g in (grad_group, no_grad_group) if g is not None)
     return StepPlan(
         groups=groups,

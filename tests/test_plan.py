@@ -125,7 +125,13 @@ def test_the_plan_counts_what_the_samplers_kept_apart_from_what_the_layout_skips
     assert whole.kept_positions == whole.drawn_positions == whole.positions_scored == whole.unpruned_positions == lengths
     margin_only = plan_step(batch, *exact_samplers(), g, score_common_prefix=False)
     assert margin_only.kept_positions == margin_only.drawn_positions == lengths
-    assert margin_only.positions_scored == lengths - 4  # 2 common tokens in each of pair 0's branches
+    # pair 0's 2 common tokens are scored once, in the chosen row (both have a gradient), marked shared; the
+    # rejected row leaves them out
+    assert margin_only.positions_scored == lengths - 2
+    (group,) = margin_only.groups
+    shared = group.shared.nonzero().flatten()
+    assert group.pair[group.scored_row[shared]].tolist() == [0, 0] and group.branch[group.scored_row[shared]].tolist() == [0, 0]
+    assert group.scored_t[shared].tolist() == [0, 1]
     pruned = plan_step(batch, SharedFractionPrefix(0.5), BernoulliPositions(0.5), BothBranches(), g)
     assert pruned.kept_positions == sum(int(group.kept.sum()) for group in pruned.groups) <= lengths
     assert pruned.drawn_positions == pruned.positions_scored < pruned.kept_positions  # this seed's draws

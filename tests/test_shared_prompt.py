@@ -331,9 +331,10 @@ def test_unsupported_attention_is_refused(tiny_source):
     assert isinstance(auto.resolved_layout(), RightPaddedLayout)
 
 
-# ------------------------------------------------------------------------ the common prefix is not scored
-def test_margin_loss_skips_the_common_prefix_with_the_same_loss_and_gradients(tiny_source):
-    """Vanilla: the module with a shared prompt (common prefix not scored) equals the padded module scoring it."""
+# ------------------------------------------------------------------ the common prefix is scored once
+def test_margin_loss_scores_the_common_prefix_once_with_the_same_sums_loss_and_gradients(tiny_source):
+    """Vanilla: the module with a shared prompt (common prefix scored once, counted in both branches) equals the
+    padded module scoring it in both rows: the same per-branch sums (TRL's ``logps/*``), loss and gradients."""
     batch = padded_everywhere()
     _, common = prompt_and_common_lengths(batch)
     steps = []
@@ -346,18 +347,19 @@ def test_margin_loss_skips_the_common_prefix_with_the_same_loss_and_gradients(ti
         grads = {n: p.grad.detach().clone() for n, p in module.policy.named_parameters()}
         steps.append((plan, est, grads))
     (plan_s, est_s, grads_s), (plan_p, est_p, grads_p) = steps
-    assert plan_p.positions_scored - plan_s.positions_scored == 2 * int(common.sum())
+    assert plan_p.positions_scored - plan_s.positions_scored == int(common.sum())
     torch.testing.assert_close(est_s.objective, est_p.objective, **TOL)
     torch.testing.assert_close(est_s.margin, est_p.margin, **TOL)
-    torch.testing.assert_close(est_s.log_ratio[:, 0] - est_s.log_ratio[:, 1],
-                               est_p.log_ratio[:, 0] - est_p.log_ratio[:, 1], **TOL)
+    torch.testing.assert_close(est_s.policy_logps, est_p.policy_logps, **TOL)
+    torch.testing.assert_close(est_s.log_ratio, est_p.log_ratio, **TOL)
     for name in grads_s:
         torch.testing.assert_close(grads_s[name], grads_p[name], **TOL, msg=lambda m: f"{name}: {m}")
 
 
-def test_skipping_the_common_prefix_keeps_the_margin_unbiased():
+def test_scoring_the_common_prefix_once_keeps_every_sum_unbiased():
     """Monte Carlo through the real planner (all three samplers): with equal log-ratios on the common prefix, as
-    a causal LM gives, ``E[R_hat_w - R_hat_l]`` and the branch-weighted direction still have mean ``R_w - R_l``."""
+    a causal LM gives, ``E[R_hat_w - R_hat_l]`` and the branch-weighted direction have mean ``R_w - R_l``, and each
+    branch's sum ``E[R_hat_b]`` has mean ``R_b`` (the common part scored in one row, counted in both)."""
     batch = padded_everywhere()
     _, common = prompt_and_common_lengths(batch)
     g = torch.Generator().manual_seed(0)
@@ -367,18 +369,20 @@ def test_skipping_the_common_prefix_keeps_the_margin_unbiased():
     target = rho[:, 0].sum(-1) - rho[:, 1].sum(-1)
     sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
     samplers = SharedFractionPrefix(0.3), StratifiedPositions(0.5), RandomBranch(0.5)
-    margins, directions = [], []
+    margins, directions, sums = [], [], []
     for _ in range(600):
         plan = plan_step(batch, *samplers, g, score_common_prefix=False)
-        for grp in plan.groups:
-            assert bool((grp.scored_t >= common[grp.pair[grp.scored_row]]).all())
+        for grp in plan.groups:  # in the common start, only the positions scored for both branches
+            assert bool(((grp.scored_t >= common[grp.pair[grp.scored_row]]) | grp.shared).all())
         scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
         r_hat = ipw_sums(plan, scored, batch.num_pairs)
         margins.append(r_hat[:, 0] - r_hat[:, 1])
         directions.append((plan.grad_mask * sign * r_hat / plan.branch_prob).sum(-1))
-    for draws in (torch.stack(margins), torch.stack(directions)):
+        sums.append(r_hat.flatten())
+    for draws, expected in ((torch.stack(margins), target), (torch.stack(directions), target),
+                            (torch.stack(sums), rho.sum(-1).flatten())):
         stderr = draws.std(0) / len(draws) ** 0.5
-        assert bool(((draws.mean(0) - target).abs() <= 5 * stderr + 1e-9).all()), (draws.mean(0), target)
+        assert bool(((draws.mean(0) - expected).abs() <= 5 * stderr + 1e-9).all()), (draws.mean(0), expected)
 
 
 def test_a_loss_that_is_not_a_margin_loss_scores_the_common_prefix(tiny_source):
