@@ -84,6 +84,29 @@ class StepStats:
         }
 
 
+class MetricWindow:
+    """Per-step training values summed since the last log, logged as their mean: TRL's logged training metrics
+    (``DPOTrainer._metrics``, lists averaged and cleared at every log, as ``transformers`` averages the loss over
+    ``logging_steps``), not the value of the logged step alone."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, Tensor] = {}
+        self._steps = 0
+
+    def add(self, values: dict[str, Tensor | float]) -> None:
+        """One step's values (the same names every step); kept on their device, no synchronisation."""
+        for name, value in values.items():
+            value = torch.as_tensor(value).detach().to(torch.float64)
+            self._sums[name] = self._sums[name] + value if name in self._sums else value
+        self._steps += 1
+
+    def pop_means(self) -> dict[str, Tensor]:
+        """The mean of every value over the steps added since the last call; the window starts again empty."""
+        means = {name: total / self._steps for name, total in self._sums.items()}
+        self._sums, self._steps = {}, 0
+        return means
+
+
 def token_metrics(plan: StepPlan, token_stats: Sequence[Tensor], num_pairs: int) -> dict[str, tuple[Tensor, Tensor]]:
     """TRL's token metrics of one step as ``(value [B], weight [B])`` per name (see :data:`TOKEN_METRICS`).
 

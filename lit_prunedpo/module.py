@@ -34,7 +34,7 @@ from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
 from lit_prunedpo.metrics import (
-    PAIR_METRICS, TOKEN_METRICS, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
+    PAIR_METRICS, TOKEN_METRICS, MetricWindow, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
 )
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.nonfinite import NonFiniteGuard
@@ -171,6 +171,7 @@ class PrunedDPO(L.LightningModule):
         self.sampler_rng = SamplerRNG()
         self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
         self.step_stats: StepStats | None = None
+        self._window = MetricWindow()
         self._grad_norm: Tensor | None = None  # this optimizer step's, checked before the update, then logged
         self._sharded = False  # set by configure_model under FSDP2
         self.num_tokens = 0  # TRL's num_tokens: input tokens of every rank's training batches so far
@@ -192,6 +193,7 @@ class PrunedDPO(L.LightningModule):
             rank_zero_warn(f"{len(frozen)} policy module(s) are in eval mode at the start of training, e.g. {frozen[:3]}")
 
     def on_train_start(self) -> None:
+        self._window = MetricWindow()  # a resumed run's window starts with its first step
         self._eval_mode_warning.close()
         self._apply_resumed_setup()
 
@@ -362,19 +364,22 @@ class PrunedDPO(L.LightningModule):
         self._count_tokens(batch)
         finite = self.nonfinite.loss_ok(est, batch, batch_idx, self.global_step, self._trainer and self.trainer.strategy)
         B = batch.num_pairs
-        values = {f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()}
-        if logged:
+        # every step into the window, a skipped one with its own (non-finite) values, never the previous step's
+        self._window.add({**{f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()},
+                          **{f"train/{k}": v for k, v in self.step_stats.as_metrics().items()}})
+        if not finite:
+            self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        if logged:  # TRL's: the means over the steps since the last log; the token metrics of this step alone
+            values = self._window.pop_means()
             tokens = token_metrics(out.plan, out.logps.policy_token_stats, B)
             values.update({f"train/{k}": weighted_mean(v, w) for k, (v, w) in tokens.items()})
-        # float64, so that the count stays exact past float32's 2**24 (Lightning keeps a step-only value's dtype)
-        values["train/num_tokens"] = torch.tensor(self.num_tokens, dtype=torch.float64)
-        values.update({f"train/{k}": v for k, v in self.step_stats.as_metrics().items()})
-        self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B)
-        self.log_dict(values, on_step=True, on_epoch=False, batch_size=B)
-        if not finite:  # logged above with its own values: a skipped step must not show the previous step's
-            self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-            return None
-        return est.objective
+            # float64, so that the count stays exact past float32's 2**24 (Lightning keeps a step-only value's dtype)
+            values["train/num_tokens"] = torch.tensor(self.num_tokens, dtype=torch.float64)
+            # the mean over ranks, as TRL gathers every rank's values (only on logged steps: one small all-reduce)
+            self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B,
+                     sync_dist=True)
+            self.log_dict(values, on_step=True, on_epoch=False, batch_size=B, sync_dist=True)
+        return est.objective if finite else None
 
     def _logs_this_step(self) -> bool:
         """Whether Lightning writes this training step's on-step logs (every ``log_every_n_steps``, and the last);

@@ -258,3 +258,26 @@ def test_token_metrics_are_computed_only_on_the_steps_whose_logs_are_written(tmp
     assert asked == [False, True, False, True]  # one more pass over the scored logits, every log_every_n_steps only
     rows = [r for r in csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()) if r.get("train/loss")]
     assert len(rows) == 2 and all(r[f"train/{name}"] for r in rows for name in TOKEN_METRICS)
+
+
+def test_logged_training_metrics_are_means_over_the_logging_window_as_trls(tmp_path):
+    """TRL averages its training metrics over the steps since the last log (``_metrics`` lists, cleared at each
+    log): the same run logged every step and every 3 steps gives, at steps 2 and 5, the mean of steps 0-2 and 3-5."""
+    def fit(every: int, root):
+        build_cli(["fit", *config_args("all"), f"--trainer.default_root_dir={root}", "--trainer.max_steps=6",
+                   "--trainer.limit_val_batches=0", f"--trainer.log_every_n_steps={every}",
+                   "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                   "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={root}",
+                   "--data.init_args.max_rows=96", "--data.init_args.batch_size=8"])
+        rows = csv.DictReader(next(root.rglob("metrics.csv")).open())
+        return {int(r["step"]): {k: float(v) for k, v in r.items() if v and k != "step"} for r in rows if r.get("train/loss")}
+
+    each, windowed = fit(1, tmp_path / "each"), fit(3, tmp_path / "windowed")
+    assert sorted(each) == list(range(6)) and sorted(windowed) == [2, 5]
+    for name in ("train/loss", "train/rewards/margins", "train/logps/chosen", "train/pruning/positions_scored_frac",
+                 "train/work/tokens_executed"):
+        for end in (2, 5):
+            mean = sum(each[s][name] for s in range(end - 2, end + 1)) / 3
+            assert windowed[end][name] == pytest.approx(mean, rel=1e-5, abs=1e-7), (name, end)
+    assert windowed[5]["train/num_tokens"] == each[5]["train/num_tokens"]  # a running count: the step's own
+    assert windowed[5]["train/learning_rate"] == each[5]["train/learning_rate"]
