@@ -11,7 +11,9 @@ without ever loading the reference model::
 
 A cache that is already up to date is left alone; a stale one is refused, naming the fields that differ,
 unless ``--model.reference.init_args.recompute=true``. The build runs in this one process (one device);
-multi-device builds happen inside ``fit``, sharded over its ranks.
+multi-device builds happen inside ``fit``, sharded over its ranks. It logs its progress (every tenth of the pairs,
+at most a line every 10 s) and holds one chunk of logits at a time, not a batch's
+(:mod:`lit_prunedpo.reference.cached`).
 
 A disk that fills while the cache is written ends the command with one line naming the file and saying so
 (``lit-prunedpo-cache: reference cache PATH: disk full (ENOSPC: ...) while writing it ...``, exit status 1); nothing

@@ -11,7 +11,9 @@ Pieces, in the order data flows:
   :func:`~lit_prunedpo.plan.exact_plan` (full prefixes, all positions, both branches),
   :class:`~lit_prunedpo.scoring.TokenScorer` as :class:`~lit_prunedpo.reference.OnlineReference`, each response
   in its own right-padded row (:class:`~lit_prunedpo.layout.RightPaddedLayout`, exact for any causal LM), so the
-  values are what the model's plain forward of each response alone computes.
+  values are what the model's plain forward of each response alone computes. The LM head and its log-softmax
+  run on ``LOGITS_PER_CHUNK`` logits at a time (:func:`score_in_chunks`), never on a whole batch's
+  ``[tokens, vocabulary]``: at GPT-2's vocabulary those are gigabytes while the body needs megabytes.
 * :class:`~lit_prunedpo.reference.store.ReferenceLogpStore` holds them flat (``values`` float32
   ``[total_tokens]``) with per (row, branch) ``offsets``/``lengths`` and the sorted dataset keys
   (``batch.index``), and gathers at any positions.
@@ -51,6 +53,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.head import OutputHead
 from lit_prunedpo.lora import adapters_off
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.plan import StepPlan, exact_plan
@@ -58,9 +61,14 @@ from lit_prunedpo.reference.base import ReferenceData, ReferenceRuntime, Referen
 from lit_prunedpo.reference.fingerprint import fingerprint_diff, jsonable, reference_identity
 from lit_prunedpo.reference.store import VERSION, ReferenceLogpStore, read_fingerprint
 from lit_prunedpo.layout import PairLengths, RightPaddedLayout
-from lit_prunedpo.scoring import TokenScorer
+from lit_prunedpo.scoring import GroupInputs, TokenScorer, model_head, split_causal_lm
 
 DEFAULT_FILENAME = "reference_logps.safetensors"
+#: Logits a build computes at once (:func:`score_in_chunks`): 16 MiB of float32 (the plain scorer holds them and their
+#: log-softmax: 32 MiB), i.e. 83 positions of GPT-2's 50,257-token vocabulary, whatever the batch. Kept under glibc's
+#: 32 MiB mmap threshold so that on CPU each chunk reuses the last one's freed heap: 64 MiB chunks were mapped and
+#: page-faulted afresh every time (about a third of the build's time in the kernel), at no gain in matmul speed.
+LOGITS_PER_CHUNK = 1 << 22
 
 
 class CachedReference(ReferenceSource):
@@ -71,7 +79,8 @@ class CachedReference(ReferenceSource):
         model: the reference model to cache; ``None`` is the policy's initial weights (``module.policy`` at
             set-up, before any checkpoint loads).
         recompute: rebuild the cache even when one exists (also when its fingerprint differs).
-        batch_size: pairs per forward pass while building.
+        batch_size: pairs per forward pass while building: it sizes the body's activations only, since the LM head
+            runs on ``LOGITS_PER_CHUNK`` logits at a time whatever the batch.
 
     Raises:
         ValueError: on ``batch_size < 1``; at set-up, on a stale cache (naming the differing fields), a
@@ -241,8 +250,8 @@ def _data_rows(data: ReferenceData, batch_size: int) -> tuple[Tensor, Tensor]:
 # --------------------------------------------------------------------------------------------- computing
 class BuildProgress:
     """Logs how far a cache build is, so that a build of minutes is not silent: a line when another tenth of the
-    pairs is done, at most one every ``min_interval_s`` seconds, and the last one, each with the time spent and the
-    time left at the pace so far (pairs come shortest first, so the estimate errs low).
+    pairs is done, at most one every ``min_interval_s`` seconds, and the last one, each with the time spent, the
+    pairs per second and the time left at the pace so far (pairs come shortest first, so the estimate errs low).
 
     Args:
         total_pairs: pairs the whole build scores (all ranks).
@@ -267,13 +276,41 @@ class BuildProgress:
             return
         spent = now - self.start
         left = spent * (1 - share) / share if share > 0 else float("nan")
-        line = (f"reference cache {self.what}: {done} of {self.total} pairs ({share:.0%}) in {spent:.0f} s"
+        rate = f", {done / spent:.1f} pairs/s" if spent > 0 else ""
+        line = (f"reference cache {self.what}: {done} of {self.total} pairs ({share:.0%}) in {spent:.0f} s{rate}"
                 + ("" if last else f", about {left:.0f} s left"))
         self.lines.append(line)
         rank_zero_info(line)
         self.last_time = now
         while self.next_share <= share:
             self.next_share += 0.1
+
+
+def head_rows(head: OutputHead, logits_per_chunk: int) -> int:
+    """Positions the head projects at once so that their logits number about ``logits_per_chunk``: the vocabulary is
+    the LM head's output rows (a head without a 2-D weight is taken to have ``2**16``, a large vocabulary)."""
+    weight = getattr(head.linear, "weight", None)
+    vocab = weight.shape[0] if isinstance(weight, Tensor) and weight.ndim == 2 else 1 << 16
+    return max(1, logits_per_chunk // max(1, vocab))
+
+
+def score_in_chunks(scorer: TokenScorer, model: nn.Module, inputs: GroupInputs, logits_per_chunk: int) -> Tensor:
+    """``scorer(model, inputs)``, with ``scorer.log_probs`` applied to :func:`head_rows` gathered positions at a time.
+
+    Why: a build scores every response token of a whole batch in one forward (``K`` in the thousands), and the
+    plain scorer's ``[K, V]`` logits and their log-softmax are gigabytes at a 50k vocabulary, where the model body
+    needs megabytes. Each position's log-softmax is its own row's, so the values are the scorer's own, up to the
+    round-off of a matmul over fewer rows. The body still runs once per batch, so a scorer's own ``__call__`` is not
+    used: :meth:`~lit_prunedpo.scoring.TokenScorer.log_probs` is where a scorer changes how log-probs are computed.
+    """
+    body, linear = split_causal_lm(model)
+    head = model_head(model, linear)
+    # [K, d]; the body's [n, W, d] output is freed right away
+    gathered = scorer.hidden_states(body, inputs)[inputs.gather_row, inputs.gather_col]
+    rows = head_rows(head, logits_per_chunk)
+    parts = [scorer.log_probs(head, gathered[start : start + rows], inputs.targets[start : start + rows])
+             for start in range(0, gathered.shape[0], rows)]
+    return torch.cat(parts) if parts else gathered.new_empty(0, dtype=torch.float32)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -288,11 +325,15 @@ def compute_reference_logps(
     scorer: TokenScorer | None = None,
     forward_context: Callable[[], ContextManager] | None = None,
     progress: Callable[[int], None] | None = None,
+    logits_per_chunk: int = LOGITS_PER_CHUNK,
 ) -> ReferenceLogpStore:
     """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
 
     Each batch is planned with full prefixes, all positions and both branches and scored in right-padded rows
-    (exact for any causal LM) with ``scorer``, as the online reference scores an unpruned step. The model runs in eval mode (dropout off) on its own device and gets its mode back.
+    (exact for any causal LM) with ``scorer``, as the online reference scores an unpruned step, except that the LM
+    head runs on a chunk of positions at a time (:func:`score_in_chunks`): the build's peak memory is the body's
+    and one chunk's logits, not ``[batch tokens, vocabulary]``. The model runs in eval mode (dropout off) on its
+    own device and gets its mode back.
 
     Args:
         model: a ``transformers`` causal LM.
@@ -300,10 +341,13 @@ def compute_reference_logps(
         scorer: how log-probs are computed; ``None`` is :class:`~lit_prunedpo.scoring.TokenScorer`.
         forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
         progress: called after each batch with the number of pairs scored so far (e.g. :class:`BuildProgress`).
+        logits_per_chunk: how many logits (positions x vocabulary) exist at once (:func:`score_in_chunks`).
 
     Raises:
-        ValueError: a batch is invalid, or an index repeats.
+        ValueError: a batch is invalid, an index repeats, or ``logits_per_chunk < 1``.
     """
+    if logits_per_chunk < 1:
+        raise ValueError(f"compute_reference_logps: logits_per_chunk must be >= 1, got {logits_per_chunk!r}")
     scorer = scorer if scorer is not None else TokenScorer()
     context = forward_context if forward_context is not None else contextlib.nullcontext
     device = model_device(model)
@@ -320,7 +364,7 @@ def compute_reference_logps(
             (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
             with context():
                 inputs = RightPaddedLayout().arrange(group, PairLengths.of(batch)).inputs(batch)
-                logps = scorer(model, inputs).float().cpu()
+                logps = score_in_chunks(scorer, model, inputs, logits_per_chunk).float().cpu()
             # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
             # tokens are consecutive in `logps`.
             per_pair = batch.response_lengths.cpu()

@@ -133,9 +133,9 @@ def test_build_progress_reports_every_tenth_at_most_every_interval_and_the_end()
         progress(done)
     # 5% is below the first tenth; 35% comes 1 s after the last line; the end always reports
     assert progress.lines == [
-        "reference cache c.safetensors: 15 of 100 pairs (15%) in 20 s, about 113 s left",
-        "reference cache c.safetensors: 35 of 100 pairs (35%) in 40 s, about 74 s left",
-        "reference cache c.safetensors: 100 of 100 pairs (100%) in 100 s",
+        "reference cache c.safetensors: 15 of 100 pairs (15%) in 20 s, 0.8 pairs/s, about 113 s left",
+        "reference cache c.safetensors: 35 of 100 pairs (35%) in 40 s, 0.9 pairs/s, about 74 s left",
+        "reference cache c.safetensors: 100 of 100 pairs (100%) in 100 s, 1.0 pairs/s",
     ]
     assert rc.BuildProgress(total_pairs=101, world_size=2, what="x").total == 51  # a rank's share, rounded up
 
