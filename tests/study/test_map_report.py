@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lit_prunedpo.study.map_auto import auto_row
-from lit_prunedpo.study.map_report import cell_rows, plot_map, to_markdown
+from lit_prunedpo.study.map_report import cell_rows, map_figure, plot_map, to_markdown
 from lit_prunedpo.study.memory import GPU_NOTE
 from lit_prunedpo.study.report import memory_markdown
 
@@ -129,5 +129,17 @@ def test_the_plot_draws_ratios_that_were_not_reached(tmp_path):
     auto = [{"name": "a", "loss_ratio": 1.01, "loss_interval": [1.0, 1.02]}]
     assert plot_map({"rows": rows, "auto_rows": auto}, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 0
+    # the misses sit in a column of their own, labelled "n.r."; the legend is below the axis, readable
+    import matplotlib.pyplot as plt
+
+    fig = map_figure({"rows": rows, "auto_rows": auto})
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()][-1] == "n.r."
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()][:3] == ["position-coupled", "antithetic",
+                                                             "auto (vs same-batch vanilla)"]
+    assert legend.get_window_extent().y1 <= ax.get_window_extent().y0 and legend.get_texts()[0].get_fontsize() >= 9
+    plt.close(fig)
     with pytest.raises(ValueError, match="no same-batch arm of 'antithetic'"):
         auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "antithetic", "calibration_cpu_s": 1.0}, None)
