@@ -1,18 +1,30 @@
 """Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
 checkpoint with its run summary, the SIGTERM (preemption) checkpoint, greedy samples at each validation, a step
 progress bar, the prune-early schedule and the auto-pruning calibration; and, for the package's own harnesses, the peak-memory meter and the
-prune-early switch those callbacks use."""
+prune-early switch those callbacks use.
 
-from ._memory import PeakMemoryMeter, PeakReading
-from .auto_pruning import AutoPruning
-from .final_checkpoint import FinalCheckpoint
-from .last_checkpoint import LastCheckpointAtValidation
-from .peak_memory import PeakMemoryMonitor
-from .progress_bar import StepProgressBar
-from .preemption import PreemptionCheckpoint
-from .prune_early import SAMPLER_ATTRS, PruneEarly, use_exact_samplers
-from .step_time import StepTimeMonitor
-from .validation_samples import ValidationSamples
+Each name is imported from its module on first use (PEP 562 ``__getattr__``): the callbacks import lightning, which
+a command that needs none of them (``lit-prunedpo --help``, ``lit-prunedpo export``) should not pay for.
+``from lit_prunedpo.callbacks import FinalCheckpoint`` and a config's ``class_path: lit_prunedpo.callbacks.X`` work
+as ever.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ imports them
+    from ._memory import PeakMemoryMeter, PeakReading
+    from .auto_pruning import AutoPruning
+    from .final_checkpoint import FinalCheckpoint
+    from .last_checkpoint import LastCheckpointAtValidation
+    from .peak_memory import PeakMemoryMonitor
+    from .preemption import PreemptionCheckpoint
+    from .progress_bar import StepProgressBar
+    from .prune_early import SAMPLER_ATTRS, PruneEarly, use_exact_samplers
+    from .step_time import StepTimeMonitor
+    from .validation_samples import ValidationSamples
 
 __all__ = [
     "AutoPruning", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
@@ -21,3 +33,24 @@ __all__ = [
     # lit_prunedpo.study): the peak-memory meter and the prune-early switch
     "PeakMemoryMeter", "PeakReading", "SAMPLER_ATTRS", "use_exact_samplers",
 ]
+
+#: public name -> the module (in this package) that defines it
+_LAZY = {
+    "PeakMemoryMeter": "_memory", "PeakReading": "_memory", "AutoPruning": "auto_pruning",
+    "FinalCheckpoint": "final_checkpoint", "LastCheckpointAtValidation": "last_checkpoint",
+    "PeakMemoryMonitor": "peak_memory", "PreemptionCheckpoint": "preemption", "StepProgressBar": "progress_bar",
+    "SAMPLER_ATTRS": "prune_early", "PruneEarly": "prune_early", "use_exact_samplers": "prune_early",
+    "StepTimeMonitor": "step_time", "ValidationSamples": "validation_samples",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

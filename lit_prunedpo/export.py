@@ -41,16 +41,16 @@ import glob
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
-import torch
-from torch import Tensor, nn
-
-from lit_prunedpo.hub import written_as_path
-from lit_prunedpo.models import source_from_spec
+# torch, and lit_prunedpo.hub / .models (which import torch and lightning), are imported where they are used:
+# `lit-prunedpo export --help` reads only the signature of `export` (tests/test_startup.py)
 from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno
 from lit_prunedpo.prompt_ids import match_plain_call, prompt_inputs, trained_with_bos
 from lit_prunedpo.whole_folder import MARKER, WriteTracker, move_into_place, remove
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 __all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata",
            "read_checkpoint"]
@@ -124,6 +124,8 @@ def _unreadable(path: Path, err: BaseException) -> ValueError:
 
 def _load(file: Path, path: Path) -> dict[str, Any]:
     """``torch.load`` of a checkpoint's pickle, any failure (not a pickle, cut short, not a dict) naming ``path``."""
+    import torch
+
     try:
         loaded = torch.load(file, map_location="cpu", weights_only=False)
     except Exception as err:
@@ -135,6 +137,7 @@ def _load(file: Path, path: Path) -> dict[str, Any]:
 
 
 def _read_sharded(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -189,6 +192,7 @@ def load_policy(path: str | Path, base_model: str | None = None) -> tuple[nn.Mod
         model.load_state_dict(state, strict=True)
         return model.eval(), meta
     from lit_prunedpo.lora import load_adapter_state
+    from lit_prunedpo.models import source_from_spec
 
     spec = _base_spec(info, base_model, path)
     # the digest check's messages name the base actually loaded
@@ -223,6 +227,8 @@ def _base_spec(info: dict[str, Any], base_model: str | None, path: str | Path) -
 def _replace_base(spec: dict[str, Any] | None, base_model: str) -> dict[str, Any]:
     """``spec`` loading from ``base_model`` instead: its ``name_or_path`` replaced, or a ``Pretrained`` source (with
     the recorded dtype) for a base that had none (``FromConfig``)."""
+    from lit_prunedpo.hub import written_as_path
+
     if written_as_path(base_model) and not Path(base_model).expanduser().exists():
         raise FileNotFoundError(f"--base_model {base_model}: no such folder; give the folder the LoRA base model was "
                                 "moved to (written by save_pretrained), or its hub name")
@@ -360,6 +366,11 @@ def export(
     move_into_place(partial, final)
     _report(written, switches, out_dir, leftovers, final.parent)
     return out_dir
+
+
+# jsonargparse (`main`) would resolve the string annotations (`from __future__ import annotations`) by running this
+# module's `if TYPE_CHECKING:` block, which imports torch; resolved here, `lit-prunedpo export --help` imports no torch
+export.__annotations__ = get_type_hints(export)
 
 
 def _write_export(

@@ -8,6 +8,7 @@ network, and no stale ``build/`` folder of an earlier build in the checkout can 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,86 @@ def test_nothing_lands_outside_the_package(wheel):
     # top-level "callbacks" or "configs" packages in site-packages would clash with any other project's
     top = {name.split("/")[0] for name in wheel}
     assert {t for t in top if not t.endswith(".dist-info")} == {"lit_prunedpo"}
+
+
+# --- the shipped configs by name (issue 30): after `pip install .` the working folder has no configs/ -------------
+
+#: every shipped YAML by its name under configs/: quickstart, modes/branch, losses/ipo, ...
+SHIPPED_NAMES = sorted(p.relative_to(REPO / "configs").with_suffix("").as_posix()
+                       for p in (REPO / "configs").rglob("*.yaml"))
+
+
+def test_the_packaged_configs_are_the_shipped_ones():
+    from lit_prunedpo.cli import shipped_configs
+
+    found = shipped_configs()
+    assert list(found) == SHIPPED_NAMES and {"quickstart", "modes/branch", "losses/ipo"} <= set(found)
+    assert all(path.read_bytes() == (REPO / "configs" / f"{name}.yaml").read_bytes() for name, path in found.items())
+
+
+@pytest.mark.parametrize("name", SHIPPED_NAMES)
+def test_every_shipped_config_is_found_by_its_name(name, tmp_path, monkeypatch):
+    from lit_prunedpo.cli import resolve_config
+
+    monkeypatch.chdir(tmp_path)  # an empty folder, as after a non-editable install
+    shipped = (REPO / "configs" / f"{name}.yaml").read_bytes()
+    for spelling in (name, f"{name}.yaml", f"configs/{name}.yaml"):  # the last: the README's and each YAML's own
+        path, said = resolve_config(spelling)
+        assert Path(path).read_bytes() == shipped, spelling
+        where = "" if spelling == name else f"{spelling} not in the working folder: "
+        assert said == f"config: {where}using the packaged {name} {path}"
+
+
+def test_a_config_in_the_working_folder_wins(tmp_path, monkeypatch):
+    from lit_prunedpo.cli import resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/quickstart.yaml").write_text("seed_everything: 1\n")
+    (tmp_path / "quickstart").write_text("seed_everything: 2\n")
+    assert resolve_config("configs/quickstart.yaml") == ("configs/quickstart.yaml", None)
+    assert resolve_config("quickstart") == ("quickstart", None)
+    # inline YAML, URLs and absolute paths are LightningCLI's to read
+    for value in ("{trainer: {max_steps: 2}}", "trainer.max_steps: 2", "s3://bucket/x.yaml", "/no/such/file.yaml"):
+        assert resolve_config(value) == (value, None)
+
+
+def test_an_unknown_name_lists_the_shipped_ones(tmp_path, monkeypatch):
+    from lit_prunedpo.cli import resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    for value in ("quickstrat", "configs/modes/brunch.yaml", "my.yaml"):
+        with pytest.raises(ValueError, match=f"--config {value}: no such file in {tmp_path}, nor a shipped config") as err:
+            resolve_config(value)
+        assert ", ".join(SHIPPED_NAMES) in str(err.value)
+
+
+def test_every_config_argument_is_resolved(tmp_path, monkeypatch):
+    from lit_prunedpo.cli import resolve_config_args
+
+    monkeypatch.chdir(tmp_path)
+    args, said = resolve_config_args(["fit", "-c", "quickstart", "--config=modes/branch", "--config",
+                                      "{seed_everything: 3}", "--trainer.max_steps", "2"])
+    assert args == ["fit", "-c", str(REPO / "configs/quickstart.yaml"), f"--config={REPO / 'configs/modes/branch.yaml'}",
+                    "--config", "{seed_everything: 3}", "--trainer.max_steps", "2"]
+    assert len(said) == 2
+
+
+def test_the_configs_command_lists_and_copies(tmp_path, monkeypatch, capsys):
+    from lit_prunedpo.cli import main
+
+    main(["configs"])
+    listed = capsys.readouterr().out
+    assert all(re.search(rf"^  {re.escape(name)} +lit-prunedpo fit --config ", listed, re.M) for name in SHIPPED_NAMES)
+    monkeypatch.chdir(tmp_path)
+    main(["configs", "--copy", "configs"])
+    copied = sorted(p.relative_to(tmp_path / "configs").with_suffix("").as_posix()
+                    for p in (tmp_path / "configs").rglob("*.yaml"))
+    assert copied == SHIPPED_NAMES and f"copied {len(copied)} configs into configs" in capsys.readouterr().out
+    main(["configs", "--copy", "configs"])  # again: the same files, nothing to refuse
+    edited = tmp_path / "configs/modes/branch.yaml"
+    edited.write_text(edited.read_text() + "# mine\n")
+    (tmp_path / "configs/quickstart.yaml").unlink()
+    with pytest.raises(FileExistsError, match=f"not overwriting 1 file.*{re.escape(str(Path('configs/modes/branch.yaml')))}"):
+        main(["configs", "--copy", "configs"])
+    assert edited.read_text().endswith("# mine\n") and not (tmp_path / "configs/quickstart.yaml").exists()
