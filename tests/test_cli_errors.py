@@ -42,6 +42,7 @@ def test_a_misspelt_model_config_key_ends_the_output(tmp_path):
     assert not list(tmp_path.rglob("config*.yaml"))  # refused before the run config is written
 
 
+@pytest.mark.slow  # two CLI runs in subprocesses
 def test_the_command_prints_its_own_checks_as_one_line_and_keeps_other_tracebacks(tmp_path):
     import os
     import subprocess

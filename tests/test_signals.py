@@ -16,6 +16,8 @@ import torch
 
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # the CLI in subprocesses, signalled: `pytest -m slow` (CI runs it)
+
 
 @pytest.mark.parametrize("signum, count, status, said", [
     (signal.SIGINT, 1, 130, "run stopped by Ctrl-C at step"),

@@ -33,6 +33,8 @@ from lit_prunedpo.samplers import (
 )
 from lit_prunedpo.step import StepParts
 
+pytestmark = pytest.mark.slow  # benchmark runs: `pytest -m slow` (CI runs it)
+
 FIELDS = (
     "mode", "reference", "scorer", "step_time_s", "step_time_p90_s", "peak_memory_mb", "tokens_executed",
     "positions_scored", "ideal_speedup", "speedup", "efficiency",

@@ -7,9 +7,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from helpers import REPO
+
+pytestmark = pytest.mark.slow  # the CLI in a subprocess, killed: `pytest -m slow` (CI runs it)
 
 
 def test_a_run_killed_after_a_validation_keeps_its_last_checkpoint(tmp_path):

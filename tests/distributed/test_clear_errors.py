@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
+
+pytestmark = pytest.mark.slow  # a two-process DDP launch in a subprocess: `pytest -m slow` (CI runs it)
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -33,6 +33,8 @@ from lit_prunedpo.samplers import (
 
 from helpers import REPO, make_batch
 
+pytestmark = pytest.mark.slow  # multi-process DDP/FSDP2 runs in subprocesses: `pytest -m slow` (CI runs it)
+
 HERE = Path(__file__).resolve().parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 TOL = 1e-5

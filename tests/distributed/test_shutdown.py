@@ -12,7 +12,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
+
+pytestmark = pytest.mark.slow  # multi-process runs in subprocesses: `pytest -m slow` (CI runs it)
 
 SCRIPT = """
 import gc, sys

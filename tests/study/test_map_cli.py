@@ -25,6 +25,8 @@ import lit_prunedpo.study.map_cli as map_cli
 from lit_prunedpo.study.map_cli import main
 from lit_prunedpo.study.outputs import OutputError, folder_lock
 
+pytestmark = pytest.mark.slow  # regime maps of tiny trainings: `pytest -m slow` (CI runs it)
+
 SPEC = {"modes": ["position-coupled"], "blocks": [
     {"task": "generated", "length": 8, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": 4}]}
 ARGS = ["--quick", "--budget", "0.2", "--steps", "2", "--evals", "2", "--seeds", "0,1", "--no-sweep", "--noise-pairs", "4",
@@ -154,6 +156,7 @@ def test_a_folder_with_an_earlier_map_needs_resume(finished, capsys):
 HOLD = """import sys
 from pathlib import Path
 from lit_prunedpo.study.outputs import folder_lock
+
 with folder_lock(Path(sys.argv[1]), sys.argv[2]):
     print("locked", flush=True)
     sys.stdin.read()

@@ -17,6 +17,8 @@ from lit_prunedpo.study.memory import (
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 from lit_prunedpo.testing import synthetic_batch
 
+pytestmark = pytest.mark.slow  # memory-fitted trainings: `pytest -m slow` (CI runs it)
+
 TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
         "vocab_size": 64}
 

@@ -12,6 +12,8 @@ import pytest
 from lit_prunedpo.study.cli import main
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
+pytestmark = pytest.mark.slow  # studies of tiny trainings: `pytest -m slow` (CI runs it)
+
 HEAVY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
          "vocab_size": 16384}
 ARGS = ["--seeds", "0,1", "--budget", "0.1", "--steps", "2", "--evals", "1", "--calibration-steps", "1", "--bootstrap", "200",

@@ -22,6 +22,8 @@ from lit_prunedpo.study.report import summarise
 from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run, run_study
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
+pytestmark = pytest.mark.slow  # studies of tiny trainings: `pytest -m slow` (CI runs it)
+
 TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
 BUDGET, STEPS, EVALS = 0.15, 4, 2
 

@@ -13,6 +13,8 @@ from lit_prunedpo.study.runner import run_study, weights_checksum
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 from lit_prunedpo.study.warm_start import RECORD, chosen_inputs, chosen_nll, warm_start
 
+pytestmark = pytest.mark.slow  # warm-start trainings: `pytest -m slow` (CI runs it)
+
 TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
 STEPS = 12
 
