@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from lit_prunedpo.study.arms import MODES
-from lit_prunedpo.study.outputs import OutputError, Refused, folder_lock
+from lit_prunedpo.study.outputs import OutputError, Refused, claim_folder
 from lit_prunedpo.study.tasks import TASKS, StudyTask
 
 QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64, "seeds": [0, 1, 2], "tune_seeds": [100],
@@ -232,8 +232,7 @@ def claim_out(out: Path, overwrite: bool, held: contextlib.ExitStack) -> bool:
     Raises:
         Refused: another study runs there (its process named), or an earlier one's records are there.
     """
-    held.enter_context(folder_lock(out, "study"))
-    earlier = [name for name in STUDY_FILES if (out / name).exists()]
+    earlier = claim_folder(out, "study", STUDY_FILES, held)
     if earlier and not overwrite:
         raise Refused(f"--out {out} holds an earlier study ({', '.join(earlier)}): choose another --out, or pass "
                       "--overwrite to replace it")

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from lit_prunedpo.study.cli import count, factor_list, mode_list, real, seed_list
-from lit_prunedpo.study.outputs import OutputError, Refused, folder_lock, read_journal, read_json, write_atomic
+from lit_prunedpo.study.outputs import OutputError, Refused, claim_folder, read_journal, read_json, write_atomic
 
 MAP_DEFAULTS: dict[str, Any] = {"steps": 10, "evals": 5, "max_eval_pairs": 32, "seeds": [0, 1, 2, 3, 4], "tune_seeds": [100],
                                 "calibration_steps": 3, "noise_pairs": 16, "noise_draws": 24, "limit_minutes": 90.0}
@@ -233,8 +233,7 @@ def claim_map_folder(out: Path, resume: bool, held: contextlib.ExitStack) -> Non
     Raises:
         Refused: another map runs there (its process named), or an earlier map's outputs are there.
     """
-    held.enter_context(folder_lock(out, "map"))
-    earlier = [name for name in MAP_FILES if (out / name).exists()]
+    earlier = claim_folder(out, "map", MAP_FILES, held)
     if earlier and not resume:
         raise Refused(f"--out {out} holds an earlier map ({', '.join(earlier)}): pass --resume to go on with it (with its "
                       "settings), or choose another --out")

@@ -24,7 +24,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from lit_prunedpo.full_disk import describe_full, disk_full_errno
 
@@ -89,6 +89,17 @@ def folder_lock(folder: Path, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def claim_folder(folder: Path, what: str, files: Sequence[str], held: contextlib.ExitStack) -> list[str]:
+    """Take ``folder``'s lock for this run (:func:`folder_lock`, held by ``held``) and return which of an earlier
+    run's ``files`` are there: the caller refuses, resumes or replaces them.
+
+    Raises:
+        FolderInUse: another process holds the folder.
+    """
+    held.enter_context(folder_lock(folder, what))
+    return [name for name in files if (folder / name).exists()]
 
 
 def _write_all(fd: int, data: bytes) -> None:
