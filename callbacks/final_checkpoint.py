@@ -190,21 +190,23 @@ class FinalCheckpoint(Callback):
         if not trainer.training and trainer.global_step == 0:
             return "interrupted by Ctrl-C before training started: nothing was trained, nothing saved"
         head = f"interrupted by Ctrl-C at step {trainer.global_step}, without saving it"
-        kept = [(step, path) for step, path in self._checkpoints_written(trainer) if os.path.exists(path)]
+        kept = [(-1 if step is None else step, path) for step, path in self._written(trainer) if os.path.exists(path)]
         if not kept:
             return f"{head}; no checkpoint was written before: the {trainer.global_step} steps trained are lost"
         step, path = max(kept)
         return f"{head}; kept: {path} (step {step}), which --ckpt_path last resumes"
 
-    def _checkpoints_written(self, trainer: pl.Trainer) -> list[tuple[int, str]]:
-        """(step, path) of the checkpoints the run's callbacks wrote (their last ones)."""
+    def _written(self, trainer: pl.Trainer, model_checkpoints: bool = True) -> list[tuple[Optional[int], str]]:
+        """(step, path) of the last checkpoint each other callback wrote: a ``ModelCheckpoint``'s ``last`` (left
+        out with ``model_checkpoints=False``), a ``PreemptionCheckpoint``'s."""
         written = []
         for callback in trainer.callbacks:
-            if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
-                written.append((getattr(callback, "_last_global_step_saved", -1), callback.last_model_path))
-            elif getattr(callback, "saved_path", None):
-                written.append((getattr(callback, "_saved_step", None) or -1, callback.saved_path))
-        return [(int(step), str(path)) for step, path in written]
+            if isinstance(callback, ModelCheckpoint):
+                if model_checkpoints and callback.last_model_path:
+                    written.append((getattr(callback, "_last_global_step_saved", None), str(callback.last_model_path)))
+            elif callback is not self and getattr(callback, "saved_path", None):
+                written.append((getattr(callback, "_saved_step", None), str(callback.saved_path)))
+        return written
 
     # ------------------------------------------------------------------------------------ saving
     def _already_saved(self, trainer: pl.Trainer) -> Optional[str]:
@@ -213,14 +215,9 @@ class FinalCheckpoint(Callback):
         that ends mid-epoch does not count: saved after the last validation, it holds that epoch as completed (see
         ``on_save_checkpoint``), so a resume would start the next epoch; this callback writes the step over it."""
         mid_epoch = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        for callback in trainer.callbacks:
-            path, step = None, None
-            if isinstance(callback, ModelCheckpoint) and callback.last_model_path and not mid_epoch:
-                path, step = callback.last_model_path, getattr(callback, "_last_global_step_saved", None)
-            elif getattr(callback, "saved_path", None) and callback is not self:
-                path, step = callback.saved_path, getattr(callback, "_saved_step", None)
-            if path and step == trainer.global_step and Path(path).name.startswith("last") and os.path.exists(path):
-                return str(path)
+        for step, path in self._written(trainer, model_checkpoints=not mid_epoch):
+            if step == trainer.global_step and Path(path).name.startswith("last") and os.path.exists(path):
+                return path
         return None
 
     def _save(self, trainer: pl.Trainer) -> None:

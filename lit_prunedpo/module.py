@@ -34,7 +34,8 @@ from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
 from lit_prunedpo.metrics import (
-    PAIR_METRICS, TOKEN_METRICS, MetricWindow, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean,
+    PAIR_METRICS, TOKEN_METRICS, MetricWindow, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics,
+    weighted_mean,
 )
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.nonfinite import NonFiniteGuard
@@ -92,8 +93,8 @@ class PrunedDPO(L.LightningModule):
             else one right-padded row per response (``RightPaddedLayout``, exact for any causal LM), said in one
             line at the first step. With packed blocks and a margin loss, training steps
             also score the common start once, in one row, and count it in both branches (its log-ratios cancel in
-            the margin; ``train/logps/*`` are the whole responses', as TRL's), and with branch pruning the no-grad rows read their prompts from the
-            gradient forward's keys and values (not under gradient checkpointing).
+            the margin; ``train/logps/*`` are the whole responses', as TRL's), and with branch pruning the no-grad
+            rows read their prompts from the gradient forward's keys and values (not under gradient checkpointing).
         shared_prompt: shorthand kept for configs written before ``layout``: ``true`` is ``SharedPromptLayout``,
             ``false`` is ``PaddedLayout``; give ``layout`` or this, not both.
         check_layout: before the first step, compare the layout's per-token log-probs on a small probe batch

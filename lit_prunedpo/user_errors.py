@@ -51,15 +51,16 @@ def run_command(main: Callable[[], object]) -> None:
     """Run a command's ``main``: an error :func:`raised_here` is printed as one line (exit status 1), every other
     error, and every error under ``LIT_PRUNEDPO_TRACEBACK=1``, propagates with its traceback. Ctrl-C outside a fit
 ends with ``interrupted (Ctrl-C)`` and exit status 130 (128 + SIGINT)."""
+    tracebacks = os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1"
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C outside a fit (which says itself what it kept): no traceback of where it was
-        if os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1":
+        if tracebacks:
             raise
         print("interrupted (Ctrl-C)", file=sys.stderr)
         sys.exit(130)
     except Exception as err:  # noqa: BLE001 - sorted below; anything else is re-raised as it came
-        if os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1" or not raised_here(err):
+        if tracebacks or not raised_here(err):
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
