@@ -22,6 +22,7 @@ count its warm-up-then-cosine schedule spans (``schedule_steps``).
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -58,6 +59,9 @@ class Arm:
         checkpointing: the policy's gradient checkpointing (``PrunedDPO(gradient_checkpointing=True)``).
         micro_batches: split each step's batch into this many micro-batches, gradients accumulated (same step).
         memory_fitted: True for the memory-fitted vanilla control (vanilla at the task's batch, fitted to a budget).
+        settings: ``(argument, value)`` pairs that replace the mode's sampler arguments (a point of the sampling-ratio
+            grid, e.g. ``(("rate", 0.125),)`` on ``stratified-coupled``): each names a constructor argument of
+            exactly one of the mode's three samplers.
     """
 
     mode: str
@@ -71,6 +75,7 @@ class Arm:
     checkpointing: bool = False
     micro_batches: int = 1
     memory_fitted: bool = False
+    settings: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -89,6 +94,8 @@ class Arm:
             raise ValueError(f"micro_batches must be in [1, batch_size={self.batch_size}], got {self.micro_batches!r}")
         if self.memory_fitted and self.mode != "vanilla":
             raise ValueError(f"a memory-fitted control is a vanilla arm, got mode {self.mode!r}")
+        if self.settings:
+            self.samplers()  # an argument no sampler of the mode takes, or a value it refuses, fails here
 
     @property
     def name(self) -> str:
@@ -96,7 +103,12 @@ class Arm:
         kind = " (matched)" if self.matched else " (cost-matched)" if self.cost_matched else ""
         kind += " (memory-fitted)" if self.memory_fitted else ""
         fit = f" [{self.fit}]" if self.fit != "as is" else ""
-        return f"{self.mode}@{self.batch_size}{early}{fit}{kind}"
+        return f"{self.design}@{self.batch_size}{early}{fit}{kind}"
+
+    @property
+    def design(self) -> str:
+        """The mode and its replaced sampler arguments, e.g. ``stratified-coupled:rate=0.125``."""
+        return self.mode + (":" + ",".join(f"{k}={v:g}" for k, v in self.settings) if self.settings else "")
 
     @property
     def fit(self) -> str:
@@ -107,7 +119,32 @@ class Arm:
         return " + ".join(parts) or "as is"
 
     def samplers(self) -> Samplers:
-        return MODES[self.mode]()
+        return with_settings(MODES[self.mode](), self.settings, self.mode)
+
+
+def _arguments(sampler: object) -> dict[str, object]:
+    """A sampler's constructor arguments, read back from the attributes of the same names."""
+    names = [n for n in inspect.signature(type(sampler).__init__).parameters if n != "self"]
+    return {n: getattr(sampler, n) for n in names if hasattr(sampler, n)}
+
+
+def with_settings(samplers: Samplers, settings: Iterable[tuple[str, float]], mode: str = "the mode") -> Samplers:
+    """``samplers`` rebuilt with ``settings`` replacing constructor arguments (new objects, validated by the
+    samplers' own constructors).
+
+    Raises:
+        ValueError: for an argument that none, or more than one, of the three samplers takes.
+    """
+    rebuilt = list(samplers)
+    for name, value in settings:
+        owners = [i for i, s in enumerate(rebuilt) if name in _arguments(s)]
+        if len(owners) != 1:
+            takes = "; ".join(f"{type(s).__name__}: {', '.join(_arguments(s)) or 'no arguments'}" for s in rebuilt)
+            raise ValueError(f"sampler argument {name!r} {'is taken by no' if not owners else 'is ambiguous among the'} "
+                             f"samplers of {mode} ({takes})")
+        sampler = rebuilt[owners[0]]
+        rebuilt[owners[0]] = type(sampler)(**{**_arguments(sampler), name: value})
+    return tuple(rebuilt)  # type: ignore[return-value]
 
 
 def ideal_speedup(mode: str, batches: Iterable[PreferenceBatch], dims: cost.ModelDims, seed: int = 0) -> float:

@@ -247,8 +247,9 @@ def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list
     return kept
 
 
-def _events(budget_s: float, steps: int, evals: int) -> tuple[list[float], list[int]]:
-    return [budget_s * k / evals for k in range(1, evals + 1)], [round(steps * k / evals) for k in range(1, evals + 1)]
+def _events(budget_s: float | None, steps: int, evals: int) -> tuple[list[float], list[int]]:
+    times = [] if budget_s is None else [budget_s * k / evals for k in range(1, evals + 1)]
+    return times, [round(steps * k / evals) for k in range(1, evals + 1)]
 
 
 def advance(run: Run, time_grid: list[float], step_grid: list[int], clock: Clock, batches: Sequence[PreferenceBatch],
@@ -282,8 +283,8 @@ def run_study(
     task: StudyTask,
     arms: Sequence[Arm],
     seeds: Sequence[int],
-    budget_s: float,
-    steps: int,
+    budget_s: float | None,
+    steps: int | Callable[[Arm], int],
     evals: int,
     clock: Clock = "cpu",
     work_dir: Path | str = ".",
@@ -295,7 +296,8 @@ def run_study(
     stop_on_nonfinite: bool = False,
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
-    and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. With
+    and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. ``budget_s`` None:
+    steps only (the epoch-matched comparison); ``steps`` may be a function of the arm (a step count per arm). With
     ``task.warm_start_steps`` > 0 every seed first gets its warm start (:mod:`lit_prunedpo.study.warm_start`,
     cached under ``work_dir``), which all of that seed's arms start from, policy and reference alike.
 
@@ -311,8 +313,9 @@ def run_study(
         raise ValueError("a study needs at least one arm and one seed")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must differ, got {list(seeds)}")
-    for name, value in (("budget_s", budget_s), ("steps", steps), ("evals", evals)):
-        if not value > 0:
+    steps_of = steps if callable(steps) else (lambda arm: steps)
+    for name, value in (("budget_s", budget_s), *((f"steps of {a.name}", steps_of(a)) for a in arms), ("evals", evals)):
+        if value is not None and not value > 0:
             raise ValueError(f"{name} must be > 0, got {value!r}")
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
@@ -327,7 +330,7 @@ def run_study(
     runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed]) for seed in seeds for arm in arms]
     for run in runs:
         run.warm_start = records[run.seed]
-    grids = {id(r): _events(budget_s, steps, evals) for r in runs}
+    grids = {id(r): _events(budget_s, steps_of(r.arm), evals) for r in runs}
     for run in runs:
         point = run.evaluate(batches, ["time", "steps"])
         if on_point is not None:

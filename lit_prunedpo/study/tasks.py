@@ -21,6 +21,7 @@ pairs are never trained on) and :meth:`StudyTask.policy` the model source for a 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -69,7 +70,8 @@ class StudyTask(ABC):
         """What the report says about the task."""
         return {"name": self.name, "lr": self.lr, "warmup_steps": self.warmup_steps, "best_accuracy": self.best_accuracy,
                 "batch_size": self.batch_size, "max_rows": self.max_rows, "model": getattr(self, "model", None),
-                "warm_start_steps": self.warm_start_steps, "warm_start_lr": self.warm_start_lr}
+                "warm_start_steps": self.warm_start_steps, "warm_start_lr": self.warm_start_lr,
+                "model_type": getattr(self, "model_type", "llama")}
 
 
 @dataclass
@@ -85,6 +87,7 @@ class QuickstartTask(StudyTask):
     warm_start_steps: int = 0
     warm_start_lr: float = 1e-3
     model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART_MODEL))
+    model_type: str = "llama"  # the transformers model type ``model`` configures (:func:`with_family`)
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
         dm = PreferenceDataModule(path=None, tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=self.batch_size,
@@ -93,7 +96,7 @@ class QuickstartTask(StudyTask):
         return dm
 
     def policy(self, seed: int) -> FromConfig:
-        return FromConfig("llama", copy.deepcopy(self.model), seed=seed)
+        return FromConfig(self.model_type, copy.deepcopy(self.model), seed=seed)
 
 
 @dataclass
@@ -112,6 +115,7 @@ class EditedTask(StudyTask):
     warm_start_steps: int = 0
     warm_start_lr: float = 1e-3
     model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART_MODEL))
+    model_type: str = "llama"  # the transformers model type ``model`` configures (:func:`with_family`)
 
     @property
     def best_accuracy(self) -> float:  # type: ignore[override]
@@ -130,7 +134,7 @@ class EditedTask(StudyTask):
         return dm
 
     def policy(self, seed: int) -> FromConfig:
-        return FromConfig("llama", copy.deepcopy(self.model), seed=seed)
+        return FromConfig(self.model_type, copy.deepcopy(self.model), seed=seed)
 
 
 @dataclass
@@ -163,6 +167,7 @@ class HHRLHFTask(StudyTask):
         vocab_size=50257, hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=False,
     ))
+    model_type: str = "llama"
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
         path = Path(self.path) if self.path is not None else HH_RLHF_DATA
@@ -181,7 +186,41 @@ class HHRLHFTask(StudyTask):
         return dm
 
     def policy(self, seed: int) -> FromConfig:
-        return FromConfig("llama", copy.deepcopy(self.model), seed=seed)
+        return FromConfig(self.model_type, copy.deepcopy(self.model), seed=seed)
+
+
+#: Model families a task's Llama can be swapped for, at the same sizes (:func:`with_family`).
+FAMILIES = ("llama", "qwen2", "gpt2")
+
+
+def family_config(llama: dict[str, Any], family: str) -> dict[str, Any]:
+    """A config of ``family`` with the sizes of the Llama config ``llama``: width, depth, heads, FFN, vocabulary,
+    context and tying. Qwen2 takes Llama's keywords (it adds biases to q, k, v); GPT-2 has learned absolute
+    positions, LayerNorm, GELU and full multi-head attention (no grouped KV heads).
+
+    Raises:
+        ValueError: for a family not in :data:`FAMILIES`.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"model family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if family != "gpt2":
+        return dict(llama)
+    last = llama["vocab_size"] - 1  # GPT-2's default special ids (50256) lie outside a small vocabulary
+    return dict(vocab_size=llama["vocab_size"], n_embd=llama["hidden_size"], n_layer=llama["num_hidden_layers"],
+                n_head=llama["num_attention_heads"], n_inner=llama["intermediate_size"],
+                n_positions=llama["max_position_embeddings"], tie_word_embeddings=llama.get("tie_word_embeddings", False),
+                bos_token_id=min(50256, last), eos_token_id=min(50256, last))
+
+
+def with_family(task: StudyTask, family: str) -> StudyTask:
+    """``task`` with its model swapped for ``family``'s at the same sizes, named ``<task>-<family>`` (``llama``: the task
+    itself)."""
+    if family not in FAMILIES:
+        raise ValueError(f"model family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if family == getattr(task, "model_type", "llama"):
+        return task
+    return dataclasses.replace(task, name=f"{task.name}-{family}", model=family_config(task.model, family),  # type: ignore[call-arg]
+                               model_type=family)
 
 
 TASKS: dict[str, StudyTask] = {

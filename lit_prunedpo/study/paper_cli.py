@@ -1,0 +1,204 @@
+"""``lit-prunedpo-paper``: the method's published claim in its own form (epoch-matched) and its Pareto frontier.
+
+Examples::
+
+    lit-prunedpo-paper cell --task edited --family llama --seeds 0,1,2,3,4 --out paper_results/edited-llama
+    lit-prunedpo-paper cell --task hh-rlhf --family gpt2 --max-rows 1024 --warm-start-steps 100 --pareto \\
+        --out paper_results/hh-rlhf-gpt2
+    lit-prunedpo-paper report paper_results/edited-llama paper_results/hh-rlhf-gpt2 --out docs/paper
+
+``cell`` trains every design of one (task, model family) for the same number of epochs from each seed
+(:mod:`lit_prunedpo.study.epochs`) and writes ``records.jsonl`` (one line per finished design and seed, as they
+finish: a stopped cell keeps them, ``--resume`` reruns only the seeds missing some) and ``cell.json``. ``report``
+reads cells and writes ``paper.json``, ``paper.md`` and ``paper.png`` (:mod:`lit_prunedpo.study.paper_report`).
+Exit status: 0 done, 1 an error while running, 2 bad arguments or a folder it will not use as asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from lit_prunedpo.study.epochs import PARETO_DESIGNS, TABLE_DESIGNS
+
+CELL_FILES = ("records.jsonl", "cell.json")
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds needs at least 2 different seeds (intervals), got {text!r}")
+    return seeds
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lit_prunedpo.study.tasks import FAMILIES, TASKS
+
+    parser = argparse.ArgumentParser(prog="lit-prunedpo-paper", description=__doc__.split("\n")[0].split(": ", 1)[1])
+    commands = parser.add_subparsers(dest="command", required=True)
+    cell = commands.add_parser("cell", help="train every design of one task and model family for the same epochs")
+    cell.add_argument("--task", required=True, choices=sorted(TASKS), help="a study task (lit-prunedpo-study --help)")
+    cell.add_argument("--family", default="llama", choices=FAMILIES, help="the model family, at the task's sizes")
+    cell.add_argument("--seeds", type=_seeds, default=[0, 1, 2, 3, 4], help="comma-separated (default 0,1,2,3,4)")
+    cell.add_argument("--epochs", type=_positive(float), default=1.0, help="epochs every design trains (default 1)")
+    cell.add_argument("--designs", default=";".join(TABLE_DESIGNS[1:]),
+                      help="semicolon-separated designs MODE[:arg=value,...][@BATCH|@x2|@/2][/EPOCHS] beside vanilla "
+                           f"(default: the table's, {';'.join(TABLE_DESIGNS[1:])}); commas separate a design's arguments")
+    cell.add_argument("--pareto", action="store_true", help="add the sampling-ratio grid and vanilla's frontier: "
+                      + "; ".join(PARETO_DESIGNS))
+    cell.add_argument("--max-rows", type=_positive(int), default=None, help="only the data's first rows (default all)")
+    cell.add_argument("--warm-start-steps", type=int, default=None, help="the task's warm start, in steps (default: the task's)")
+    cell.add_argument("--evals", type=_positive(int), default=2, help="exact evaluations per run besides step 0 (default 2)")
+    cell.add_argument("--probe-steps", type=int, default=5, help="metered steps per design after training (0: none)")
+    cell.add_argument("--threads", type=_positive(int), default=1,
+                      help="torch CPU threads (default 1: CPU seconds are then the work a step did)")
+    cell.add_argument("--out", required=True, help="the cell's folder")
+    cell.add_argument("--resume", action="store_true", help="keep the folder's records, run only the seeds missing some")
+    cell.add_argument("--overwrite", action="store_true", help="replace an earlier cell in --out")
+    cell.add_argument("--quiet", action="store_true", help="no progress lines")
+    report = commands.add_parser("report", help="the table, the frontier and the plot from cells")
+    report.add_argument("cells", nargs="+", help="cell folders (each with cell.json and records.jsonl)")
+    report.add_argument("--out", required=True, help="folder for paper.json, paper.md, paper.png")
+    return parser
+
+
+def provenance(argv: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
+    """Command, commit (``+dirty`` with uncommitted changes), date and machine of this run."""
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "unknown (not a git checkout)"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit += "+dirty" if dirty else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown (git not found)"
+    machine = f"{platform.machine()} {os.cpu_count()} CPUs, {platform.system()}, torch {torch.__version__}, " \
+              f"{torch.get_num_threads()} torch thread(s)"
+    return {"command": " ".join(["lit-prunedpo-paper", *argv]), "commit": commit, "machine": machine, "seeds": list(seeds),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import torch
+
+    from lit_prunedpo.study import epochs
+    from lit_prunedpo.study.outputs import append_line, claim_folder, read_journal, write_atomic
+    from lit_prunedpo.study.tasks import TASKS
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        earlier = claim_folder(out, "paper cell", CELL_FILES, held)
+        if earlier and not (args.resume or args.overwrite):
+            print(f"error: --out {out} holds an earlier cell ({', '.join(earlier)}): --resume it or --overwrite it",
+                  file=sys.stderr)
+            return 2
+        if args.overwrite:
+            for name in earlier:
+                (out / name).unlink()
+        task = epochs.cell_task(TASKS[args.task], args.family, args.max_rows, args.warm_start_steps)
+        dm = task.datamodule(out)
+        texts = [t for t in args.designs.split(";") if t.strip()] + (list(PARETO_DESIGNS) if args.pareto else [])
+        try:
+            designs = epochs.make_designs(texts, task, len(dm.train_dataset), args.epochs)
+        except ValueError as error:
+            print(f"error: --designs: {error}", file=sys.stderr)
+            return 2
+        done_records, _ = read_journal(out / "records.jsonl") if args.resume else ([], 0)
+        done = {(r["design"], int(r["seed"])) for r in done_records}
+        cell = {"name": task.name, "task": task.describe(), "family": args.family, "epochs": args.epochs,
+                "vanilla": designs[0].label, "designs": [d.label for d in designs],
+                "steps": {d.label: d.arm.schedule_steps for d in designs}, "train_pairs": len(dm.train_dataset),
+                "provenance": provenance(argv, args.seeds)}
+        write_atomic(out / "cell.json", json.dumps(cell, indent=1))
+        log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        if log:
+            log(f"{task.name}: {len(designs)} designs x {len(args.seeds)} seeds, {args.epochs:g} epoch(s) of "
+                f"{len(dm.train_dataset)} pairs: " + ", ".join(f"{d.label} ({d.arm.schedule_steps} steps)" for d in designs))
+        epochs.run_cell(task, dm, designs, args.seeds, out, evals=args.evals, probe_steps=args.probe_steps, log=log,
+                        on_record=lambda r: append_line(out / "records.jsonl", json.dumps(r)), done=done)
+    print(f"wrote {out / 'cell.json'}, {out / 'records.jsonl'}", file=sys.stderr)
+    return 0
+
+
+def load_cell(folder: Path) -> dict[str, Any]:
+    from lit_prunedpo.study.outputs import read_journal, read_json
+
+    cell = read_json(folder / "cell.json", "rerun the cell (lit-prunedpo-paper cell ... --overwrite)")
+    records, bad = read_journal(folder / "records.jsonl")
+    if bad:
+        print(f"{folder / 'records.jsonl'}: {bad} line(s) cut off (a stopped run) skipped", file=sys.stderr)
+    wanted = set(cell["designs"])
+    cell["records"] = [r for r in records if r.get("design") in wanted]
+    return cell
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    from lit_prunedpo.study import paper_report
+    from lit_prunedpo.study.outputs import Refused, write_atomic
+
+    folders = [Path(c) for c in args.cells]
+    missing = [str(f) for f in folders if not (f / "cell.json").is_file()]
+    if missing:
+        print(f"error: not a cell folder (no cell.json): {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        cells = [paper_report.summarise_cell(load_cell(f)) for f in folders]
+    except (Refused, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = {"cells": cells, "table_modes": list(TABLE_DESIGNS)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "paper.json", json.dumps(summary, indent=1))
+    write_atomic(out / "paper.md", paper_report.to_markdown(summary))
+    written = ["paper.json", "paper.md"]
+    try:
+        fig = paper_report.figure(summary)
+    except ImportError:
+        print("paper.png skipped: matplotlib is not installed (pip install 'lit-prunedpo[bench]')", file=sys.stderr)
+    else:
+        fig.savefig(out / "paper.png", dpi=110)
+        written.append("paper.png")
+    print(f"wrote {', '.join(str(out / name) for name in written)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "cell":
+        return run_cell_command(args, argv)
+    return run_report_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
