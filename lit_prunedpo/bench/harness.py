@@ -190,6 +190,7 @@ def run_benchmark(
     log: Callable[[str], None] | None = None,
     dtype: str | None = None,
     peer: str | None = None,
+    observe: Callable[[Config, StepOutput], None] | None = None,
 ) -> dict[str, Any]:
     """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
 
@@ -208,6 +209,8 @@ def run_benchmark(
         dtype: parameter dtype of the policy and reference (``bfloat16``, ...); ``None`` is float32.
         peer: ``trl`` also times TRL's DPO step (:mod:`lit_prunedpo.bench.peer_trl`) in every round, on a copy
             of the same initial weights; each result then carries ``speedup_vs_peer``.
+        observe: called with every measured step's configuration and output, after its time and memory are read
+            (the scaling sweep reads the executed shapes from it); ``None`` calls nothing.
 
     Returns:
         The report payload: ``preset``, ``device`` and ``results`` (one dict per configuration) and context.
@@ -235,7 +238,7 @@ def run_benchmark(
     gc.collect()
     gc.freeze()
     try:
-        records, peer_record = run_rounds(rounds, log)
+        records, peer_record = run_rounds(rounds, log, observe)
     finally:
         gc.unfreeze()
 
@@ -355,8 +358,13 @@ def build_rounds(
     )
 
 
-def run_rounds(rounds: Rounds, log: Callable[[str], None] | None = None) -> tuple[dict[Config, _Record], _Record]:
-    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded.
+def run_rounds(
+    rounds: Rounds,
+    log: Callable[[str], None] | None = None,
+    observe: Callable[[Config, StepOutput], None] | None = None,
+) -> tuple[dict[Config, _Record], _Record]:
+    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded;
+    ``observe(config, output)`` is called after each recorded step's time and memory are read.
 
     Returns:
         Each configuration's record, and the peer's (empty without a peer).
@@ -394,6 +402,8 @@ def run_rounds(rounds: Rounds, log: Callable[[str], None] | None = None) -> tupl
             recompute = c.scorer == "chunked"
             rec.flops.append(cost.step_flops(out.forwards, rounds.dims, c.reference, recompute_head=recompute))
             rec.vanilla_flops.append(cost.step_flops(vanilla, rounds.dims, c.reference, recompute_head=recompute))
+            if observe is not None:
+                observe(c, out)
         if peer is not None:
             inputs = peer.inputs(r)
             meter.start()
