@@ -63,9 +63,13 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(f"lit-prunedpo-cache: {err}") from None
     store = reference.store
     action = "built" if reference.builds else "up to date, reused"
+    # a file written before the log-sum-exps were cached serves every sampler but ReferenceLogSumExp: say so here
+    old = "" if store.lse is not None else (
+        "; it holds no log-sum-exps (written before they were cached): ReferenceLogSumExp needs it rebuilt, "
+        "--model.reference.init_args.recompute=true")
     print(
         f"lit-prunedpo-cache: {path} {action}: {store.num_rows} pairs, {store.num_tokens} response tokens, "
-        f"{path.stat().st_size} bytes, {time.perf_counter() - start:.1f}s"
+        f"{path.stat().st_size} bytes, {time.perf_counter() - start:.1f}s{old}"
     )
 
 

@@ -18,6 +18,10 @@ Select it for any mode in a config::
         class_path: lit_prunedpo.chunked_scorer.ChunkedScorer
         init_args: {chunk_size: 256}
 
+For a control-variate step (:mod:`lit_prunedpo.samplers.control_variates`) the log-sum-exps of the drawn positions
+are computed the same way (:meth:`ChunkedScorer.log_sum_exp`: forward keeps one number per row, backward recomputes
+``softmax`` per chunk), the target logits one row of the head each, as in the plain scorer.
+
 The model's element-wise logit transform (:mod:`lit_prunedpo.head`: a scale, a soft-cap) is fused: backward
 multiplies by its derivative. Heads that are not an ``nn.Linear`` with such a transform (a model whose own
 forward tail computes the logits) fall back to ``torch.utils.checkpoint`` per chunk (same memory bound,
@@ -36,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lit_prunedpo.head import LogitTransform, OutputHead, plain_linear
 from lit_prunedpo.scoring import TokenScorer, token_stats
+from lit_prunedpo.token_terms import linear_head_parts
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, transform: LogitTransform | None = None) -> Tensor:
@@ -70,19 +75,23 @@ def _chunked_forward(
 
 class _ChunkedLinearLogProb(torch.autograd.Function):
     """``log_softmax(f(hidden @ W^T + b))[k, targets[k]]`` (``f`` the model's element-wise logit transform, identity
-    by default) with the logits recomputed chunk by chunk in backward."""
+    by default) with the logits recomputed chunk by chunk in backward; with ``lse_only``, the log-sum-exp
+    ``logsumexp(f(hidden @ W^T + b))[k]`` instead (the term a control-variate step samples; ``targets`` then only
+    feed the statistics)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
-        stats: list[Tensor] | None = None, transform: LogitTransform | None = None,
+        stats: list[Tensor] | None = None, transform: LogitTransform | None = None, lse_only: bool = False,
     ) -> Tensor:
         logps, lse = _chunked_forward(hidden, weight, bias, targets, chunk_size, stats, transform)
         ctx.chunk_size = chunk_size
         ctx.transform = transform
         ctx.has_bias = bias is not None
+        ctx.lse_only = lse_only
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        return logps
+        # a copy: a caller changing the output in place must not change the lse that backward reads
+        return lse.clone() if lse_only else logps
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -98,11 +107,12 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
             stop = min(start + chunk_size, K)
             h, g = hidden[start:stop], grad_out[start:stop]
             # d logp_k / d z_k = onehot(target_k) - softmax(z_k), z = f(l); built in place on the recomputed logits,
-            # then times f'(l) for the head's own output l.
+            # then times f'(l) for the head's own output l. d lse_k / d z_k = softmax(z_k): no one-hot, the other sign.
             raw = F.linear(h, weight, bias) if ctx.transform is not None else None
             z = _chunk_logits(h, weight, bias) if raw is None else ctx.transform(raw).float()
-            grad_logits = z.sub_(lse[start:stop, None]).exp_().mul_(-g[:, None])
-            grad_logits.scatter_add_(-1, targets[start:stop, None], g[:, None])
+            grad_logits = z.sub_(lse[start:stop, None]).exp_().mul_(g[:, None] if ctx.lse_only else -g[:, None])
+            if not ctx.lse_only:
+                grad_logits.scatter_add_(-1, targets[start:stop, None], g[:, None])
             if raw is not None:
                 grad_logits.mul_(ctx.transform.derivative(raw).float())
                 del raw
@@ -118,6 +128,7 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(weight.dtype) if grad_b is not None else None,
+            None,
             None,
             None,
             None,
@@ -185,6 +196,23 @@ class ChunkedScorer(TokenScorer):
                 return _ChunkedLinearLogProb.apply(hidden, linear.weight, linear.bias, targets, chunk, stats, transform)
             return _chunked_forward(hidden, linear.weight, linear.bias, targets, chunk, stats, transform)[0]
         return self._checkpointed(head, hidden, targets, chunk, stats)
+
+    def log_sum_exp(self, head: OutputHead | nn.Module, hidden: Tensor, targets: Tensor,
+                    stats: list[Tensor] | None = None) -> Tensor:
+        """``[K]`` float32 log-sum-exps of the model's logits at gathered hidden states ``[K, d]``, ``chunk_size``
+        rows at a time and recomputed in backward, as :meth:`log_probs`; with ``stats``, appends each chunk's token
+        statistics. A head that is not a fused linear one (which the control variates refuse; only a cache build
+        asks) gets the plain scorer's."""
+        parts = linear_head_parts(head)
+        if parts is None:
+            return super().log_sum_exp(head, hidden, targets, stats)
+        linear, transform = parts
+        chunk = self.rows_per_chunk(hidden.shape[0])
+        if torch.is_grad_enabled() and (hidden.requires_grad or linear.weight.requires_grad or (
+            linear.bias is not None and linear.bias.requires_grad
+        )):
+            return _ChunkedLinearLogProb.apply(hidden, linear.weight, linear.bias, targets, chunk, stats, transform, True)
+        return _chunked_forward(hidden, linear.weight, linear.bias, targets, chunk, stats, transform)[1]
 
     def _checkpointed(
         self, head: OutputHead | nn.Module, hidden: Tensor, targets: Tensor, chunk: int, stats: list[Tensor] | None = None

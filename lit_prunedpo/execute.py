@@ -15,6 +15,12 @@
   runs one no-grad forward of every row of the plan, laid out like the policy's; other sources answer
   :meth:`~lit_prunedpo.reference.ReferenceSource.token_logps`.
 
+* **split log-softmax**: a group whose log-softmax is split (a control-variate position sampler,
+  :mod:`lit_prunedpo.samplers.control_variates`) is scored as :class:`~lit_prunedpo.token_terms.TokenTerms`: the
+  target logits at every executed position and the log-sum-exps at the drawn ones (the whole head there only), for
+  the policy and an online reference alike; with :class:`~lit_prunedpo.samplers.ReferenceLogSumExp` the reference
+  also gives its log-sum-exp at every executed position (:meth:`ReferenceScores.token_lse`, a cached reference).
+
 :meth:`StepExecutor.forwards` says what will run (shapes and token counts, for the cost model) without running
 it; :meth:`StepExecutor.__call__` runs it and returns a typed :class:`StepLogps`, one log-prob tensor per plan
 group for the policy and the reference, ready for :func:`lit_prunedpo.estimate.estimate`.
@@ -31,9 +37,13 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.layout import LaidOutGroup, Layout, PaddedLayout, PairLengths, SharedPromptLayout
+from lit_prunedpo.layout import GroupInputs, LaidOutGroup, Layout, PaddedLayout, PairLengths, SharedPromptLayout
 from lit_prunedpo.plan import RowGroup, StepPlan, merge_groups
 from lit_prunedpo.scoring import TokenScorer
+from lit_prunedpo.token_terms import TokenTerms
+
+#: What a scorer returns for one forward: whole log-probs, or the two terms of a group whose log-softmax is split.
+Scored = Tensor | TokenTerms
 
 #: ``(has a gradient forward, has a no-grad forward)`` of one rank, to the forwards every rank runs.
 Agreement = Callable[[tuple[bool, bool]], tuple[bool, bool]]
@@ -45,6 +55,8 @@ class ReferenceScores(Protocol):
     def online_model(self) -> ContextManager[tuple[nn.Module, TokenScorer]] | None: ...
 
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]: ...
+
+    def token_lse(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]: ...
 
 
 def layout_for(shared_prompt: bool) -> Layout:
@@ -125,20 +137,25 @@ class StepLogps:
     """The scored log-probs of one step's forwards (torchtune's ``ChosenRejectedOutputs``, per plan group).
 
     Attributes:
-        policy: one ``[K_g]`` tensor per plan group (a graph for the gradient group).
-        reference: one ``[K_g]`` tensor per plan group, no graph.
+        policy: one ``[K_g]`` tensor per plan group (a graph for the gradient group); for a group whose log-softmax
+            is split, its :class:`~lit_prunedpo.token_terms.TokenTerms`.
+        reference: one ``[K_g]`` tensor (or ``TokenTerms``, from an online reference) per plan group, no graph.
         forwards: what ran.
         reference_tokens_executed: tokens the reference's model ran (0 for a source that runs none).
         policy_token_stats: one ``[K_g, 3]`` tensor per plan group, the policy's
-            :func:`~lit_prunedpo.scoring.token_stats` at the scored positions, when the executor was asked for
-            them (``token_stats=True``); else ``None``.
+            :func:`~lit_prunedpo.scoring.token_stats` at the positions the whole head ran on
+            (:attr:`~lit_prunedpo.plan.RowGroup.lse_index`), when the executor was asked for them
+            (``token_stats=True``); else ``None``.
+        reference_lse: with ``plan.reference_lse``, one ``[K_g]`` tensor per plan group: the reference's log-sum-exp
+            at every scored position, the baseline of the policy's sampled ones; else ``None``.
     """
 
-    policy: tuple[Tensor, ...]
-    reference: tuple[Tensor, ...]
+    policy: tuple[Scored, ...]
+    reference: tuple[Scored, ...]
     forwards: StepForwards
     reference_tokens_executed: int
     policy_token_stats: tuple[Tensor, ...] | None = None
+    reference_lse: tuple[Tensor, ...] | None = None
 
 
 class StepExecutor:
@@ -182,19 +199,20 @@ class StepExecutor:
         return StepForwards(tuple(policy), tuple(groups), pairs, self.layout)
 
     def run_policy(self, model: nn.Module, scorer: TokenScorer, batch: PreferenceBatch,
-                   forwards: StepForwards, stats: list[Tensor | None] | None = None) -> tuple[Tensor, ...]:
-        """One forward after the other, a graph only for the gradient ones; one log-prob tensor per plan group.
+                   forwards: StepForwards, stats: list[Tensor | None] | None = None) -> tuple[Scored, ...]:
+        """One forward after the other, a graph only for the gradient ones; one log-prob tensor per plan group (its
+        :class:`~lit_prunedpo.token_terms.TokenTerms` where its log-softmax is split).
 
         A placeholder's (empty) log-probs are appended to a plan group's, so that a gradient placeholder is part of
         the graph that backward runs through (its all-gathers and reduce-scatters must run on every rank). With
         ``stats`` (a list with one ``None`` per plan group), each group's ``[K_g, 3]`` token statistics are put
         in its slot.
         """
-        logps: list[Tensor | None] = [None] * len(forwards.groups)
+        logps: list[Scored | None] = [None] * len(forwards.groups)
         extra: list[Tensor] = []
         kept: DynamicCache | None = None
         for forward in forwards.policy:
-            inputs = forward.laid_out.inputs(batch)
+            inputs = split_inputs(forward.laid_out.inputs(batch), forward.laid_out.group)
             cache = None
             if inputs.past is not None:
                 if kept is None:
@@ -213,21 +231,28 @@ class StepExecutor:
             else:
                 logps[forward.plan_group] = out
                 if sink is not None:
-                    stats[forward.plan_group] = torch.cat(sink) if sink else out.new_zeros(0, 3).detach()
+                    like = out.target if isinstance(out, TokenTerms) else out
+                    stats[forward.plan_group] = torch.cat(sink) if sink else like.new_zeros(0, 3).detach()
         if extra:
-            logps[0] = torch.cat([logps[0], *extra])
+            first = logps[0]
+            logps[0] = first.with_appended(extra) if isinstance(first, TokenTerms) else torch.cat([first, *extra])
         return tuple(logps)  # type: ignore[arg-type]
 
     @torch.no_grad()
     def run_reference(self, model: nn.Module, scorer: TokenScorer, batch: PreferenceBatch,
-                      forwards: StepForwards, groups: Sequence[RowGroup]) -> tuple[Tensor, ...]:
+                      forwards: StepForwards, groups: Sequence[RowGroup]) -> tuple[Scored, ...]:
         """The reference forward (every row of the plan, no graph), split back into the plan's ``groups``."""
-        logps = scorer(model, forwards.reference.inputs(batch))
-        return tuple(logps.split([g.num_scored for g in groups]))
+        logps = scorer(model, split_inputs(forwards.reference.inputs(batch), forwards.reference.group))
+        sizes = [g.num_scored for g in groups]
+        if isinstance(logps, TokenTerms):
+            return tuple(logps.split(sizes, [g.num_head_positions for g in groups]))
+        return tuple(logps.split(sizes))
 
     def __call__(self, policy: nn.Module, scorer: TokenScorer, reference: ReferenceScores,
                  batch: PreferenceBatch, plan: StepPlan) -> StepLogps:
         """Run ``plan``'s policy forwards with ``scorer``, then the reference's."""
+        # read first: a source that cannot give them is refused before any forward runs
+        reference_lse = tuple(reference.token_lse(batch, plan)) if plan.reference_lse else None
         forwards = self.forwards(plan.groups, PairLengths.of(batch))
         stats: list[Tensor | None] | None = [None] * len(plan.groups) if self.token_stats else None
         policy_logps = self.run_policy(policy, scorer, batch, forwards, stats)
@@ -239,11 +264,17 @@ class StepExecutor:
                 reference_logps = self.run_reference(model, reference_scorer, batch, forwards, plan.groups)
             reference_tokens = forwards.reference.tokens
         token_stats = None if stats is None else tuple(stats)  # type: ignore[arg-type]
-        return StepLogps(policy_logps, reference_logps, forwards, reference_tokens, token_stats)
+        return StepLogps(policy_logps, reference_logps, forwards, reference_tokens, token_stats, reference_lse)
+
+
+def split_inputs(inputs: GroupInputs, group: RowGroup) -> GroupInputs:
+    """``inputs`` with the positions where the whole head runs (``lse_index``) where ``group``'s log-softmax is
+    split; ``inputs`` as they are otherwise."""
+    return replace(inputs, lse_index=group.lse_index) if group.splits_log_softmax else inputs
 
 
 def score_groups(scorer: TokenScorer, model: nn.Module, batch: PreferenceBatch, groups: Sequence[RowGroup],
-                 layout: Layout | None = None, reuse_keys_values: bool = True) -> tuple[Tensor, ...]:
+                 layout: Layout | None = None, reuse_keys_values: bool = True) -> tuple[Scored, ...]:
     """The policy log-probs of a plan's ``groups``, in order, run by a :class:`StepExecutor` with ``layout``."""
     executor = StepExecutor(layout, reuse_keys_values)
     forwards = executor.forwards(groups, PairLengths.of(batch))

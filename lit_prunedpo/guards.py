@@ -1,10 +1,12 @@
-"""Refusals at the edges of a run: data longer than the model's position table, and weights that are not finite.
+"""Refusals at the edges of a run: data longer than the model's position table, weights that are not finite, and a
+control-variate position sampler that cannot run with the run's model or reference.
 
-Both would otherwise fail far from their cause: a sequence past a learned position table is an
+The first two would otherwise fail far from their cause: a sequence past a learned position table is an
 ``IndexError: index out of range in self`` inside the embedding; a checkpoint of NaN weights is a file that
 looks like any other until someone resumes or evaluates from it. :class:`~lit_prunedpo.module.PrunedDPO`
 calls :func:`check_positions` at set-up and :func:`refuse_nonfinite_weights` in ``on_save_checkpoint``, so
-every save (``ModelCheckpoint``, the preemption checkpoint, ``trainer.save_checkpoint``) is covered.
+every save (``ModelCheckpoint``, the preemption checkpoint, ``trainer.save_checkpoint``) is covered. The third,
+:func:`check_log_softmax_split`, runs at set-up too, so that a run that cannot work stops before its first step.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from lit_prunedpo.samplers import LogSoftmaxSplit, PositionSampler
+from lit_prunedpo.scoring import model_head
+from lit_prunedpo.token_terms import fused_linear_head
 
 
 def check_positions(policy: nn.Module, datamodule: Any) -> None:
@@ -51,3 +57,19 @@ def refuse_nonfinite_weights(checkpoint: dict[str, Any], step: int) -> None:
             f"refusing to save a checkpoint at step {step}: {len(bad)} weight tensors hold NaN or Inf (e.g. "
             f"{', '.join(bad[:3])}). The run diverged; resume from an earlier checkpoint with a lower learning rate"
         )
+
+
+def check_log_softmax_split(position: PositionSampler, policy: nn.Module, reference: Any) -> None:
+    """Refuse a position sampler that splits the log-softmax (:mod:`lit_prunedpo.samplers.control_variates`) where
+    it cannot run: a policy whose head is not a plain linear one, and, for ``ReferenceLogSumExp``, a reference source
+    without the reference's log-sum-exps (``reference.check_token_lse()``: anything but a cache that stores them).
+    Any other sampler passes.
+
+    Raises:
+        ValueError: naming the model and why, or the reference and the fix.
+    """
+    if not isinstance(position, LogSoftmaxSplit):
+        return
+    fused_linear_head(policy, model_head(policy))
+    if position.uses_reference_lse:
+        reference.check_token_lse()

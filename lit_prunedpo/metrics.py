@@ -110,8 +110,9 @@ class MetricWindow:
 def token_metrics(plan: StepPlan, token_stats: Sequence[Tensor], num_pairs: int) -> dict[str, tuple[Tensor, Tensor]]:
     """TRL's token metrics of one step as ``(value [B], weight [B])`` per name (see :data:`TOKEN_METRICS`).
 
-    ``token_stats`` holds one ``[K_g, 3]`` tensor per plan group (``StepLogps.policy_token_stats``). Each scored
-    position counts with its inverse-probability weight: ``value = sum_t w_t x_t / sum_t w_t`` over a branch's
+    ``token_stats`` holds one ``[K_g, 3]`` tensor per plan group (``StepLogps.policy_token_stats``), at the positions
+    the whole LM head ran on (where the log-softmax is split, the drawn ones, ``RowGroup.lse_index``, weighted by
+    ``lse_weight``). Each such position counts with its inverse-probability weight: ``value = sum_t w_t x_t / sum_t w_t`` over a branch's
     scored positions, ``weight = sum_t w_t`` (the estimated number of its response positions), so the aggregate
     ``sum(value * weight) / sum(weight)`` is the ratio of two IPW estimates (consistent, not unbiased) of TRL's
     token mean, and exactly TRL's value when nothing is pruned. ``entropy`` covers both branches,
@@ -120,12 +121,17 @@ def token_metrics(plan: StepPlan, token_stats: Sequence[Tensor], num_pairs: int)
     device = token_stats[0].device if token_stats else torch.device("cpu")
     sums = torch.zeros(2 * num_pairs, 4, dtype=torch.float32, device=device)  # on the stats' device: no sync
     for group, stats in zip(plan.groups, token_stats, strict=True):
-        weight = group.weight.to(device=device, dtype=torch.float32)
+        weight, rows, shared = group.weight, group.scored_row, group.shared
+        if group.splits_log_softmax:
+            index = group.lse_index
+            weight, rows = group.lse_weight[index], rows[index]
+            shared = None if shared is None else shared[index]
+        weight = weight.to(device=device, dtype=torch.float32)
         values = torch.cat([torch.ones_like(weight)[:, None], stats.detach().float()], dim=-1)
-        slots = (group.pair * 2 + group.branch)[group.scored_row].to(device)
+        slots = (group.pair * 2 + group.branch)[rows].to(device)
         sums.index_add_(0, slots, values * weight[:, None])
-        if group.shared is not None:  # a common-start position counts in both branches (TRL's means)
-            shared = group.shared.to(device)
+        if shared is not None:  # a common-start position counts in both branches (TRL's means)
+            shared = shared.to(device)
             sums.index_add_(0, slots[shared] ^ 1, (values * weight[:, None])[shared])
     sums = sums.view(num_pairs, 2, 4)
     count = sums[..., 0]

@@ -30,7 +30,7 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
 from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
-from lit_prunedpo.guards import check_positions, refuse_nonfinite_weights
+from lit_prunedpo.guards import check_log_softmax_split, check_positions, refuse_nonfinite_weights
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
 from lit_prunedpo.metrics import (
@@ -208,6 +208,7 @@ class PrunedDPO(L.LightningModule):
         datamodule = getattr(self._trainer, "datamodule", None)
         check_positions(self.policy, datamodule)
         self.reference.prepare(self.policy, datamodule, ReferenceRuntime.of(self._trainer))
+        check_log_softmax_split(self.position_sampler, self.policy, self.reference)
 
     def _check_vocabulary(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -344,7 +345,8 @@ class PrunedDPO(L.LightningModule):
 
     def estimate(self, batch: PreferenceBatch, plan: StepPlan, logps: StepLogps) -> Estimate:
         """Stage 3: the IPW estimate of the loss and its single-branch surrogate."""
-        return estimate(plan, logps.policy, logps.reference, self.loss, self.beta, batch.response_lengths)
+        return estimate(plan, logps.policy, logps.reference, self.loss, self.beta, batch.response_lengths,
+                        logps.reference_lse)
 
     def score_policy(self, batch: PreferenceBatch, group: RowGroup, scorer: TokenScorer | None = None) -> Tensor:
         """The policy's log-probs of one group, alone in its forward, laid out as this module lays its steps out:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.samplers import (
-    AllPositions, BothBranches, BranchSampler, FullPrefix, PositionSampler, PrefixSampler,
+    AllPositions, BothBranches, BranchSampler, FullPrefix, LogSoftmaxSplit, PositionSampler, PrefixSampler,
 )
 
 
@@ -41,6 +41,11 @@ class RowGroup:
         requires_grad: whether the group's rows get a gradient.
         shared: ``[K]`` bool, positions inside the pair's common start, scored in this row once for both
             branches (``plan_step(score_common_prefix=False)``); ``None``: none.
+        lse_weight: ``[K]`` float64, set by a position sampler that samples only the log-sum-exp
+            (:mod:`lit_prunedpo.samplers.control_variates`): the scored positions are then *every* executed
+            position, ``weight`` (``1 / s_t``) weighs the target logit ``z_t`` computed at all of them, and this
+            (``1 / (s_t p_t)``, 0 where not drawn) the log-sum-exp ``lse_t`` computed at the drawn ones only.
+            ``None`` (every other sampler): ``weight`` weighs each scored position's whole log-prob.
     """
 
     pair: Tensor
@@ -51,6 +56,7 @@ class RowGroup:
     weight: Tensor
     requires_grad: bool
     shared: Tensor | None = None
+    lse_weight: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -59,6 +65,30 @@ class RowGroup:
     @property
     def num_scored(self) -> int:
         return int(self.scored_row.numel())
+
+    @property
+    def splits_log_softmax(self) -> bool:
+        """Whether the target logit and the log-sum-exp of a position are weighted apart (``lse_weight`` set)."""
+        return self.lse_weight is not None
+
+    @property
+    def lse_index(self) -> Tensor:
+        """``[K_s]`` the scored positions (indices into the ``K``) where the whole LM head runs: every one of them,
+        or, where the log-softmax is split, the drawn ones."""
+        if self.lse_weight is None:
+            return torch.arange(self.num_scored, device=self.scored_row.device)
+        return (self.lse_weight > 0).nonzero().flatten()
+
+    @property
+    def num_head_positions(self) -> int:
+        """Positions where the whole LM head (``2dV`` FLOPs) runs."""
+        return self.num_scored if self.lse_weight is None else int((self.lse_weight > 0).sum())
+
+    @property
+    def num_target_logits(self) -> int:
+        """Positions whose target logit is computed as one row of the head (``2d`` FLOPs): every scored position of a
+        group whose log-softmax is split, none otherwise."""
+        return 0 if self.lse_weight is None else self.num_scored
 
     def to(self, device: torch.device | str) -> "RowGroup":
         """The same group with every tensor field on ``device`` (``self`` when they all are already)."""
@@ -81,6 +111,8 @@ class StepPlan:
         unpruned_positions: response positions an unpruned step would score.
         kept_positions: response positions inside the prefixes the prefix sampler kept.
         drawn_positions: positions the position sampler drew (before a margin loss's common start is left out).
+        reference_lse: the policy's log-sum-exps are centred on the reference's, which the executor reads at every
+            scored position (:class:`~lit_prunedpo.samplers.ReferenceLogSumExp`).
     """
 
     groups: tuple[RowGroup, ...]
@@ -91,10 +123,12 @@ class StepPlan:
     unpruned_positions: int
     kept_positions: int
     drawn_positions: int
+    reference_lse: bool = False
 
     @property
     def positions_scored(self) -> int:
-        return sum(g.num_scored for g in self.groups)
+        """Positions the whole LM head runs on (the drawn ones where the log-softmax is split)."""
+        return sum(g.num_head_positions for g in self.groups)
 
     @property
     def branches_backpropagated(self) -> int:
@@ -115,6 +149,11 @@ def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
         if f.name == "requires_grad":
             continue
         parts = [getattr(g, f.name) for g in groups]
+        if f.name == "lse_weight":
+            if all(part is None for part in parts):
+                continue
+            if any(part is None for part in parts):  # a bug: the planner splits every group of a plan or none
+                raise RuntimeError("cannot merge groups whose log-softmax is split with groups whose is not")
         if f.name == "shared":
             if all(part is None for part in parts):
                 continue
@@ -148,7 +187,7 @@ def exact_plan(batch: PreferenceBatch) -> StepPlan:
 
 
 def _group(rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, requires_grad: bool,
-           shared: Tensor | None) -> RowGroup | None:
+           shared: Tensor | None, lse_weight: Tensor | None = None) -> RowGroup | None:
     if rows.numel() == 0:
         return None
     scored_row, scored_t = scored[rows].nonzero(as_tuple=True)
@@ -161,6 +200,7 @@ def _group(rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, requires_
         weight=weight[rows][scored_row, scored_t],
         requires_grad=requires_grad,
         shared=None if shared is None else shared[rows][scored_row, scored_t],
+        lse_weight=None if lse_weight is None else lse_weight[rows][scored_row, scored_t],
     )
 
 
@@ -181,6 +221,10 @@ def plan_step(
     token), so :func:`lit_prunedpo.estimate.ipw_sums` counts them in both branch sums (``logps/*`` mean what TRL's
     do) without a gradient (they cancel exactly in the margin ``R_w - R_l``, so a loss of the margin alone loses
     nothing); the rejected row leaves them out.
+
+    A position sampler that samples only the log-sum-exp (:class:`~lit_prunedpo.samplers.LogSoftmaxSplit`) gets
+    groups whose scored positions are every executed position (``t < L``), the target logit's weight ``1 / s_t``
+    and, in ``lse_weight``, the drawn positions' ``1 / (s_t p_t)`` (:class:`RowGroup`).
     """
     B, P, T = batch.num_pairs, batch.prompt_width, batch.response_width
     lengths = batch.response_lengths.reshape(-1).cpu()  # row 2i + b
@@ -192,26 +236,24 @@ def plan_step(
     kept = prefix.draw(lengths, generator)
     scored = position.draw(kept, T, generator)
     drawn = int(scored.sum())
+    split = isinstance(position, LogSoftmaxSplit)
+    # a split log-softmax: every executed position gets its (cheap) target logit, the draws choose the log-sum-exps
+    terms = (torch.arange(T)[None, :] < kept[:, None]) if split else scored
     shared = None
     if not score_common_prefix:
-        _, common_len = prompt_and_common_lengths(batch)
-        common = torch.arange(T)[None, :] < common_len.repeat_interleave(2)[:, None]
-        # scored in the row of the forward that runs the common start anyway: the one with a gradient where only
-        # one branch has it (branch pruning), else the chosen one
-        owner = torch.where(grad_mask[:, 0] != grad_mask[:, 1], grad_mask[:, 1].long(), 0)
-        owns = (torch.arange(2 * B) % 2 == owner.repeat_interleave(2))[:, None]
-        shared = scored & common & owns
-        scored = scored & (owns | ~common)
+        owned, keep = _common_start(batch, grad_mask)
+        shared = terms & owned
+        terms, scored = terms & keep, scored & keep
     survival = prefix.survival(lengths, T)
     inclusion = position.inclusion(kept, T)
 
     _check_draws(lengths, kept, scored, survival, inclusion, grad_mask, branch_prob, B)
-    weight = torch.where(scored, 1.0 / (survival * inclusion).clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+    weight, lse_weight = _weights(scored, terms if split else None, survival, inclusion)
 
     rows = torch.arange(2 * B)
     flat_grad = grad_mask.reshape(-1)
-    grad_group = _group(rows[flat_grad], kept, scored, weight, True, shared)
-    no_grad_group = _group(rows[~flat_grad], kept, scored, weight, False, shared)
+    grad_group = _group(rows[flat_grad], kept, terms, weight, True, shared, lse_weight)
+    no_grad_group = _group(rows[~flat_grad], kept, terms, weight, False, shared, lse_weight)
     groups = tuple(g for g in (grad_group, no_grad_group) if g is not None)
     return StepPlan(
         groups=groups,
@@ -222,7 +264,32 @@ def plan_step(
         unpruned_positions=int(lengths.sum()),
         kept_positions=int(kept.sum()),
         drawn_positions=drawn,
+        reference_lse=split and position.uses_reference_lse,
     )
+
+
+def _weights(scored: Tensor, terms: Tensor | None, survival: Tensor, inclusion: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(weight, lse_weight)``, ``[2B, T]``: ``1 / (s_t p_t)`` at the ``scored`` positions, no ``lse_weight``; where
+    the log-softmax is split (``terms``: the positions with a target logit), ``1 / s_t`` there and ``1 / (s_t p_t)``
+    at the drawn positions, apart."""
+    tiny = torch.finfo(torch.float64).tiny
+    weight = torch.where(scored, 1.0 / (survival * inclusion).clamp(min=tiny), 0.0)
+    if terms is None:
+        return weight, None
+    return torch.where(terms, 1.0 / survival.clamp(min=tiny), 0.0), weight
+
+
+def _common_start(batch: PreferenceBatch, grad_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``([2B, T] the common start's positions in the row that scores them for both branches, [2B, T] the positions
+    each row keeps)``: every position but the common start of the row that does not own it."""
+    B, T = batch.num_pairs, batch.response_width
+    _, common_len = prompt_and_common_lengths(batch)
+    common = torch.arange(T)[None, :] < common_len.repeat_interleave(2)[:, None]
+    # scored in the row of the forward that runs the common start anyway: the one with a gradient where only
+    # one branch has it (branch pruning), else the chosen one
+    owner = torch.where(grad_mask[:, 0] != grad_mask[:, 1], grad_mask[:, 1].long(), 0)
+    owns = (torch.arange(2 * B) % 2 == owner.repeat_interleave(2))[:, None]
+    return common & owns, owns | ~common
 
 
 def _check_draws(

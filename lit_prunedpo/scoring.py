@@ -11,6 +11,11 @@ per-position statistics of the logits it already computed (:func:`token_stats`: 
 vocabulary, the entropy, and whether the arg-max is the target), a few element-wise passes over the ``K x V``
 logits while they exist anyway; without it, nothing more is computed.
 
+A group whose log-softmax is split (a control-variate position sampler, :mod:`lit_prunedpo.samplers.control_variates`;
+``inputs.lse_index`` set) gets :class:`~lit_prunedpo.token_terms.TokenTerms` instead: the target logits at all ``K``
+gathered positions (one row of the head each) and the log-sum-exps at the ``K_s`` drawn ones (the whole head there
+only); the statistics then cover those ``K_s``.
+
 Departure from a stock ``model(input_ids).logits``: the body and the head are called separately. What a model
 does after its LM head (Gemma 2's soft-capping, Cohere's ``logit_scale``, Granite's ``logits_scaling``, ...) is
 read from the model itself (:func:`lit_prunedpo.head.output_head`) and applied to the gathered rows, so the
@@ -28,6 +33,7 @@ from lit_prunedpo.layout.base import GroupInputs, PastColumns
 from lit_prunedpo.layout.attention import model_attention_mask
 from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
+from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, target_logits
 
 __all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "model_head", "split_causal_lm", "token_stats"]
 
@@ -110,13 +116,40 @@ class TokenScorer:
             stats.append(token_stats(logits, targets, log_probs))
         return log_probs.gather(-1, targets[:, None]).squeeze(-1)
 
-    def __call__(self, model: nn.Module, inputs: GroupInputs, stats: list[Tensor] | None = None) -> Tensor:
-        """``[K]`` log-probs of the scored positions of ``inputs``; with ``stats``, appends their ``[K, 3]``
-        :func:`token_stats` (possibly in several pieces, in row order)."""
+    def log_sum_exp(self, head: OutputHead, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
+        """``[K]`` float32 log-sum-exps of the model's logits at gathered hidden states ``[K, d]`` (the whole head);
+        with ``stats``, appends the rows' :func:`token_stats` (``targets``: what those compare the arg-max with)."""
+        logits = head(hidden).float()
+        if stats is not None:
+            stats.append(token_stats(logits, targets))
+        return logits.logsumexp(-1)
+
+    def token_terms(self, model: nn.Module, head: OutputHead, hidden: Tensor, targets: Tensor, lse_index: Tensor,
+                    stats: list[Tensor] | None = None) -> TokenTerms:
+        """The target logits of all ``K`` gathered hidden states ``[K, d]`` and the log-sum-exps of the ``lse_index``
+        ones (:meth:`log_sum_exp`, with ``stats`` for those); ``model``'s head must be a plain linear one.
+
+        Raises:
+            ValueError: naming the model, for a head whose target logit is not one row of a linear layer
+                (:func:`~lit_prunedpo.token_terms.fused_linear_head`).
+        """
+        linear, transform = fused_linear_head(model, head)
+        index = lse_index.to(hidden.device)
+        lse = self.log_sum_exp(head, hidden[index], targets[index], stats)
+        return TokenTerms(target_logits(linear, transform, hidden, targets), lse)
+
+    def __call__(self, model: nn.Module, inputs: GroupInputs, stats: list[Tensor] | None = None) -> Tensor | TokenTerms:
+        """``[K]`` log-probs of the scored positions of ``inputs``, or their :class:`TokenTerms` where
+        ``inputs.lse_index`` is set; with ``stats``, appends the ``[K, 3]`` (or ``[K_s, 3]``) :func:`token_stats`
+        of the positions the whole head ran on (possibly in several pieces, in row order)."""
         body, linear = split_causal_lm(model)
         head = model_head(model, linear)
+        if inputs.lse_index is not None:
+            fused_linear_head(model, head)  # a head that cannot be split is refused before the body runs
         hidden = self.hidden_states(body, inputs)
         gathered = hidden[inputs.gather_row, inputs.gather_col]
+        if inputs.lse_index is not None:
+            return self.token_terms(model, head, gathered, inputs.targets, inputs.lse_index, stats)
         if stats is None:  # a subclass's log_probs written without the stats argument still works
             return self.log_probs(head, gathered, inputs.targets)
         return self.log_probs(head, gathered, inputs.targets, stats)

@@ -16,7 +16,13 @@ What is checked, and the tolerances:
   gives a false alarm less than once in a million checks.
 * **end to end** (:func:`check_unbiased`): the real :func:`lit_prunedpo.plan.plan_step` and
   :func:`lit_prunedpo.estimate.ipw_sums` are run with any combination of samplers, and the mean of the
-  branch-weighted estimate matches ``R_w - R_l`` within ``z`` standard errors.
+  branch-weighted estimate matches ``R_w - R_l`` within ``z`` standard errors. A position sampler that samples
+  only the log-sum-exp (:mod:`lit_prunedpo.samplers.control_variates`) is fed each token's two terms
+  (``rho_t = z_t - lse_t``, a random ``lse_t``, and for ``ReferenceLogSumExp`` a random baseline ``lse'_t``).
+* **through a module's step** (:func:`check_step_unbiased`): the real plan, execute and estimate of a
+  :class:`~lit_prunedpo.PrunedDPO` (its model, scorer, reference and layout); the means of the policy's and the
+  reference's IPW sums, and of the gradient of the branch-weighted policy sums on random directions, match the
+  unpruned step's within ``z`` standard errors.
 * **a loss's reward estimate** (:func:`check_reward_estimate`): a quantity a loss computes from the IPW sums
   and the full lengths (a length-normalised mean, a token-averaged NLL) has, exactly by enumeration and by
   Monte Carlo through the real planner, the expectation of that quantity on the true sums.
@@ -24,9 +30,10 @@ What is checked, and the tolerances:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -34,7 +41,7 @@ from torch import Tensor
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.losses import BranchSums, PreferenceLoss
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.plan import RowGroup, plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     BothBranches,
@@ -43,6 +50,7 @@ from lit_prunedpo.samplers import (
     PositionSampler,
     PrefixSampler,
 )
+from lit_prunedpo.token_terms import TokenTerms
 
 DEFAULT_LENGTHS = (1, 2, 3, 5, 8, 13, 40)
 EXACT_TOL = 1e-9
@@ -212,6 +220,22 @@ def synthetic_batch(lengths: Tensor, prompt_length: int = 2, vocab: int = 16, se
     )
 
 
+def scored_values(group: RowGroup, rho: Tensor, lse: Tensor | None = None) -> Tensor | TokenTerms:
+    """What a scorer would return for ``group`` if the log-prob of response token ``t`` of pair ``i``, branch ``b``
+    were ``rho[i, b, t]`` (``[B, 2, T]``): those log-probs at its scored positions, or, where its log-softmax is split,
+    :class:`TokenTerms` with target logits ``rho + lse`` and the log-sum-exps ``lse`` at its drawn positions."""
+    if not group.splits_log_softmax:
+        return at_scored(group, rho)
+    if lse is None:
+        raise ValueError("this plan splits the log-softmax: give each token's log-sum-exp (lse)")
+    return TokenTerms(target=at_scored(group, rho + lse), lse=at_scored(group, lse)[group.lse_index])
+
+
+def at_scored(group: RowGroup, values: Tensor) -> Tensor:
+    """``[K]`` ``values`` (``[B, 2, T]``, per pair, branch and response position) at ``group``'s scored positions."""
+    return values[group.pair[group.scored_row], group.branch[group.scored_row], group.scored_t]
+
+
 def check_unbiased(
     prefix: PrefixSampler | None = None,
     position: PositionSampler | None = None,
@@ -228,12 +252,18 @@ def check_unbiased(
     batch = synthetic_batch(lengths, seed=seed)
     g = torch.Generator().manual_seed(seed)
     rho = torch.randn(batch.response_ids.shape, generator=g, dtype=torch.float64) * batch.response_mask
+    # log-sum-exps (and a reference's, near them) for the samplers that split the log-softmax; their own stream,
+    # so that every other sampler sees the draws it always saw
+    terms = torch.Generator().manual_seed(seed + 1)
+    lse = 2.0 + torch.rand(rho.shape, generator=terms, dtype=torch.float64)
+    reference_lse = lse + 0.3 * torch.randn(rho.shape, generator=terms, dtype=torch.float64)
     sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
     r_hats, directions = [], []
     for _ in range(num_draws):
         plan = plan_step(batch, prefix, position, branch, g)
-        scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
-        r_hat = ipw_sums(plan, scored, batch.num_pairs)
+        scored = [scored_values(grp, rho, lse) for grp in plan.groups]
+        baselines = [at_scored(grp, reference_lse) for grp in plan.groups] if plan.reference_lse else None
+        r_hat = ipw_sums(plan, scored, batch.num_pairs, baselines)
         r_hats.append(r_hat)
         directions.append((plan.grad_mask * sign * r_hat / plan.branch_prob).sum(-1))
     report = SamplerReport()
@@ -241,6 +271,50 @@ def check_unbiased(
     stacked, dirs = torch.stack(r_hats), torch.stack(directions)
     _mc(report, "E[R_hat] per branch", stacked.mean(0), R, stacked.std(0) / math.sqrt(num_draws), z)
     _mc(report, "E[branch-weighted R_hat]", dirs.mean(0), R[:, 0] - R[:, 1], dirs.std(0) / math.sqrt(num_draws), z)
+    return report
+
+
+def check_step_unbiased(
+    module: Any,
+    batch: PreferenceBatch,
+    position: PositionSampler,
+    prefix: PrefixSampler | None = None,
+    branch: BranchSampler | None = None,
+    num_draws: int = 300,
+    z: float = 5.0,
+    directions: int = 4,
+    seed: int = 0,
+) -> SamplerReport:
+    """Check by Monte Carlo that ``module``'s own step (a :class:`~lit_prunedpo.PrunedDPO`: its model, scorer,
+    reference and layout) with these samplers estimates the unpruned step's sums and gradient without bias.
+
+    Over ``num_draws`` steps (:meth:`~lit_prunedpo.PrunedDPO.step`, each a plan, the forwards and the estimate), the
+    means of the policy's and the reference's IPW sums ``[B, 2]``, and of the gradient of ``sum_b 1{b in B} P_hat^b
+    / q_b`` projected on ``directions`` random unit vectors, lie within ``z`` standard errors of the unpruned step's
+    (``E[P_hat] = P`` and ``E[grad P_hat] = grad P``, both linear in the draws). The module's gradients are left
+    untouched.
+    """
+    report = SamplerReport()
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(seed)
+    size = sum(p.numel() for p in params)
+    unit = torch.nn.functional.normalize(torch.randn(directions, size, generator=g, dtype=torch.float64), dim=1)
+
+    def draw(prefix_, position_, branch_, generator) -> tuple[Tensor, Tensor, Tensor]:
+        parts = dataclasses.replace(module.parts, prefix_sampler=prefix_, position_sampler=position_,
+                                    branch_sampler=branch_)
+        out = module.step(batch, parts, generator)
+        est, plan = out.estimate, out.plan
+        keep = (plan.grad_mask / plan.branch_prob).to(est.policy_logps)
+        grads = torch.autograd.grad((keep * est.policy_logps).sum(), params, allow_unused=True)
+        flat = torch.cat([(gr if gr is not None else torch.zeros_like(p)).flatten() for gr, p in zip(grads, params)])
+        return est.policy_logps.detach().double(), est.reference_logps.detach().double(), unit @ flat.double()
+
+    exact = draw(FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
+    draws = [draw(prefix or FullPrefix(), position, branch or BothBranches(), g) for _ in range(num_draws)]
+    for what, index in (("E[P_hat] per branch", 0), ("E[Ref_hat] per branch", 1), ("E[grad P_hat] on directions", 2)):
+        stacked = torch.stack([d[index] for d in draws])
+        _mc(report, what, stacked.mean(0), exact[index], stacked.std(0) / math.sqrt(num_draws), z)
     return report
 
 
@@ -311,10 +385,12 @@ def check_reward_estimate(
         _exact(report, "E[reward(R_hat)] by enumeration", reward(BranchSums(expected.view(full.shape), zero, full)), truth)
 
     values = []
+    lse = 1.0 + rho.neg()  # any log-sum-exps will do for a sampler that splits the log-softmax, and any baseline
     for _ in range(num_draws):
         plan = plan_step(batch, prefix, position, BothBranches(), g)
-        scored = [rho[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t] for grp in plan.groups]
-        values.append(reward(BranchSums(ipw_sums(plan, scored, batch.num_pairs), zero, full)))
+        scored = [scored_values(grp, rho, lse) for grp in plan.groups]
+        baselines = [at_scored(grp, lse / 2) for grp in plan.groups] if plan.reference_lse else None
+        values.append(reward(BranchSums(ipw_sums(plan, scored, batch.num_pairs, baselines), zero, full)))
     stacked = torch.stack(values)
     _mc(report, "E[reward(R_hat)]", stacked.mean(0), truth, stacked.std(0) / math.sqrt(num_draws), z)
     return report

@@ -249,3 +249,31 @@ def test_an_unknown_layout_class_is_a_clear_error(tmp_path, capsys):
         build_cli(["fit", *config_args("quickstart"), f"--trainer.default_root_dir={tmp_path}",
                    "--model.layout=lit_prunedpo.layout.NoSuchLayout"], run=False)
     assert "NoSuchLayout" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- the control-variate overlays (issue 28)
+CONTROL_VARIATES = {"stratified-coupled-exact-targets": "configs/quickstart.yaml",
+                    "stratified-coupled-reference-lse": "configs/cached.yaml"}
+
+
+@pytest.mark.parametrize("overlay", CONTROL_VARIATES)
+def test_control_variate_overlays_train_with_the_config_their_command_names(overlay, tmp_path):
+    """Each overlay trains a few steps composed after the config its first line names (the cached one for the
+    reference's log-sum-exps), scoring the whole head on the drawn positions only."""
+    base = CONTROL_VARIATES[overlay]
+    cache = [f"--model.reference.init_args.path={tmp_path / 'ref.safetensors'}"] if base.endswith("cached.yaml") else []
+    cli = build_cli(["fit", "--config", str(REPO / base), "--config", str(REPO / f"configs/modes/{overlay}.yaml"),
+                     f"--trainer.default_root_dir={tmp_path}", *cache, *csv_logger(tmp_path), "--trainer.max_steps=2",
+                     "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1", *FAST])
+    assert cli.trainer.global_step == 2
+    metrics = metrics_of(tmp_path)
+    assert metrics["train/work/positions_scored_frac"] < 0.5 and torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_reference_lse_with_the_online_reference_is_refused_at_set_up(tmp_path):
+    with pytest.raises(ValueError, match=r"ReferenceLogSumExp needs the reference's log-sum-exp .* OnlineReference "
+                                         r"cannot give .*use the cached reference \(model\.reference: "
+                                         r"lit_prunedpo\.reference\.CachedReference\), or the ExactTargetLogits"):
+        build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config",
+                   str(REPO / "configs/modes/stratified-coupled-reference-lse.yaml"),
+                   f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", *FAST])

@@ -25,7 +25,8 @@ SCANNED = ("lit_prunedpo", "examples", "tests")
 
 
 def described(sampler) -> tuple[str, dict]:
-    return type(sampler).__name__, dict(vars(sampler))
+    """A sampler's class and arguments; a sampler it wraps (``ExactTargetLogits(positions=...)``) described in turn."""
+    return type(sampler).__name__, {k: described(v) if isinstance(v, SAMPLER_BASES) else v for k, v in vars(sampler).items()}
 
 
 def test_every_overlay_in_configs_modes_is_a_mode():

@@ -8,6 +8,8 @@ with ``K`` scored positions:
                                                    QK^T and AV, a = heads * head_dim; the full rectangle is
                                                    counted (what SDPA with a mask computes on the CPU)
     head       2 * d * V * K                       the LM head on the gathered positions only
+               + 2 * d * K_z                       a split log-softmax (control variates): the target logit alone, one
+                                                   row of the head, at every executed position (``K`` the drawn ones)
 
 * a group with a gradient costs forward + backward = 3x its forward (backward = 2x forward: gradients
   w.r.t. activations and weights), body and head alike;
@@ -109,21 +111,24 @@ class ForwardFlops:
 
 
 def forward_flops(
-    dims: ModelDims, rows: int, width: int, positions: int, attention: bool = True, cached: int = 0
+    dims: ModelDims, rows: int, width: int, positions: int, attention: bool = True, cached: int = 0,
+    target_logits: int = 0,
 ) -> ForwardFlops:
-    """FLOPs of one forward of ``rows`` sequences of ``width`` columns, with the head on ``positions`` rows and
-    ``cached`` key columns per sequence from an earlier forward.
+    """FLOPs of one forward of ``rows`` sequences of ``width`` columns, with the head on ``positions`` rows,
+    ``cached`` key columns per sequence from an earlier forward and ``target_logits`` positions whose target logit
+    alone is computed (one row of the head each).
 
     Raises:
-        ValueError: on a negative ``rows``, ``width``, ``positions`` or ``cached``.
+        ValueError: on a negative ``rows``, ``width``, ``positions``, ``cached`` or ``target_logits``.
     """
-    for name, value in (("rows", rows), ("width", width), ("positions", positions), ("cached", cached)):
+    for name, value in (("rows", rows), ("width", width), ("positions", positions), ("cached", cached),
+                        ("target_logits", target_logits)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value!r}")
     return ForwardFlops(
         body=2 * dims.body_params * rows * width,
         attention=4 * dims.num_layers * dims.attention_dim * width * (cached + width) * rows if attention else 0,
-        head=2 * dims.hidden_size * dims.vocab_size * positions,
+        head=2 * dims.hidden_size * (dims.vocab_size * positions + target_logits),
     )
 
 
@@ -169,15 +174,18 @@ def step_flops(
     forward = backward = recompute = 0
     for run in forwards.policy:
         laid_out = run.laid_out
-        f = forward_flops(dims, *laid_out.shape, laid_out.group.num_scored, attention, laid_out.cached_columns)
+        group = laid_out.group
+        f = forward_flops(dims, *laid_out.shape, group.num_head_positions, attention, laid_out.cached_columns,
+                          group.num_target_logits)
         forward += f.total
         if run.requires_grad:
             backward += 2 * f.total
             recompute += f.head if recompute_head else 0
     ref = 0
     if reference == "online":
-        laid_out = forwards.reference
-        ref = forward_flops(dims, *laid_out.shape, laid_out.group.num_scored, attention).total
+        group = forwards.reference.group
+        ref = forward_flops(dims, *forwards.reference.shape, group.num_head_positions, attention,
+                            target_logits=group.num_target_logits).total
     return StepFlops(forward, backward, recompute, ref)
 
 

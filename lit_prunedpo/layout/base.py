@@ -90,6 +90,11 @@ class GroupInputs:
         cache: keys and values the forward attends to before its own (gathered at ``past``), or an empty cache
             that it fills with its keys and values for the next forward; ``None`` keeps none. Set by the
             executor, so that a scorer needs no argument for it.
+        lse_index: ``[K_s]`` the gathered positions (indices into the ``K``) where the whole LM head runs, for a
+            group whose log-softmax is split (:attr:`~lit_prunedpo.plan.RowGroup.lse_index`): the scorer then
+            returns the target logits at all ``K`` and the log-sum-exps at these
+            (:class:`~lit_prunedpo.token_terms.TokenTerms`). ``None``: whole log-probs at all ``K``. Set by the
+            executor, as ``cache``.
     """
 
     input_ids: Tensor
@@ -101,6 +106,7 @@ class GroupInputs:
     past: PastColumns | None = None
     cache: DynamicCache | None = None
     key_positions: Tensor | None = None
+    lse_index: Tensor | None = None
 
 
 class LaidOutGroup(ABC):

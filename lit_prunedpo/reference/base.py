@@ -122,6 +122,24 @@ class ReferenceSource(nn.Module, ABC):
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
         """One ``[K_g]`` tensor per group of ``plan``, aligned with the group's scored positions."""
 
+    def token_lse(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        """The reference's log-sum-exp over the vocabulary at every scored position of every group of ``plan``, one
+        ``[K_g]`` tensor per group: the baseline of :class:`~lit_prunedpo.samplers.ReferenceLogSumExp`. Only a source
+        that has them at no cost can give them (a cache that stores them); the default refuses
+        (:meth:`check_token_lse`)."""
+        self.check_token_lse()
+        raise NotImplementedError(f"{type(self).__name__}.check_token_lse accepts, but token_lse is not implemented")
+
+    def check_token_lse(self) -> None:
+        """Raise ``ValueError`` naming the fix unless :meth:`token_lse` can answer (called at set-up, before any step).
+        The default refuses: a reference that runs a model would run its whole LM head at every executed position."""
+        raise ValueError(
+            f"ReferenceLogSumExp needs the reference's log-sum-exp at every executed position, which "
+            f"{type(self).__name__} cannot give without running its whole LM head there (what position pruning "
+            "skips): use the cached reference (model.reference: lit_prunedpo.reference.CachedReference), or the "
+            "ExactTargetLogits estimator, which works with any reference"
+        )
+
     def online_model(self) -> ContextManager[tuple[nn.Module, TokenScorer]] | None:
         """For a source that scores a frozen model on the step's own inputs: a context that yields ``(model,
         scorer)`` while the step's executor runs the reference forward. ``None`` (default): the executor calls

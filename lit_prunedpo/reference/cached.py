@@ -22,9 +22,12 @@ Pieces, in the order data flows:
   otherwise (rank-sharded under DDP), and refuses a stale, non-finite or misshapen one, naming what is wrong.
 
 **Storage.** One safetensors file: ``values`` float32 (4 bytes, i.e. **4 MB per million response tokens**),
-plus ``keys`` ``[N]``, ``offsets`` and ``lengths`` ``[N, 2]`` int64 (40 bytes per pair: +0.4 MB per
-million tokens at HH-RLHF lengths, ~94 response tokens a pair). The fingerprint is a JSON string in the
-file's metadata.
+``lse`` float32, the reference's log-sum-exp over the vocabulary at each token (another 4 MB per million: the
+baseline of :class:`~lit_prunedpo.samplers.ReferenceLogSumExp`; ``z_t - logp_t``, the target logit one row of the
+head, so the build's head runs once), plus ``keys`` ``[N]``, ``offsets`` and ``lengths`` ``[N, 2]`` int64 (40 bytes
+per pair: +0.4 MB per million tokens at HH-RLHF lengths, ~94 response tokens a pair). The fingerprint is a JSON
+string in the file's metadata. A file written before ``lse`` was stored loads as it is (every estimator but
+``ReferenceLogSumExp`` works with it; that one is refused, naming the file and the fix: rebuild).
 ``examples/measure_cache.py`` measures size, build time and step time.
 
 **The data.** ``prepare`` is handed the run's pairs as a :class:`~lit_prunedpo.reference.ReferenceData`
@@ -62,6 +65,7 @@ from lit_prunedpo.reference.fingerprint import fingerprint_diff, jsonable, refer
 from lit_prunedpo.reference.store import VERSION, ReferenceLogpStore, read_fingerprint
 from lit_prunedpo.layout import PairLengths, RightPaddedLayout
 from lit_prunedpo.scoring import GroupInputs, TokenScorer, model_head, split_causal_lm
+from lit_prunedpo.token_terms import linear_head_parts, target_logits
 
 DEFAULT_FILENAME = "reference_logps.safetensors"
 #: Logits a build computes at once (:func:`score_in_chunks`): 16 MiB of float32 (the plain scorer holds them and their
@@ -192,7 +196,8 @@ class CachedReference(ReferenceSource):
         try:
             with adapters_off(model):  # a LoRA policy's reference is its base model
                 progress = BuildProgress(total_pairs, runtime.world_size, str(path))
-                shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context, progress)
+                shard = compute_reference_logps(model, batches, self.scorer, runtime.forward_context, progress,
+                                                with_lse=True)
         finally:
             model.to(original_device)  # the policy goes back where the strategy expects to find it
         self.builds += 1
@@ -216,19 +221,35 @@ class CachedReference(ReferenceSource):
     # -- the step ------------------------------------------------------------------------------------
     def token_logps(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
         """Gather each group's scored positions; refuses a batch whose lengths differ from the cache's."""
+        return self._gather(batch, plan)
+
+    def _gather(self, batch: PreferenceBatch, plan: StepPlan, lse: bool = False) -> list[Tensor]:
+        """The cached log-probs (``lse``: log-sum-exps) at each group's scored positions, on the batch's device."""
         if self.store is None:
             raise RuntimeError(
                 "CachedReference has no cache: prepare() runs at trainer set-up (or use CachedReference.from_store)"
             )
+        gather = self.store.gather_lse if lse else self.store.gather
         index = batch.index.cpu()
         self.store.check_lengths(index, batch.response_lengths, what="the batch")
         device = batch.prompt_ids.device
         out = []
         for group in plan.groups:
             row = group.scored_row.cpu()
-            values = self.store.gather(index[group.pair.cpu()][row], group.branch.cpu()[row], group.scored_t.cpu())
+            values = gather(index[group.pair.cpu()][row], group.branch.cpu()[row], group.scored_t.cpu())
             out.append(values.to(device, non_blocking=True))
         return out
+
+    def token_lse(self, batch: PreferenceBatch, plan: StepPlan) -> list[Tensor]:
+        """The cached log-sum-exps at each group's scored positions (as :meth:`token_logps` gathers the log-probs)."""
+        self.check_token_lse()
+        return self._gather(batch, plan, lse=True)
+
+    def check_token_lse(self) -> None:
+        """Refuses a loaded cache written before log-sum-exps were cached, naming the file and the fix (a source not
+        prepared yet passes: ``prepare`` loads or builds it, and the step checks again)."""
+        if self.store is not None:
+            self.store.check_lse()
 
     def tokens_executed(self, plan: StepPlan) -> int:
         return 0
@@ -294,23 +315,41 @@ def head_rows(head: OutputHead, logits_per_chunk: int) -> int:
     return max(1, logits_per_chunk // max(1, vocab))
 
 
-def score_in_chunks(scorer: TokenScorer, model: nn.Module, inputs: GroupInputs, logits_per_chunk: int) -> Tensor:
-    """``scorer(model, inputs)``, with ``scorer.log_probs`` applied to :func:`head_rows` gathered positions at a time.
+def score_in_chunks(scorer: TokenScorer, model: nn.Module, inputs: GroupInputs, logits_per_chunk: int,
+                    with_lse: bool = False) -> tuple[Tensor, Tensor | None]:
+    """``([K] log-probs, [K] log-sum-exps or None)``: ``scorer(model, inputs)`` with ``scorer.log_probs`` applied to
+    :func:`head_rows` gathered positions at a time, and, ``with_lse``, the log-sum-exp over the vocabulary at each
+    position.
 
     Why: a build scores every response token of a whole batch in one forward (``K`` in the thousands), and the
     plain scorer's ``[K, V]`` logits and their log-softmax are gigabytes at a 50k vocabulary, where the model body
     needs megabytes. Each position's log-softmax is its own row's, so the values are the scorer's own, up to the
     round-off of a matmul over fewer rows. The body still runs once per batch, so a scorer's own ``__call__`` is not
     used: :meth:`~lit_prunedpo.scoring.TokenScorer.log_probs` is where a scorer changes how log-probs are computed.
+    The log-sum-exps come from the same chunks (:func:`chunk_lse`): no ``[K, V]`` tensor either.
     """
     body, linear = split_causal_lm(model)
     head = model_head(model, linear)
     # [K, d]; the body's [n, W, d] output is freed right away
     gathered = scorer.hidden_states(body, inputs)[inputs.gather_row, inputs.gather_col]
     rows = head_rows(head, logits_per_chunk)
-    parts = [scorer.log_probs(head, gathered[start : start + rows], inputs.targets[start : start + rows])
-             for start in range(0, gathered.shape[0], rows)]
-    return torch.cat(parts) if parts else gathered.new_empty(0, dtype=torch.float32)
+    logps, lse = [gathered.new_empty(0, dtype=torch.float32)], [gathered.new_empty(0, dtype=torch.float32)]
+    for start in range(0, gathered.shape[0], rows):
+        hidden, targets = gathered[start : start + rows], inputs.targets[start : start + rows]
+        logps.append(scorer.log_probs(head, hidden, targets))
+        if with_lse:
+            lse.append(chunk_lse(scorer, head, hidden, targets, logps[-1]))
+    return torch.cat(logps), torch.cat(lse) if with_lse else None
+
+
+def chunk_lse(scorer: TokenScorer, head: OutputHead, hidden: Tensor, targets: Tensor, logps: Tensor) -> Tensor:
+    """``[k]`` log-sum-exps of a chunk whose log-probs ``logps`` the scorer computed: ``z_t - logp_t``, the target
+    logit one row of a linear head (``2d`` FLOPs, not a second ``2dV`` pass); a head that is not a plain linear one
+    runs again (:meth:`~lit_prunedpo.scoring.TokenScorer.log_sum_exp`)."""
+    parts = linear_head_parts(head)
+    if parts is None:
+        return scorer.log_sum_exp(head, hidden, targets).float()
+    return target_logits(*parts, hidden, targets) - logps.float()
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -326,8 +365,10 @@ def compute_reference_logps(
     forward_context: Callable[[], ContextManager] | None = None,
     progress: Callable[[int], None] | None = None,
     logits_per_chunk: int = LOGITS_PER_CHUNK,
+    with_lse: bool = False,
 ) -> ReferenceLogpStore:
-    """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair.
+    """One no-grad pass of ``model`` over ``batches``: the log-prob of every response token of every pair (and, with
+    ``with_lse``, the log-sum-exp of the logits there, :func:`score_in_chunks`).
 
     Each batch is planned with full prefixes, all positions and both branches and scored in right-padded rows
     (exact for any causal LM) with ``scorer``, as the online reference scores an unpruned step, except that the LM
@@ -342,6 +383,7 @@ def compute_reference_logps(
         forward_context: a context factory every forward runs under (e.g. the trainer's autocast).
         progress: called after each batch with the number of pairs scored so far (e.g. :class:`BuildProgress`).
         logits_per_chunk: how many logits (positions x vocabulary) exist at once (:func:`score_in_chunks`).
+        with_lse: also store the log-sum-exps (as :class:`CachedReference` does; 4 more bytes a token).
 
     Raises:
         ValueError: a batch is invalid, an index repeats, or ``logits_per_chunk < 1``.
@@ -356,6 +398,7 @@ def compute_reference_logps(
     keys: list[int] = []
     lengths: list[tuple[int, int]] = []
     values: list[Tensor] = []
+    lse: list[Tensor] = []  # the log-sum-exps, laid out as values
     try:
         for batch in batches:
             batch.validate()
@@ -364,15 +407,17 @@ def compute_reference_logps(
             (group,) = plan.groups  # both branches of every pair get a "gradient": one group, rows 2i + b
             with context():
                 inputs = RightPaddedLayout().arrange(group, PairLengths.of(batch)).inputs(batch)
-                logps = score_in_chunks(scorer, model, inputs, logits_per_chunk).float().cpu()
+                logps, batch_lse = score_in_chunks(scorer, model, inputs, logits_per_chunk, with_lse)
             # scored positions come row-major (row 2i + b, then t), so each pair's chosen and rejected
             # tokens are consecutive in `logps`.
             per_pair = batch.response_lengths.cpu()
             keys.extend(batch.index.cpu().tolist())
             lengths.extend(tuple(x) for x in per_pair.tolist())
-            values.extend(logps.split(per_pair.sum(-1).tolist()))
+            values.extend(logps.float().cpu().split(per_pair.sum(-1).tolist()))
+            if batch_lse is not None:
+                lse.extend(batch_lse.float().cpu().split(per_pair.sum(-1).tolist()))
             if progress is not None:
                 progress(len(keys))
     finally:
         model.train(was_training)
-    return ReferenceLogpStore.from_rows(keys, lengths, values)
+    return ReferenceLogpStore.from_rows(keys, lengths, values, lse=lse if with_lse else None)

@@ -7,6 +7,12 @@ keys (``batch.index``); it gathers at any positions and saves to / loads from on
 per token plus 40 bytes per pair) whose metadata carries a fingerprint and a BLAKE2b checksum of the tensors'
 bytes: a file whose values were altered after it was written is refused on load, naming it.
 
+Beside each log-prob it holds the reference's log-sum-exp over the vocabulary at that position (``lse`` float32,
+same offsets, 4 more bytes a token): the baseline of :class:`~lit_prunedpo.samplers.ReferenceLogSumExp`. A file
+written before (no ``lse`` tensor) still loads and serves every other estimator, with its checksum as written
+(the checksum covers ``lse`` where the file has it); :meth:`ReferenceLogpStore.gather_lse` refuses it, naming the
+file and the fix, and checks the shape and finiteness of those it reads when first asked.
+
 A file is written whole or not at all: :meth:`ReferenceLogpStore.save` writes ``<path>.partial-<pid>`` and renames
 it into place only once complete, so a killed build leaves at most that sibling, which nothing loads (a file cut
 short under the cache's own name, e.g. copied in part, fails safetensors' header check or the checksum on load).
@@ -33,8 +39,11 @@ from lit_prunedpo.batch import BRANCH_NAMES
 from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno, partial_path
 
 FORMAT = "lit_prunedpo.reference_cache"
-VERSION = 2  # 2: a checksum of the tensors in the metadata
+# 2: a checksum of the tensors in the metadata. The optional ``lse`` tensor left it at 2: files without it still load
+VERSION = 2
 TENSORS = ("values", "keys", "offsets", "lengths")
+#: Tensors a file may lack (written before they were cached); the checksum covers those it has.
+OPTIONAL_TENSORS = ("lse",)
 
 
 # ----------------------------------------------------------------------------------------------- the store
@@ -50,6 +59,9 @@ class ReferenceLogpStore:
         offsets: ``[N, 2]`` long, start of each (row, branch) in ``values``.
         lengths: ``[N, 2]`` long, response length of each (row, branch), >= 1.
         fingerprint: what the values were computed from (see :mod:`~lit_prunedpo.reference.fingerprint`).
+        source: where the store comes from (a file's path), for messages.
+        lse: float32 ``[total_tokens]``, the log-sum-exp of the reference's logits at each token, laid out as
+            ``values``; ``None``: not cached (a file written before they were).
 
     Raises:
         ValueError: the tensors are inconsistent (shapes, ordering, offsets past the end) or hold NaN/Inf
@@ -58,12 +70,14 @@ class ReferenceLogpStore:
 
     def __init__(
         self, values: Tensor, keys: Tensor, offsets: Tensor, lengths: Tensor, fingerprint: Mapping[str, Any] | None = None,
-        source: str = "in memory",
+        source: str = "in memory", lse: Tensor | None = None,
     ) -> None:
         self.values = values.detach().to("cpu", torch.float32).contiguous()
         self.keys = keys.detach().to("cpu", torch.long).contiguous()
         self.offsets = offsets.detach().to("cpu", torch.long).contiguous()
         self.lengths = lengths.detach().to("cpu", torch.long).contiguous()
+        self.lse = None if lse is None else lse.detach().to("cpu", torch.float32).contiguous()
+        self._lse_checked = False
         self.fingerprint: dict[str, Any] = dict(fingerprint or {})
         self.source = source
         self._check()
@@ -97,6 +111,20 @@ class ReferenceLogpStore:
             )
         if bool((self.values > 0).any()):
             raise ValueError(f"{where}: holds positive log-probabilities; it is not a log-prob cache")
+
+    def _check_lse(self) -> None:
+        # checked when first read (check_lse), not at load: a file's log-sum-exps matter only to the estimator that
+        # reads them, and the checksum already refuses a file altered after it was written
+        where = f"reference cache {self.source}"
+        if self.lse.shape != self.values.shape:
+            raise ValueError(f"{where}: wrong shapes: lse {tuple(self.lse.shape)}, values {tuple(self.values.shape)}; "
+                             "expected one log-sum-exp per log-prob; rebuild it (recompute=True)")
+        bad = ~torch.isfinite(self.lse)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{where}: {int(bad.sum())} of {self.lse.numel()} log-sum-exps are NaN or infinite "
+                f"(first in pair {self._key_of_value(int(bad.nonzero()[0]))}); rebuild it (recompute=True)"
+            )
 
     def _key_of_value(self, position: int) -> int:
         row = int(torch.searchsorted(self.offsets.reshape(-1), torch.tensor(position), right=True)) - 1
@@ -153,7 +181,12 @@ class ReferenceLogpStore:
     @property
     def size_bytes(self) -> int:
         """Bytes of the tensors (what the file holds, less its small header)."""
-        return sum(t.numel() * t.element_size() for t in (self.values, self.keys, self.offsets, self.lengths))
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensors a file holds, by name (``lse`` where cached)."""
+        tensors = {"values": self.values, "keys": self.keys, "offsets": self.offsets, "lengths": self.lengths}
+        return tensors if self.lse is None else {**tensors, "lse": self.lse}
 
     def _rows(self, index: Tensor, strict: bool = True) -> Tensor:
         """Rows of dataset keys ``index``; -1 for unknown keys unless ``strict`` (then ``KeyError``)."""
@@ -179,6 +212,32 @@ class ReferenceLogpStore:
             KeyError: an ``index`` is not in the cache.
             IndexError: a position ``t`` is beyond its response's cached length.
         """
+        return self.values[self._flat(index, branch, t)]
+
+    def gather_lse(self, index: Tensor, branch: Tensor, t: Tensor) -> Tensor:
+        """The log-sum-exps at the positions :meth:`gather` reads.
+
+        Raises:
+            ValueError: the store holds none (a file written before they were cached), naming it and the fix.
+            KeyError, IndexError: as :meth:`gather`.
+        """
+        self.check_lse()
+        return self.lse[self._flat(index, branch, t)]
+
+    def check_lse(self) -> None:
+        """Raise ``ValueError`` naming the file and the fix unless the store holds the reference's log-sum-exps, one
+        finite number per log-prob."""
+        if self.lse is None:
+            raise ValueError(
+                f"reference cache {self.source} holds no log-sum-exps (it was written before they were cached), which "
+                "ReferenceLogSumExp needs: rebuild it (model.reference.init_args.recompute=true, or delete the file)"
+            )
+        if not self._lse_checked:
+            self._check_lse()
+            self._lse_checked = True
+
+    def _flat(self, index: Tensor, branch: Tensor, t: Tensor) -> Tensor:
+        """Positions in ``values`` of keys ``index``, branches ``branch``, response positions ``t`` (see :meth:`gather`)."""
         index, branch, t = torch.broadcast_tensors(index.cpu().long(), branch.cpu().long(), t.cpu().long())
         rows = self._rows(index)
         length = self.lengths[rows, branch]
@@ -190,7 +249,7 @@ class ReferenceLogpStore:
                 f"reference cache {self.source}: position {p} of pair {k} ({BRANCH_NAMES[b]}) is beyond its cached "
                 f"length {n}: the batch's responses are longer than those the cache was built from"
             )
-        return self.values[self.offsets[rows, branch] + t]
+        return self.offsets[rows, branch] + t
 
     def lengths_of(self, index: Tensor) -> Tensor:
         """``[n, 2]`` cached response lengths of dataset keys ``index``."""
@@ -199,16 +258,19 @@ class ReferenceLogpStore:
     # -- building and merging ------------------------------------------------------------------------
     @classmethod
     def from_rows(
-        cls, keys: list[int], lengths: list[tuple[int, int]], values: list[Tensor], fingerprint: Mapping[str, Any] | None = None
+        cls, keys: list[int], lengths: list[tuple[int, int]], values: list[Tensor], fingerprint: Mapping[str, Any] | None = None,
+        lse: list[Tensor] | None = None,
     ) -> "ReferenceLogpStore":
-        """Assemble from per-pair parts (any order): ``values[i]`` is chosen then rejected, ``sum(lengths[i])`` long.
+        """Assemble from per-pair parts (any order): ``values[i]`` is chosen then rejected, ``sum(lengths[i])`` long;
+        ``lse[i]``, where given, the log-sum-exps laid out as ``values[i]``.
 
         Raises:
             ValueError: a dataset index occurs twice (train and val must be numbered uniquely).
         """
         if not keys:  # e.g. a rank's shard when there are fewer batches than ranks; the merge checks the total
             empty = torch.zeros(0, 2, dtype=torch.long)
-            return cls(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty, empty, fingerprint)
+            return cls(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty, empty, fingerprint,
+                       lse=None if lse is None else torch.zeros(0))
         key_t = torch.tensor(keys, dtype=torch.long)
         order = torch.argsort(key_t)
         key_t = key_t[order]
@@ -220,8 +282,9 @@ class ReferenceLogpStore:
             )
         len_t = torch.tensor(lengths, dtype=torch.long).reshape(-1, 2)[order]
         flat = torch.cat([values[i].float().cpu() for i in order.tolist()])
+        flat_lse = None if lse is None else torch.cat([lse[i].float().cpu() for i in order.tolist()])
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), len_t.reshape(-1).cumsum(0)[:-1]]).reshape(-1, 2)
-        return cls(flat, key_t, offsets, len_t, fingerprint)
+        return cls(flat, key_t, offsets, len_t, fingerprint, lse=flat_lse)
 
     @classmethod
     def merge(cls, stores: Iterable["ReferenceLogpStore"]) -> "ReferenceLogpStore":
@@ -229,14 +292,18 @@ class ReferenceLogpStore:
         stores = list(stores)
         if not sum(s.num_rows for s in stores):
             raise ValueError("no pairs to cache: the data module yielded no reference batches")
-        keys, lengths, values = [], [], []
+        keys, lengths, values, lse = [], [], [], []
+        with_lse = all(s.lse is not None for s in stores)  # shards of one build all have them or none
         for s in stores:
             for r in range(s.num_rows):
                 keys.append(int(s.keys[r]))
                 lengths.append(tuple(s.lengths[r].tolist()))
                 start, n = int(s.offsets[r, 0]), int(s.lengths[r].sum())
                 values.append(s.values[start : start + n])
-        return cls.from_rows(keys, lengths, values, stores[0].fingerprint if stores else None)
+                if with_lse:
+                    lse.append(s.lse[start : start + n])
+        return cls.from_rows(keys, lengths, values, stores[0].fingerprint if stores else None,
+                             lse=lse if with_lse else None)
 
     # -- files ---------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
@@ -249,7 +316,7 @@ class ReferenceLogpStore:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = partial_path(path)
-        tensors = {"values": self.values, "keys": self.keys, "offsets": self.offsets, "lengths": self.lengths}
+        tensors = self.tensors()
         metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True),
                     "checksum": tensors_checksum(tensors)}
         try:
@@ -282,6 +349,9 @@ class ReferenceLogpStore:
                 if name not in f.keys():
                     raise ValueError(f"reference cache {path}: no tensor {name!r}")
                 tensors[name] = f.get_tensor(name)
+            for name in OPTIONAL_TENSORS:
+                if name in f.keys():
+                    tensors[name] = f.get_tensor(name)
         actual = tensors_checksum(tensors)
         if stored != actual:
             raise ValueError(
@@ -296,9 +366,10 @@ class ReferenceLogpStore:
 
 
 def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
-    """BLAKE2b of the named tensors' dtypes, shapes and bytes, in :data:`TENSORS` order."""
+    """BLAKE2b of the named tensors' dtypes, shapes and bytes, in :data:`TENSORS` order, then the
+    :data:`OPTIONAL_TENSORS` present (so a file written without them keeps its checksum)."""
     h = hashlib.blake2b(digest_size=16)
-    for name in TENSORS:
+    for name in TENSORS + tuple(n for n in OPTIONAL_TENSORS if n in tensors):
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy

@@ -2,6 +2,7 @@
 
 from lit_prunedpo.samplers.base import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.samplers.branch import AntitheticBranch, BothBranches, RandomBranch
+from lit_prunedpo.samplers.control_variates import ExactTargetLogits, LogSoftmaxSplit, ReferenceLogSumExp
 from lit_prunedpo.samplers.divergence import DivergentBranch, PerPairBranch, differing_share
 from lit_prunedpo.samplers.position import (
     AllPositions,
@@ -22,12 +23,15 @@ __all__ = [
     "CoupledBernoulliPositions",
     "CoupledStratifiedPositions",
     "DivergentBranch",
+    "ExactTargetLogits",
     "FixedCountPositions",
     "FullPrefix",
+    "LogSoftmaxSplit",
     "PerPairBranch",
     "PositionSampler",
     "PrefixSampler",
     "RandomBranch",
+    "ReferenceLogSumExp",
     "SharedFractionPrefix",
     "StratifiedPositions",
     "differing_share",
