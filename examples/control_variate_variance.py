@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import itertools
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -60,15 +61,21 @@ TASK_NAMES = ("quickstart", "edited", "unrelated")
 
 
 def make_task(name: str) -> Any:
-    """The study task ``name``; ``unrelated`` is the map's unrelated-pairs cell (64-token responses, head 25 %)."""
-    if name == "unrelated":
-        from lit_prunedpo.study.map_tasks import CellTask
+    """The study task ``name``; ``unrelated`` is the map's unrelated-pairs cell (64-token responses, head 25 %), and
+    a map cell's name (``near-duplicate-L64-head0.25``, ``unrelated-L256-head0.6``: similarity, response length, LM
+    head share; batch 8) builds that cell."""
+    from lit_prunedpo.study.map_tasks import CellTask
 
+    if name == "unrelated":
         return CellTask(length=64, similarity="unrelated", target_head_share=0.25, batch_size=8)
+    cell = re.fullmatch(r"(near-duplicate|unrelated)-L(\d+)-head([0-9.]+)", name)
+    if cell is not None:
+        return CellTask(length=int(cell[2]), similarity=cell[1], target_head_share=float(cell[3]), batch_size=8)
     from lit_prunedpo.study.tasks import TASKS
 
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)} or {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}, {', '.join(TASKS)} or a map "
+                         "cell such as near-duplicate-L64-head0.25")
     return TASKS[name]
 
 

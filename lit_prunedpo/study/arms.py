@@ -3,7 +3,10 @@
 Modes are the shipped overlays ``configs/modes/<mode>.yaml``, loaded by :mod:`lit_prunedpo.modes`, so that a
 study's verdict applies to the configs a user runs: ``vanilla``, ``branch``, ``antithetic``, ``sequence``,
 ``position``, ``all``, and the coupled variants ``position-coupled``, ``stratified-coupled`` and ``all-coupled``
-(the position draw shared by a pair's two branches: common random numbers, same inclusion probabilities).
+(the position draw shared by a pair's two branches: common random numbers, same inclusion probabilities), and
+``stratified-coupled-exact-targets`` (the same draws scoring only the log-sum-exp, every target logit exact:
+:class:`~lit_prunedpo.samplers.ExactTargetLogits`). The study's reference is online, so
+``stratified-coupled-reference-lse`` (a cached reference's control variate) is not a study mode.
 
 An arm is ``same-batch`` (the task's batch), ``compute-matched``: a pruned mode with the batch enlarged by the
 FLOP cost model's ideal speedup of the mode on the task's own batches (:func:`matched_batch_size`), so that one
@@ -36,7 +39,7 @@ from lit_prunedpo.plan import plan_step
 #: The study's modes (names of shipped overlays), in the order its reports list them; each value returns new
 #: sampler objects.
 STUDY_MODES = ("vanilla", "branch", "antithetic", "sequence", "position", "all", "position-coupled",
-               "stratified-coupled", "all-coupled")
+               "stratified-coupled", "all-coupled", "stratified-coupled-exact-targets")
 MODES: dict[str, Callable[[], Samplers]] = {name: functools.partial(samplers_of, name) for name in STUDY_MODES}
 
 

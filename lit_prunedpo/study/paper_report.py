@@ -121,9 +121,9 @@ def sentence(mode: str, row: Mapping[str, Any]) -> str:
     acc_words = {"below": "an accuracy drop", "above": "an accuracy gain", "within": "no detectable accuracy change",
                  "unknown": "accuracy change unknown"}[_direction(acc, 0.0)]
     if dimension == "branch":
-        step = {"below": "slower than", "above": "faster than", "within": "in line with",
+        step = {"below": "below", "above": "above", "within": "in line with",
                 "unknown": "not comparable to"}[_direction(row["step_speedup"], PAPER_STEP_SPEEDUP)]
-        saved = {"below": "less than", "above": "more than", "within": "in line with",
+        saved = {"below": "below", "above": "above", "within": "in line with",
                  "unknown": "not comparable to"}[_direction(row["time_saved"], PAPER_TIME_SAVED)]
         return (f"Step speedup {step} the paper's 1.426x; time saved {saved} its ~30 %; {acc_words} "
                 f"(the paper: a slight drop).")

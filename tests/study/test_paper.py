@@ -135,7 +135,7 @@ def test_sentences_follow_the_intervals():
     row = {"accuracy_change": (-0.05, -0.08, -0.02), "memory_ratio": (0.7, 0.6, 0.8), "step_speedup": (2.0, 1.8, 2.2),
            "time_saved": (0.5, 0.45, 0.55)}
     assert sentence("position", row) == "Lower peak memory, as the paper says; an accuracy drop."
-    assert sentence("antithetic", row).startswith("Step speedup faster than the paper's 1.426x; time saved more than")
+    assert sentence("antithetic", row).startswith("Step speedup above the paper's 1.426x; time saved above")
     assert sentence("sequence", {**row, "memory_ratio": (1.0, 0.9, 1.1)}).startswith("No detectable change in peak memory")
     assert sentence("all", row) == "The paper gives no figure for this design; an accuracy drop."
 
