@@ -107,6 +107,9 @@ class _Interrupted(BoringModel):
 
 @pytest.fixture
 def restores_sigint():
+    # as at a terminal: a test run started in the background (nohup, `cmd &`) inherits SIGINT ignored, and
+    # FinalCheckpoint rightly leaves an ignored SIGINT alone
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning leaves SIGINT ignored after a Ctrl-C
 
