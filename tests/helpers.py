@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
 from lit_prunedpo.models import ModelSource
+from lit_prunedpo.samplers import PositionSampler, PrefixSampler
 
 REPO = Path(__file__).resolve().parents[1]
 #: Pruning modes: overlays in configs/modes/ composed after configs/quickstart.yaml.
@@ -99,3 +100,29 @@ def fill_disk(folder) -> None:
         assert err.errno == errno.ENOSPC, err
     finally:
         os.close(fd)
+
+
+class ForcedPrefix(PrefixSampler):
+    """Draws fixed kept lengths, reports another sampler's survival (to enumerate that sampler's outcomes)."""
+
+    def __init__(self, kept, like):
+        self.kept, self.like = kept, like
+
+    def draw(self, lengths, generator):
+        return self.kept
+
+    def survival(self, lengths, width):
+        return self.like.survival(lengths, width)
+
+
+class ForcedPositions(PositionSampler):
+    """Draws a fixed mask, reports another sampler's inclusion probabilities."""
+
+    def __init__(self, mask, like):
+        self.mask, self.like = mask, like
+
+    def inclusion(self, kept, width):
+        return self.like.inclusion(kept, width)
+
+    def draw(self, kept, width, generator):
+        return self.mask

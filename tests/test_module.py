@@ -21,13 +21,11 @@ from lit_prunedpo.samplers import (
     BothBranches,
     BranchSampler,
     FullPrefix,
-    PositionSampler,
-    PrefixSampler,
     RandomBranch,
     SharedFractionPrefix,
 )
 
-from helpers import make_batch
+from helpers import ForcedPositions, ForcedPrefix, make_batch
 
 TOL = dict(atol=1e-5, rtol=1e-4)
 BETA = 0.1
@@ -121,26 +119,6 @@ def test_branch_pruning_expected_gradient_is_exact_dpo_gradient(tiny_source, sma
     torch.testing.assert_close(expected, want, **TOL)
 
 
-class ForcedPrefix(PrefixSampler):
-    def __init__(self, kept, like):
-        self.kept, self.like = kept, like
-
-    def draw(self, lengths, generator):
-        return self.kept
-
-    def survival(self, lengths, width):
-        return self.like.survival(lengths, width)
-
-
-class ForcedPositions(PositionSampler):
-    def __init__(self, mask, like):
-        self.mask, self.like = mask, like
-
-    def inclusion(self, kept, width):
-        return self.like.inclusion(kept, width)
-
-    def draw(self, kept, width, generator):
-        return self.mask
 
 
 def test_prefix_and_position_pruning_unbiased_by_enumeration(tiny_source):

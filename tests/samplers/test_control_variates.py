@@ -22,7 +22,7 @@ import re
 import pytest
 import torch
 
-from helpers import Built, TINY_LLAMA, make_batch
+from helpers import Built, ForcedPositions, ForcedPrefix, TINY_LLAMA, make_batch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.guards import check_log_softmax_split
@@ -32,7 +32,7 @@ from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import CachedReference, compute_reference_logps
 from lit_prunedpo.samplers import (
     AllPositions, BothBranches, CoupledStratifiedPositions, ExactTargetLogits, FixedCountPositions, FullPrefix,
-    LogSoftmaxSplit, PositionSampler, PrefixSampler, RandomBranch, ReferenceLogSumExp, SharedFractionPrefix,
+    LogSoftmaxSplit, RandomBranch, ReferenceLogSumExp, SharedFractionPrefix,
     StratifiedPositions,
 )
 from lit_prunedpo.scoring import TokenScorer
@@ -81,30 +81,6 @@ def reference_model(module, source=None):
     return models[0] if models else (source or FromConfig(model_type="llama", config=TINY_LLAMA, seed=0)).build()
 
 
-class ForcedPrefix(PrefixSampler):
-    """Draws fixed kept lengths, reports another sampler's survival (to enumerate its outcomes)."""
-
-    def __init__(self, kept, like):
-        self.kept, self.like = kept, like
-
-    def draw(self, lengths, generator):
-        return self.kept
-
-    def survival(self, lengths, width):
-        return self.like.survival(lengths, width)
-
-
-class ForcedPositions(PositionSampler):
-    """Draws a fixed mask, reports another sampler's inclusion probabilities."""
-
-    def __init__(self, mask, like):
-        self.mask, self.like = mask, like
-
-    def inclusion(self, kept, width):
-        return self.like.inclusion(kept, width)
-
-    def draw(self, kept, width, generator):
-        return self.mask
 
 
 def prefix_outcomes(prefix, lengths: torch.Tensor):
