@@ -1,16 +1,15 @@
-"""Which packages the wheel ships: found on disk, so that a new subpackage cannot be left out.
+"""The wheel's packages: found on disk, with the top-level callbacks/ and configs/ shipped inside the package.
 
-Everything else about the build is in pyproject.toml. This one setting cannot be there: its
-``[tool.setuptools.packages.find]`` names each package after its folder, and two top-level folders ship
-under another name, which a static ``packages`` list could do only by listing every package by hand
-(the list once missed ``lit_prunedpo.reference`` and every command of the installed wheel failed).
-``tests/test_packaging.py`` builds the wheel and checks that every file of those folders is in it.
+Everything else about the build is in pyproject.toml. The packages are found here, not by
+``[tool.setuptools.packages.find]``, which names each package after its folder; a hand-written list once missed
+``lit_prunedpo.reference`` and every command of the installed wheel failed (``tests/test_packaging.py`` checks that
+every file of these folders is in the wheel). Why the two folders sit outside the package, and how a source
+checkout imports them: docs/architecture.md, "Packaging: callbacks/ and configs/".
 """
 
 from setuptools import find_namespace_packages, setup
 
-# Installed package name -> source folder. The design card puts callbacks/ at the top level; configs/ holds
-# the YAML files (configs/losses, configs/modes: data only, no __init__.py) the CLI loads as its defaults.
+# Installed package name -> source folder (configs/losses, configs/modes: YAML only, no __init__.py).
 PACKAGE_DIR = {
     "lit_prunedpo": "lit_prunedpo",
     "lit_prunedpo.callbacks": "callbacks",

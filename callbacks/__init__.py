@@ -1,7 +1,7 @@
 """Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
 checkpoint with its run summary, the SIGTERM (preemption) checkpoint, greedy samples at each validation, a step
-progress bar, the prune-early schedule and the auto-pruning calibration; and, for the package's own harnesses, the peak-memory meter and the
-prune-early switch those callbacks use.
+progress bar, the prune-early schedule and the auto-pruning calibration; and, for the package's own harnesses, the
+peak-memory meter those callbacks use.
 
 Each name is imported from its module on first use (PEP 562 ``__getattr__``): the callbacks import lightning, which
 a command that needs none of them (``lit-prunedpo --help``, ``lit-prunedpo export``) should not pay for.
@@ -16,22 +16,24 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ imports them
     from ._memory import PeakMemoryMeter, PeakReading
-    from .auto_pruning import AutoPruning
+    from .auto_pruning import DEFAULT_MAX_SHARE, AutoPruning, calibrate, skip_reason
     from .final_checkpoint import FinalCheckpoint
     from .last_checkpoint import LastCheckpointAtValidation
     from .peak_memory import PeakMemoryMonitor
     from .preemption import PreemptionCheckpoint
     from .progress_bar import StepProgressBar
-    from .prune_early import SAMPLER_ATTRS, PruneEarly, use_exact_samplers
+    from .prune_early import PruneEarly
     from .step_time import StepTimeMonitor
     from .validation_samples import ValidationSamples
 
 __all__ = [
     "AutoPruning", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
     "ValidationSamples",
-    # the units the callbacks are built from, for harnesses that time and switch outside a Trainer (lit_prunedpo.bench,
-    # lit_prunedpo.study): the peak-memory meter and the prune-early switch
-    "PeakMemoryMeter", "PeakReading", "SAMPLER_ATTRS", "use_exact_samplers",
+    # the unit the memory callbacks are built from, for harnesses that measure outside a Trainer (lit_prunedpo.bench,
+    # lit_prunedpo.study): the peak-memory meter
+    "PeakMemoryMeter", "PeakReading",
+    # AutoPruning's calibration and its rule for short runs, for the regime map's "auto" row (lit_prunedpo.study)
+    "DEFAULT_MAX_SHARE", "calibrate", "skip_reason",
 ]
 
 #: public name -> the module (in this package) that defines it
@@ -39,7 +41,8 @@ _LAZY = {
     "PeakMemoryMeter": "_memory", "PeakReading": "_memory", "AutoPruning": "auto_pruning",
     "FinalCheckpoint": "final_checkpoint", "LastCheckpointAtValidation": "last_checkpoint",
     "PeakMemoryMonitor": "peak_memory", "PreemptionCheckpoint": "preemption", "StepProgressBar": "progress_bar",
-    "SAMPLER_ATTRS": "prune_early", "PruneEarly": "prune_early", "use_exact_samplers": "prune_early",
+    "PruneEarly": "prune_early", "DEFAULT_MAX_SHARE": "auto_pruning", "calibrate": "auto_pruning",
+    "skip_reason": "auto_pruning",
     "StepTimeMonitor": "step_time", "ValidationSamples": "validation_samples",
 }
 

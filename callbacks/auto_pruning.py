@@ -1,6 +1,6 @@
 """Auto pruning: a short calibration on the run's first batch picks the pruning mode, or none, and logs why.
 
-Whether pruning pays depends on the run (issue 17's regime map, ``docs/time-to-quality.md``): a pruned step is
+Whether pruning pays depends on the run (the regime map, ``docs/time-to-quality.md``): a pruned step is
 cheaper than a vanilla one by a factor ``k`` but adds gradient noise ``within`` to the batch's own ``between``
 (:mod:`lit_prunedpo.gradient_noise`). Against the user's simplest alternative, vanilla with the batch shrunk to the
 same cost per step, pruning lowers the gradient variance per second only when ``(1 + within / between) / k < 1``.
@@ -61,11 +61,13 @@ from lit_prunedpo.gradient_noise import (
 from lit_prunedpo.modes import load_mode, mode_names
 from lit_prunedpo.plan import exact_samplers
 
-from .prune_early import SAMPLER_ATTRS
-
 VANILLA = "vanilla"
-DEFAULT_CANDIDATES = ("position-coupled", "antithetic")  # the modes issue 17's regime map measures
+#: the default position mode (the only design that has beaten a cost-matched vanilla) and antithetic branches, the
+#: branch design the regime map measures
+DEFAULT_CANDIDATES = ("position", "antithetic")
 DEFAULT_MAX_SHARE = 0.02
+#: the samplers' keys under a config's ``model``, in the order ``PrunedDPO.use_samplers`` takes them (for messages)
+_MODEL_KEYS = ("prefix_sampler", "position_sampler", "branch_sampler")
 
 
 def calibration_steps(pairs: int, draws: int, candidates: int) -> int:
@@ -206,7 +208,7 @@ class AutoPruning(Callback):
         trainer:
           callbacks:
             - class_path: lit_prunedpo.callbacks.AutoPruning
-              init_args: {candidates: [position-coupled, antithetic]}
+              init_args: {candidates: [position, antithetic]}
     """
 
     def __init__(self, candidates: Sequence[str] = DEFAULT_CANDIDATES, pairs: int = 8, draws: int = 4,
@@ -237,12 +239,13 @@ class AutoPruning(Callback):
         if trainer.world_size > 1:
             raise ValueError(f"AutoPruning calibrates on one process, this run has {trainer.world_size}: run a short "
                              "single-process fit with it, then put the mode it picks into the distributed config")
-        configured = {name: type(getattr(pl_module, name)).__name__ for name in SAMPLER_ATTRS}
-        exact = {name: type(s).__name__ for name, s in zip(SAMPLER_ATTRS, exact_samplers(), strict=True)}
-        pruned = {name: cls for name, cls in configured.items() if cls != exact[name]}
+        configured = (pl_module.prefix_sampler, pl_module.position_sampler, pl_module.branch_sampler)
+        pruned = [f"model.{key}: {type(s).__name__}"
+                  for key, s, exact in zip(_MODEL_KEYS, configured, exact_samplers(), strict=True)
+                  if type(s).__name__ != type(exact).__name__]
         if pruned and not self._applied:
             raise ValueError(f"AutoPruning chooses the samplers itself, but the model is configured with "
-                             f"{', '.join(f'model.{n}: {c}' for n, c in pruned.items())}; leave them unset")
+                             f"{', '.join(pruned)}; leave them unset")
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
@@ -264,8 +267,7 @@ class AutoPruning(Callback):
         elif not self.decision.skipped:
             rank_zero_info(f"AutoPruning: resumed with {self.decision.choice} (calibrated before: {self.decision.reason})")
         if self.decision.choice != VANILLA:
-            for name, sampler in zip(SAMPLER_ATTRS, load_mode(self.decision.choice).samplers, strict=True):
-                setattr(pl_module, name, sampler)
+            pl_module.use_samplers(*load_mode(self.decision.choice).samplers)
         self._applied = True
         metrics = {"auto/calibration_s": self.decision.calibration_s}
         if self.decision.arms:
@@ -291,8 +293,7 @@ class AutoPruning(Callback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._applied and self.decision is not None and self.decision.choice != VANILLA:
-            for name, sampler in zip(SAMPLER_ATTRS, exact_samplers(), strict=True):
-                setattr(pl_module, name, sampler)  # leave the module as configured (e.g. for a second fit)
+            pl_module.use_samplers(*exact_samplers())  # leave the module as configured (e.g. for a second fit)
         self._applied = False
 
     @override

@@ -8,7 +8,7 @@ order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_check
 the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
 Lightning's implicit resume (with an ``OnExceptionCheckpoint``) looks for ``last*.ckpt`` in the ``ModelCheckpoint``
 folder, which is this one's folder by default; ``--ckpt_path last`` finds it as the newest checkpoint of the
-previous runs (``lit_prunedpo.checkpointing.resolve_resume``). With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
+previous runs (``lit_prunedpo.checkpoint.resolve_resume``). With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
 SIGTERM is saved by that callback (to the same file); this one then only reports it.
 
 The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the
@@ -69,7 +69,7 @@ class FinalCheckpoint(Callback):
     Args:
         dirpath: folder of the checkpoint; ``None``: the trainer's ``ModelCheckpoint`` folder (so that
             ``--ckpt_path last`` finds it), else ``{default_root_dir}/checkpoints`` (``checkpoints-N`` for a run
-            without a logger when another run has that one, see ``lit_prunedpo.checkpointing``).
+            without a logger when another run has that one, see ``lit_prunedpo.checkpoint.claims``).
         filename: file name without extension; must start with ``last`` for ``--ckpt_path last`` to see it.
         export_dir: also write a Hugging Face folder (policy + tokenizer) there at the end of ``fit``.
         export_adapter: for a LoRA policy, ``merged`` writes full merged weights, ``adapter`` peft's adapter
@@ -119,7 +119,7 @@ class FinalCheckpoint(Callback):
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
             return str(checkpoint.dirpath)
-        from lit_prunedpo.checkpointing import run_checkpoint_dir
+        from lit_prunedpo.checkpoint import run_checkpoint_dir
 
         return str(run_checkpoint_dir(trainer))  # {default_root_dir}/checkpoints, or the one this run claimed
 

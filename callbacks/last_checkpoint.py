@@ -6,7 +6,7 @@ its validations (an out-of-memory kill, a lost node) left no checkpoint at all. 
 at the end of each validation where nothing else saved in that step; everything else is ``ModelCheckpoint``'s.
 
 A resume restores it without Lightning's warning "The dirpath has changed ... won't be reloaded": every run writes
-into a checkpoint folder of its own (``lit_prunedpo.checkpointing``), so the folder always changes, and this
+into a checkpoint folder of its own (``lit_prunedpo.checkpoint.claims``), so the folder always changes, and this
 callback keeps no best-k state that would be lost (``save_top_k=0``, no monitor); only ``best_model_path`` is taken.
 """
 

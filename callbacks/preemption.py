@@ -15,7 +15,7 @@ Resuming: the callback is an ``OnExceptionCheckpoint``, so ``fit`` without ``--c
 newest readable checkpoint in this run's checkpoint folders (its own and the ``ModelCheckpoint``'s: give that
 one a fixed ``dirpath``, as the DDP/FSDP configs do, since each run gets a log version of its own); when there
 is none (the first launch) Lightning warns and starts fresh. ``--ckpt_path last`` looks in every previous run's
-checkpoint folder too, and refuses when there is nothing (``lit_prunedpo.checkpointing.resolve_resume``). A
+checkpoint folder too, and refuses when there is nothing (``lit_prunedpo.checkpoint.resolve_resume``). A
 given checkpoint that cannot be read raises (never a silent fresh start).
 """
 
@@ -65,7 +65,7 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
             self.dirpath = str(checkpoint.dirpath)
         else:
-            from lit_prunedpo.checkpointing import run_checkpoint_dir
+            from lit_prunedpo.checkpoint import run_checkpoint_dir
 
             self.dirpath = str(run_checkpoint_dir(trainer))  # {default_root_dir}/checkpoints or the one claimed
         self.dirpath = trainer.strategy.broadcast(self.dirpath)

@@ -4,7 +4,8 @@ Early in training the gradient is large and a noisy, cheaper estimate of it stil
 late, the loss is a small difference of large terms and the estimator's noise (IPW weights, a single
 branch) is what keeps the loss from falling further. :class:`PruneEarly` keeps the configured samplers for
 the first ``prune_fraction`` of the optimizer steps and then switches the module to the exact samplers
-(``FullPrefix``, ``AllPositions``, ``BothBranches``): concatenated DPO for the rest of the run.
+(``FullPrefix``, ``AllPositions``, ``BothBranches``), through ``PrunedDPO.use_samplers``: concatenated DPO for the
+rest of the run.
 
 Bias: none added. Each step is either a step of the configured samplers (with their guarantees, checked by
 ``lit_prunedpo.testing``) or an exact step; which one depends only on the step number, drawn before any
@@ -21,15 +22,6 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lit_prunedpo.plan import exact_samplers
-
-SAMPLER_ATTRS = ("prefix_sampler", "position_sampler", "branch_sampler")
-
-
-def use_exact_samplers(module: Any, exact: bool, configured: tuple[Any, Any, Any]) -> None:
-    """Set ``module``'s three samplers to the exact ones (``exact``) or back to ``configured``."""
-    samplers = exact_samplers() if exact else configured
-    for name, sampler in zip(SAMPLER_ATTRS, samplers, strict=True):
-        setattr(module, name, sampler)
 
 
 class PruneEarly(Callback):
@@ -59,15 +51,15 @@ class PruneEarly(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.max_steps is None or trainer.max_steps < 1:
             raise ValueError(f"PruneEarly needs trainer.max_steps >= 1 to know when to stop pruning, got {trainer.max_steps!r}")
-        self._configured = tuple(getattr(pl_module, name) for name in SAMPLER_ATTRS)
+        self._configured = (pl_module.prefix_sampler, pl_module.position_sampler, pl_module.branch_sampler)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         assert self._configured is not None
         exact = trainer.global_step >= self.prune_fraction * trainer.max_steps
-        use_exact_samplers(pl_module, exact, self._configured)
+        pl_module.use_samplers(*(exact_samplers() if exact else self._configured))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._configured is not None:  # leave the module as configured (e.g. for a second fit)
-            use_exact_samplers(pl_module, False, self._configured)
+            pl_module.use_samplers(*self._configured)

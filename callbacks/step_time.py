@@ -11,7 +11,6 @@ before reading the clock, and take the token counts from the module's ``step_sta
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import deque
@@ -22,14 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-
-def _quantile(values: list[float], q: float) -> float:
-    """Quantile with linear interpolation between order statistics (NumPy's default ``"linear"``)."""
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+from lit_prunedpo.stats import quantile as _quantile
 
 
 class StepTimeMonitor(Callback):

@@ -1,4 +1,5 @@
-"""Issue 17 item 5's designs under the noise model: ``between``, each design's ``within`` and its cost ratio ``k``.
+"""Branch designs for near-duplicate pairs under the noise model: ``between``, each design's ``within``, its cost ratio
+``k``.
 
 Two generated map cells (near-duplicate and unrelated pairs; 64-token responses, LM head 25 % of a step,
 8 pairs) and a batch mixing them (4 pairs of each; both cells have the same model, so one module serves all

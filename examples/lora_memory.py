@@ -13,7 +13,7 @@ fixed threshold returns every large block to the system when freed, for both con
 ``--mmap-threshold 0`` keeps glibc's default to see the effect. Full fine-tuning keeps a frozen copy of the policy as the online
 reference and AdamW state for every weight; LoRA (``r=16`` on every linear layer but the LM head) scores
 the reference with the adapters off and keeps AdamW state for the adapters only. Same synthetic batches,
-samplers and seeds as ``lit-prunedpo-bench`` (``lit_prunedpo.bench.harness.make_batches``). Run from the
+samplers and seeds as ``lit-prunedpo-bench`` (``lit_prunedpo.bench.batches.make_batches``). Run from the
 repository root::
 
     python examples/lora_memory.py --preset medium --modes vanilla,all --steps 3 --repeats 3
@@ -57,7 +57,7 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
     from functools import partial
 
     from lit_prunedpo import PrunedDPO
-    from lit_prunedpo.bench.harness import make_batches
+    from lit_prunedpo.bench.batches import make_batches
     from lit_prunedpo.bench.presets import MODES
     from lit_prunedpo.callbacks import PeakMemoryMeter
     from lit_prunedpo.lora import LoRA

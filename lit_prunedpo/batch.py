@@ -18,6 +18,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
+__all__ = ["BRANCH_NAMES", "CHOSEN", "PreferenceBatch", "REJECTED", "collate_pairs"]
+
 CHOSEN, REJECTED = 0, 1
 BRANCH_NAMES = ("chosen", "rejected")
 

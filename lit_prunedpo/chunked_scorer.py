@@ -42,6 +42,8 @@ from lit_prunedpo.head import LogitTransform, OutputHead, plain_linear
 from lit_prunedpo.scoring import TokenScorer, token_stats
 from lit_prunedpo.token_terms import linear_head_parts
 
+__all__ = ["ChunkedScorer"]
+
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, transform: LogitTransform | None = None) -> Tensor:
     # Same numerics as the plain scorer: the head and the model's transform in its own dtype, then upcast.

@@ -1,7 +1,7 @@
 """Multi-process training helpers: FSDP2 sharding of the policy and the online reference, a strategy that
-shards over every process (and writes its checkpoint folders atomically), the ranks' agreement on a sharded
-step's forwards, checkpoint loading that names the file it could not read, and the teardown of the process groups
-at the end of a process.
+shards over every process (its checkpoint folders written atomically, its loads naming the checkpoint they could
+not read), the ranks' agreement on a sharded step's forwards, and the teardown of the process groups at the end of
+a process. How checkpoints are written, checked and resumed from is :mod:`lit_prunedpo.checkpoint`.
 
 Why the sharding units are what they are: :class:`~lit_prunedpo.scoring.TokenScorer` never calls the root
 ``*ForCausalLM`` forward; it calls the body (``model.base_model``) and the LM head
@@ -14,23 +14,20 @@ unit; they are grouped with ``fully_shard([body, head])`` under a parameter-less
 from __future__ import annotations
 
 import gc
-import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from lit_prunedpo.checkpoint.io import remove, replace_folder, sharded_save_names
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.scoring import split_causal_lm
 
 __all__ = [
     "FSDP2Strategy",
-    "VerifiedCheckpointIO",
     "agree_on_forwards",
     "decoder_layers",
     "destroy_process_groups",
@@ -185,7 +182,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Write a sharded checkpoint folder atomically: every rank writes its shards into a temporary sibling
         folder, and once all have finished, rank 0 renames it into place. A crash mid-save leaves the previous
-        ``path`` whole (and a temporary folder, which :func:`~lit_prunedpo.checkpointing.resolve_resume`
+        ``path`` whole (and a temporary folder, which :func:`~lit_prunedpo.checkpoint.resolve_resume`
         names and ignores), never a torn folder under the name a resume looks for. Single-file saves
         (``save_distributed_checkpoint=False``) go through the checkpoint IO as usual."""
         path = Path(self.broadcast(filepath))
@@ -194,7 +191,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         tmp, old = sharded_save_names(path)
         if self.global_rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _remove(tmp)  # left by a save that was killed
+            remove(tmp)  # left by a save that was killed
         self.barrier("lit_prunedpo_save_start")
         super().save_checkpoint(checkpoint, tmp, storage_options)
         # Rank 0 writes Lightning's meta.pt after the shards; every rank's shards are complete only here.
@@ -211,45 +208,6 @@ class FSDP2Strategy(ModelParallelStrategy):
             return super().load_checkpoint(path, weights_only=weights_only)
         except Exception as err:
             raise RuntimeError(f"cannot load checkpoint {path} (missing shards or corrupt?): {err}") from err
-
-
-def sharded_save_names(path: Path) -> tuple[Path, Path]:
-    """The temporary folder a sharded save of ``path`` writes into, and the name the folder it replaces is moved
-    to meanwhile. Dot names: ``ModelCheckpoint`` never takes them for checkpoints of its own."""
-    return path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
-
-
-def replace_folder(new: Path, path: Path, old: Path) -> None:
-    """Rename ``new`` to ``path``, replacing what is there (a folder or a file). ``os.replace`` cannot replace a
-    non-empty folder, so the current one is first renamed to ``old``, then deleted once ``new`` is in place: at
-    every instant ``path`` is either the previous checkpoint or the new one, or (between the two renames) absent
-    with both whole under their temporary names."""
-    _remove(old)
-    if path.exists():
-        os.replace(path, old)
-    os.replace(new, path)
-    _remove(old)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
-class VerifiedCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose load errors name the checkpoint (plain ``torch.load`` errors on a truncated
-    file do not). Use with single-device and DDP strategies: ``--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO``."""
-
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        if not Path(path).exists():
-            raise FileNotFoundError(f"checkpoint not found: {path}")
-        try:
-            kwargs = {} if map_location is None else {"map_location": map_location}
-            return super().load_checkpoint(path, weights_only=weights_only, **kwargs)
-        except Exception as err:
-            raise RuntimeError(f"cannot load checkpoint {path} (truncated or corrupt?): {err}") from err
 
 
 # ------------------------------------------------------------------------------------- teardown

@@ -31,6 +31,8 @@ from lit_prunedpo.losses import BranchSums, PreferenceLoss
 from lit_prunedpo.plan import RowGroup, StepPlan
 from lit_prunedpo.token_terms import TokenTerms
 
+__all__ = ["Estimate", "estimate", "ipw_sums", "split_terms"]
+
 
 @dataclass(frozen=True)
 class Estimate:

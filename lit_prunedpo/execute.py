@@ -42,6 +42,11 @@ from lit_prunedpo.plan import RowGroup, StepPlan, merge_groups
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.token_terms import TokenTerms
 
+__all__ = [
+    "Agreement", "Forward", "ReferenceScores", "Scored", "StepExecutor", "StepForwards", "StepLogps",
+    "keeps_keys_values", "layout_for", "placeholder_group", "score_groups", "split_inputs"
+]
+
 #: What a scorer returns for one forward: whole log-probs, or the two terms of a group whose log-softmax is split.
 Scored = Tensor | TokenTerms
 

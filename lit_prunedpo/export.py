@@ -3,20 +3,14 @@
 The folder holds the policy (``save_pretrained``, safetensors) and the data's tokenizer (with its chat
 template), so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)`` load
 it in any inference stack; the tokenizer's BOS, EOS and PAD ids are written into ``config.json`` and
-``generation_config.json`` (a randomly initialised model's config carries its class's defaults). Reads a single-file Lightning checkpoint or an FSDP2 folder of shards
-(``torch.distributed.checkpoint``, read in one process without a process group: only the policy's tensors
-are loaded, not the optimizer's).
-
-What a checkpoint must carry besides the weights is written by ``PrunedDPO.on_save_checkpoint`` under
-``"policy"`` (:func:`policy_metadata`): the model's ``transformers`` config, and for a LoRA policy the
-adapter config, the base model's source and a digest of its weights (LoRA checkpoints hold the adapters only;
-the frozen base is rebuilt from its source, and refused when its weights are not the ones trained on). A LoRA policy is exported merged (full weights, ``merge_and_unload``) or as peft's
-adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, plus ``base/`` when the base is no hub
-model or folder, so that ``AutoPeftModelForCausalLM`` finds it), as asked. A LoRA base folder that is gone since
-training (moved or deleted) is refused in one line naming it and the checkpoint
-(:func:`lit_prunedpo.lora.check_base_folder`); ``--base_model PATH`` replaces the recorded base (its weights are
-still checked against the checkpoint's digest). A base recorded by a relative path is found from another working
-folder too: the checkpoint records the folder's absolute path as well (``"base_folder"``).
+``generation_config.json`` (a randomly initialised model's config carries its class's defaults). The checkpoint
+(a single-file Lightning checkpoint or an FSDP2 folder of shards) is read, and the policy rebuilt from what
+``PrunedDPO.on_save_checkpoint`` recorded of it, by :mod:`lit_prunedpo.policy_checkpoint`. A LoRA policy is
+exported merged (full weights, ``merge_and_unload``) or as peft's adapter folder (``adapter_config.json`` +
+``adapter_model.safetensors``, plus ``base/`` when the base is no hub model or folder, so that
+``AutoPeftModelForCausalLM`` finds it), as asked. A LoRA base folder that is gone since training (moved or deleted)
+is refused in one line naming it and the checkpoint (:func:`lit_prunedpo.lora.check_base_folder`); ``--base_model
+PATH`` replaces the recorded base (its weights are still checked against the checkpoint's digest).
 
 The tokenizer is written so that its plain call ``tok(prompt)`` gives the prompt ids training gave the model: training
 puts the tokenizer's BOS before every prompt unless the data module had ``add_bos=False`` (read from the checkpoint's
@@ -46,197 +40,16 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 # torch, and lit_prunedpo.hub / .models (which import torch and lightning), are imported where they are used:
 # `lit-prunedpo export --help` reads only the signature of `export` (tests/test_startup.py)
 from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno
+from lit_prunedpo.policy_checkpoint import load_policy, policy_metadata, read_checkpoint
 from lit_prunedpo.prompt_ids import match_plain_call, prompt_inputs, trained_with_bos
 from lit_prunedpo.whole_folder import MARKER, WriteTracker, move_into_place, remove
 
 if TYPE_CHECKING:
-    from torch import Tensor, nn
+    from torch import nn
 
+# load_policy, policy_metadata and read_checkpoint (lit_prunedpo.policy_checkpoint) are public here too
 __all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata",
            "read_checkpoint"]
-
-_POLICY_PREFIX = "policy."
-
-
-def policy_metadata(policy: nn.Module, source: Any = None) -> dict[str, Any]:
-    """What an export needs besides the weights: the ``transformers`` config, and for a peft policy its adapter
-    config and the base model's source spec (``source``: the policy's ``ModelSource``)."""
-    from lit_prunedpo.lora import is_peft_model
-
-    if is_peft_model(policy):
-        spec = source.base_spec() if hasattr(source, "base_spec") else None
-        info = {"config": policy.get_base_model().config.to_dict(), "peft": policy.peft_config["default"].to_dict(),
-                "base": spec, "base_digest": getattr(source, "base_digest", None), "base_folder": _folder_of(spec)}
-    else:
-        info = {"config": policy.config.to_dict(), "peft": None, "base": None, "base_digest": None}
-    # plain JSON types only (peft's enums and sets would make torch.load(weights_only=True) refuse the checkpoint)
-    return json.loads(json.dumps(info, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
-
-
-def _folder_of(spec: dict[str, Any] | None) -> str | None:
-    """The absolute path of the folder a base's spec loads from, when it is one now (at training time): an export
-    then knows a relative name for a folder, and finds it from another working folder."""
-    from lit_prunedpo.lora import base_folder_name
-
-    name = base_folder_name(spec)
-    if name is None or not Path(name).expanduser().is_dir():
-        return None
-    return str(Path(name).expanduser().resolve())
-
-
-def read_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The policy's tensors (``policy.`` prefix removed) and the rest of a checkpoint (hyperparameters, the
-    ``"policy"`` metadata), from a ``.ckpt`` file or an FSDP2 folder of shards.
-
-    Raises:
-        FileNotFoundError: when ``path`` does not exist.
-        ValueError: when it is not a readable Lightning checkpoint (not one at all, truncated, a folder without
-            shards), or holds no policy weights or no ``"policy"`` metadata; the message names ``path``.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if path.is_dir():
-        meta, state = _read_sharded(path)
-    else:
-        meta = _load(path, path)
-        if not isinstance(meta.get("state_dict"), dict):
-            raise ValueError(f"cannot load checkpoint {path}: not a Lightning checkpoint (no 'state_dict' in it)")
-        state = meta.pop("state_dict")
-    policy = {k[len(_POLICY_PREFIX):]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
-    if not policy:
-        raise ValueError(f"checkpoint {path} holds no policy weights (no 'policy.*' keys in its state_dict)")
-    if "policy" not in meta:
-        raise ValueError(
-            f"checkpoint {path} has no 'policy' metadata (written by PrunedDPO.on_save_checkpoint since the export "
-            "command exists): cannot tell which model to build"
-        )
-    return policy, meta
-
-
-def _unreadable(path: Path, err: BaseException) -> ValueError:
-    # worded as lit_prunedpo.distributed.VerifiedCheckpointIO words a failed load; the cause's first line only, so
-    # that this message stays the output's last line
-    reason = (str(err).strip().splitlines() or [""])[0]
-    return ValueError(f"cannot load checkpoint {path}: not a readable Lightning checkpoint (truncated or corrupt?): "
-                      f"{type(err).__name__}: {reason}")
-
-
-def _load(file: Path, path: Path) -> dict[str, Any]:
-    """``torch.load`` of a checkpoint's pickle, any failure (not a pickle, cut short, not a dict) naming ``path``."""
-    import torch
-
-    try:
-        loaded = torch.load(file, map_location="cpu", weights_only=False)
-    except Exception as err:
-        raise _unreadable(path, err) from err
-    if not isinstance(loaded, dict):
-        raise ValueError(f"cannot load checkpoint {path}: not a Lightning checkpoint (it holds a "
-                         f"{type(loaded).__name__}, not a dict)")
-    return loaded
-
-
-def _read_sharded(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta_file = path / "meta.pt"
-    if not meta_file.is_file():
-        raise ValueError(f"cannot load checkpoint {path}: not a sharded Lightning checkpoint (a folder without meta.pt)")
-    meta = _load(meta_file, path)
-    try:
-        reader = dcp.FileSystemReader(str(path))
-        prefix = "state_dict." + _POLICY_PREFIX
-        state = {
-            k[len("state_dict."):]: torch.empty(m.size, dtype=m.properties.dtype)
-            for k, m in reader.read_metadata().state_dict_metadata.items()
-            if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
-        }
-        wrapped = {"state_dict": state}
-        dcp.load(wrapped, storage_reader=reader, no_dist=True)  # fills the tensors in place: policy only
-    except Exception as err:  # no .metadata file, a shard missing or cut short
-        raise _unreadable(path, err) from err
-    return meta, wrapped["state_dict"]
-
-
-def load_policy(path: str | Path, base_model: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
-    """The trained policy of a checkpoint as a ``transformers`` model (a peft model for LoRA), in eval mode,
-    and the checkpoint's other contents.
-
-    Args:
-        path: the checkpoint.
-        base_model: LoRA checkpoints only: a folder (or hub name) that replaces the base model the checkpoint
-            names (moved or deleted since); its weights must still be the ones the adapters were trained on.
-
-    Raises:
-        FileNotFoundError: the LoRA base folder the checkpoint names does not exist (and no ``base_model``), or
-            ``base_model`` is written as a path that does not exist.
-        ValueError: ``base_model`` for a checkpoint without LoRA adapters; a base whose weights are not the ones
-            trained on (see :func:`lit_prunedpo.lora.check_base`).
-    """
-    from transformers import AutoModelForCausalLM, CONFIG_MAPPING
-
-    state, meta = read_checkpoint(path)
-    info = meta["policy"]
-    if info["peft"] is None and base_model is not None:
-        raise ValueError(f"--base_model {base_model}: checkpoint {path} is no LoRA run (it holds the full weights, "
-                         "no base model is loaded): leave --base_model out")
-    if info["peft"] is None:
-        config_dict = dict(info["config"])
-        config = CONFIG_MAPPING[config_dict.pop("model_type")].from_dict(config_dict)
-        model = AutoModelForCausalLM.from_config(config)
-        dtype = next((t.dtype for t in state.values() if t.is_floating_point()), None)
-        if dtype is not None:
-            model.to(dtype)
-        model.load_state_dict(state, strict=True)
-        return model.eval(), meta
-    from lit_prunedpo.lora import load_adapter_state
-    from lit_prunedpo.models import source_from_spec
-
-    spec = _base_spec(info, base_model, path)
-    # the digest check's messages name the base actually loaded
-    model = load_adapter_state(source_from_spec(spec).build(), info["peft"], state, where=f"checkpoint {path}",
-                               policy_info={**info, "base": spec})
-    return model.eval(), meta
-
-
-def _base_spec(info: dict[str, Any], base_model: str | None, path: str | Path) -> dict[str, Any]:
-    """The spec to build a LoRA checkpoint's base from: ``base_model`` when given, else the recorded one (a relative
-    folder name that does not resolve from here taken from its recorded absolute path).
-
-    Raises:
-        FileNotFoundError: the recorded folder is gone, or ``base_model`` is written as a path that does not exist.
-        ValueError: no recorded spec and no ``base_model``.
-    """
-    from lit_prunedpo.lora import base_folder_name, check_base_folder
-
-    spec = info.get("base")
-    if base_model is not None:
-        return _replace_base(spec, base_model)
-    if spec is None:
-        raise ValueError(f"checkpoint {path} is a LoRA run whose base model source cannot be rebuilt (no spec): pass "
-                         "--base_model <folder of the base model>")
-    name, recorded = base_folder_name(spec), info.get("base_folder")
-    if name is not None and not Path(name).expanduser().exists() and recorded and Path(recorded).is_dir():
-        return {**spec, "init_args": {**spec["init_args"], "name_or_path": recorded}}  # relative to training's folder
-    check_base_folder(spec, f"checkpoint {path}", "pass --base_model <new path>", recorded=recorded)
-    return spec
-
-
-def _replace_base(spec: dict[str, Any] | None, base_model: str) -> dict[str, Any]:
-    """``spec`` loading from ``base_model`` instead: its ``name_or_path`` replaced, or a ``Pretrained`` source (with
-    the recorded dtype) for a base that had none (``FromConfig``)."""
-    from lit_prunedpo.hub import written_as_path
-
-    if written_as_path(base_model) and not Path(base_model).expanduser().exists():
-        raise FileNotFoundError(f"--base_model {base_model}: no such folder; give the folder the LoRA base model was "
-                                "moved to (written by save_pretrained), or its hub name")
-    args = dict((spec or {}).get("init_args") or {})
-    if spec is not None and "name_or_path" in args:
-        return {**spec, "init_args": {**args, "name_or_path": base_model}}
-    return {"class_path": "lit_prunedpo.models.Pretrained",
-            "init_args": {"name_or_path": base_model, "dtype": args.get("dtype")}}
 
 
 def _tokenizer(meta: dict[str, Any], tokenizer: str | None, chat_template: str | None) -> Any:
@@ -346,6 +159,18 @@ def export(
         changes = align_special_tokens(model, tok)
         if changes:
             print(f"special-token ids set to the tokenizer's ({type(tok).__name__}): {'; '.join(changes)}")
+    _write_whole(model, tok, meta, ckpt_path, adapter, out_dir)
+    return out_dir
+
+
+def _write_whole(model: nn.Module, tok: Any, meta: dict[str, Any], ckpt_path: str, adapter: str,
+                 out_dir: Path) -> None:
+    """Write the export into ``<out>.partial-<pid>`` beside ``out_dir`` and rename it into place once complete, then
+    say what was written (:func:`_report`).
+
+    Raises:
+        DiskFull: the disk filled; the partial folder is removed and ``out_dir`` is left as it was.
+    """
     final = out_dir.resolve()  # absolute: peft resolves a base's name from the caller's working folder
     partial = final.parent / f"{final.name}.partial-{os.getpid()}"
     leftovers = sorted(p.name for p in final.parent.glob(f"{glob.escape(final.name)}.partial-*") if p != partial)
@@ -365,7 +190,6 @@ def export(
         ) from None
     move_into_place(partial, final)
     _report(written, switches, out_dir, leftovers, final.parent)
-    return out_dir
 
 
 # jsonargparse (`main`) would resolve the string annotations (`from __future__ import annotations`) by running this

@@ -30,6 +30,11 @@ from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 
+__all__ = [
+    "Samplers", "between_variance", "gradient", "pair", "relative_inefficiency", "squared_distance",
+    "timed_gradient", "within_variance"
+]
+
 Samplers = tuple[Any, Any, Any]  # (prefix, position, branch) sampler objects, as lit_prunedpo.modes gives them
 
 

@@ -1,12 +1,15 @@
-"""Refusals at the edges of a run: data longer than the model's position table, weights that are not finite, and a
-control-variate position sampler that cannot run with the run's model or reference.
+"""Refusals at the edges of a run: data whose tokenizer has more tokens than the model's embedding, data longer
+than the model's position table, weights that are not finite, a sampler of the wrong kind, and a control-variate
+position sampler that cannot run with the run's model or reference.
 
-The first two would otherwise fail far from their cause: a sequence past a learned position table is an
-``IndexError: index out of range in self`` inside the embedding; a checkpoint of NaN weights is a file that
-looks like any other until someone resumes or evaluates from it. :class:`~lit_prunedpo.module.PrunedDPO`
-calls :func:`check_positions` at set-up and :func:`refuse_nonfinite_weights` in ``on_save_checkpoint``, so
-every save (``ModelCheckpoint``, the preemption checkpoint, ``trainer.save_checkpoint``) is covered. The third,
-:func:`check_log_softmax_split`, runs at set-up too, so that a run that cannot work stops before its first step.
+Each would otherwise fail far from its cause: a token id past the embedding or a sequence past a learned position
+table is an ``IndexError: index out of range in self`` inside the embedding; a checkpoint of NaN weights is a file
+that looks like any other until someone resumes or evaluates from it; a sampler of the wrong kind fails inside the
+first step's plan. :class:`~lit_prunedpo.module.PrunedDPO` calls :func:`check_data_vocabulary` and
+:func:`check_positions` at set-up, :func:`refuse_nonfinite_weights` in ``on_save_checkpoint``, so every save
+(``ModelCheckpoint``, the preemption checkpoint, ``trainer.save_checkpoint``) is covered, and
+:func:`check_sampler_kinds` in ``use_samplers``. :func:`check_log_softmax_split` runs at set-up too, so that a run
+that cannot work stops before its first step, and whenever ``use_samplers`` brings in a position sampler after it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,28 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from lit_prunedpo.samplers import LogSoftmaxSplit, PositionSampler
+from lit_prunedpo.samplers import BranchSampler, LogSoftmaxSplit, PositionSampler, PrefixSampler
+from lit_prunedpo.samplers.control_variates import described
 from lit_prunedpo.scoring import model_head
-from lit_prunedpo.token_terms import fused_linear_head
+from lit_prunedpo.token_terms import fused_linear_head, why_not_fusable
+
+
+def check_data_vocabulary(policy: nn.Module, datamodule: Any) -> None:
+    """Refuse a data module whose tokenizer (``vocab_size``) has more tokens than the policy's input embedding.
+
+    Raises:
+        ValueError: naming both numbers and the config field to change.
+    """
+    data_vocab = getattr(datamodule, "vocab_size", None)
+    model_vocab = policy.get_input_embeddings().num_embeddings
+    if data_vocab is not None and data_vocab > model_vocab:
+        raise ValueError(
+            f"the data's tokenizer has {data_vocab} tokens but the policy's embedding has {model_vocab}: "
+            "set the model config's vocab_size to at least the tokenizer's"
+        )
 
 
 def check_positions(policy: nn.Module, datamodule: Any) -> None:
@@ -59,6 +79,21 @@ def refuse_nonfinite_weights(checkpoint: dict[str, Any], step: int) -> None:
         )
 
 
+#: a step's samplers, in the order its plan takes them: the argument that names each, and the class it must be
+SAMPLER_KINDS = (("prefix", PrefixSampler), ("position", PositionSampler), ("branch", BranchSampler))
+
+
+def check_sampler_kinds(where: str, prefix: Any, position: Any, branch: Any) -> None:
+    """Refuse a sampler of the wrong kind given to ``where`` (``None``: that sampler is not given).
+
+    Raises:
+        TypeError: naming ``where``, the argument, the class it must be and the class it is.
+    """
+    for (name, kind), sampler in zip(SAMPLER_KINDS, (prefix, position, branch)):
+        if sampler is not None and not isinstance(sampler, kind):
+            raise TypeError(f"{where}: {name} must be a {kind.__name__}, got {type(sampler).__name__}")
+
+
 def check_log_softmax_split(position: PositionSampler, policy: nn.Module, reference: Any) -> None:
     """Refuse a position sampler that splits the log-softmax (:mod:`lit_prunedpo.samplers.control_variates`) where
     it cannot run: a policy whose head is not a plain linear one, and, for ``ReferenceLogSumExp``, a reference source
@@ -73,3 +108,25 @@ def check_log_softmax_split(position: PositionSampler, policy: nn.Module, refere
     fused_linear_head(policy, model_head(policy))
     if position.uses_reference_lse:
         reference.check_token_lse()
+
+
+def usable_position_sampler(position: PositionSampler, policy: nn.Module, reference: Any) -> PositionSampler:
+    """The position sampler a run can use: ``position`` itself once :func:`check_log_softmax_split` passes it, or,
+    for a sampler that splits the log-softmax with ``fallback`` set, on a head that cannot give one row (its forward
+    computes the logits, a head sharded by FSDP2), the sampler it wraps, with a warning naming the model and why:
+    the drawn positions scored whole, unbiased, with the wrapped sampler's gradient noise.
+
+    Raises:
+        ValueError: as :func:`check_log_softmax_split`, for a sampler without ``fallback``.
+    """
+    if isinstance(position, LogSoftmaxSplit) and position.fallback:
+        why = why_not_fusable(model_head(policy))
+        if why is not None:
+            rank_zero_warn(
+                f"{type(policy).__name__}: its LM head {why}, so {type(position).__name__} cannot compute each "
+                f"target's logit as one row; with fallback=True it scores the drawn positions whole instead "
+                f"({described(position.positions)}: unbiased, the same head saving, more gradient noise)"
+            )
+            return position.positions
+    check_log_softmax_split(position, policy, reference)
+    return position

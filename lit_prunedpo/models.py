@@ -18,6 +18,11 @@ from torch import nn
 
 from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint, written_as_path
 
+__all__ = [
+    "FromConfig", "ModelSource", "Pretrained", "check_config_keys", "config_class", "config_keys",
+    "fill_vocab_size", "source_from_spec"
+]
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

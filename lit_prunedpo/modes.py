@@ -24,6 +24,8 @@ from jsonargparse import ArgumentParser, Namespace
 from lit_prunedpo.plan import exact_samplers
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 
+__all__ = ["Mode", "SAMPLER_KEYS", "Samplers", "load_mode", "load_modes", "mode_names", "modes_dir", "samplers_of"]
+
 Samplers = tuple[PrefixSampler, PositionSampler, BranchSampler]
 SAMPLER_KEYS = ("prefix_sampler", "position_sampler", "branch_sampler")
 

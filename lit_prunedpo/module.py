@@ -10,8 +10,9 @@ study all run it) reads in the order data flows:
     backward  Lightning back-propagates the returned objective
 
 With every sampler at "no pruning" this is concatenated DPO: one forward of the ``2B`` rows with a graph and
-one reference forward. Validation and test always compute the exact, unpruned objective, so runs with
-different samplers compare.
+one reference forward. Around the step, each in its module: validation and test, always the exact objective
+(``validation``); the training logs (``training_logs``); the gradient check (``gradient_check``); the optimizer
+(``optimizer_setup``); what checkpoints carry (``run_state``); the policy's build (``policy_setup``).
 """
 
 from __future__ import annotations
@@ -22,40 +23,38 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch import Tensor, nn
-from torchmetrics import MeanMetric
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
+from lit_prunedpo.distributed import agree_on_forwards
 from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
-from lit_prunedpo.guards import check_log_softmax_split, check_positions, refuse_nonfinite_weights
+from lit_prunedpo.gradient_check import checked_closure
+from lit_prunedpo.guards import (
+    check_data_vocabulary, check_positions, check_sampler_kinds, refuse_nonfinite_weights, usable_position_sampler,
+)
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
-from lit_prunedpo.metrics import (
-    PAIR_METRICS, TOKEN_METRICS, MetricWindow, StepStats, gradient_norm, input_tokens, pair_metrics, token_metrics,
-    weighted_mean,
-)
+from lit_prunedpo.metrics import MetricWindow, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.nonfinite import NonFiniteGuard
-from lit_prunedpo.optim import WarmupCosineLR, apply_changes, describe
-from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan, plan_step
-from lit_prunedpo.distributed import agree_on_forwards
+from lit_prunedpo.optimizer_setup import apply_resumed_setup, configure_optimizers
+from lit_prunedpo.plan import RowGroup, StepPlan, exact_samplers, plan_step
+from lit_prunedpo.policy_setup import EvalModeWarning, build_policy
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
-from lit_prunedpo.warning_scope import IgnoredWarning
-from lit_prunedpo.samplers import (
-    AllPositions,
-    BothBranches,
-    BranchSampler,
-    FullPrefix,
-    PositionSampler,
-    PrefixSampler,
-)
+from lit_prunedpo.run_state import load_run_state, save_run_state
+from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
-from lit_prunedpo.training_noise import disable_training_noise, noise_free_training, training_switches
+from lit_prunedpo.training_logs import (
+    log_optimizer_step, log_skipped, log_training_metrics, logs_this_step, tokens_over_ranks, window_values,
+)
+from lit_prunedpo.training_noise import noise_free_training
+from lit_prunedpo.validation import epoch_means, exact_step, log_exact_metrics
+
 
 class PrunedDPO(L.LightningModule):
     """DPO with random pruning of positions, prefixes and branches, re-weighted to stay unbiased.
@@ -132,71 +131,85 @@ class PrunedDPO(L.LightningModule):
         super().__init__()
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta!r}")
+        if layout is not None and shared_prompt is not None:
+            raise ValueError("give model.layout or model.shared_prompt (its older shorthand), not both")
         self.nonfinite = NonFiniteGuard(on_nonfinite, max_consecutive_skips)
         self.beta = float(beta)
-        if isinstance(loss, (str, list)):
-            loss = trl_loss(loss)  # TRL's names, as a TRL user writes them
-        self.loss = loss if loss is not None else SigmoidLoss()
-        self.prefix_sampler = prefix_sampler if prefix_sampler is not None else FullPrefix()
-        self.position_sampler = position_sampler if position_sampler is not None else AllPositions()
-        self.branch_sampler = branch_sampler if branch_sampler is not None else BothBranches()
+        # a TRL loss_type name, or a list of them, as a TRL user writes it
+        self.loss = trl_loss(loss) if isinstance(loss, (str, list)) else (loss if loss is not None else SigmoidLoss())
+        given = (prefix_sampler, position_sampler, branch_sampler)
+        self._samplers = tuple(s if s is not None else exact for s, exact in zip(given, exact_samplers()))
+        self._set_up = False  # from set-up on, use_samplers checks a new position sampler as setup() does
+        self._position_given: PositionSampler | None = None  # as given, before a fallback (use_samplers)
         self.scorer = scorer if scorer is not None else TokenScorer()
         self.optimizer_factory = optimizer if optimizer is not None else torch.optim.AdamW
         self.scheduler_factory = scheduler
         self.sampler_seed = sampler_seed
 
-        # from_pretrained returns a model in eval mode, and Lightning keeps modules' modes: a policy left in
-        # eval mode would silently skip gradient checkpointing, which transformers applies only in training.
-        self.policy = policy.build().train()
+        self.policy = build_policy(policy, disable_dropout, gradient_checkpointing)
         self.policy_source = policy  # its spec goes into checkpoints, for lit_prunedpo.export
         self.disable_dropout = bool(disable_dropout)
-        if self.disable_dropout:
-            disable_training_noise(self.policy)
-            noise_free_training(self.policy)
-        if gradient_checkpointing:
-            # transformers 5 renamed it (the old name warns at every run); transformers 4 has only the old one
-            enable = getattr(self.policy, "activation_checkpointing_enable", None)
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reference = reference_for(self.loss, reference)
         self.reference.configure(self.policy, self.scorer)
-        if layout is not None and shared_prompt is not None:
-            raise ValueError("give model.layout or model.shared_prompt (its older shorthand), not both")
         self.layout = layout_for(shared_prompt) if shared_prompt is not None else (layout or AutoLayout())
         self.check_layout = bool(check_layout)
         self.strict_layout = bool(strict_layout)
         self._layout_choice: LayoutChoice | None = None
 
         self.sampler_rng = SamplerRNG()
-        self._eval_mode_warning = IgnoredWarning(r"Found \d+ module\(s\) in eval mode at the start of training")
+        self._eval_mode_warning = EvalModeWarning()  # opened at fit start, closed at train start
         self.step_stats: StepStats | None = None
         self._window = MetricWindow()
         self._grad_norm: Tensor | None = None  # this optimizer step's, checked before the update, then logged
         self._sharded = False  # set by configure_model under FSDP2
         self.num_tokens = 0  # TRL's num_tokens: input tokens of every rank's training batches so far
-        self.val_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS + TOKEN_METRICS})
-        self.test_metrics = nn.ModuleDict({_key(n): MeanMetric() for n in PAIR_METRICS + TOKEN_METRICS})
+        self.val_metrics = epoch_means()
+        self.test_metrics = epoch_means()
+
+    # ------------------------------------------------------------------------------------- the samplers
+    @property
+    def prefix_sampler(self) -> PrefixSampler:
+        """Which response prefixes run; changed with :meth:`use_samplers`."""
+        return self._samplers[0]
+
+    @property
+    def position_sampler(self) -> PositionSampler:
+        """Which kept positions are scored; changed with :meth:`use_samplers`."""
+        return self._samplers[1]
+
+    @property
+    def branch_sampler(self) -> BranchSampler:
+        """Which branches get a gradient; changed with :meth:`use_samplers`."""
+        return self._samplers[2]
+
+    def use_samplers(self, prefix: PrefixSampler | None = None, position: PositionSampler | None = None,
+                     branch: BranchSampler | None = None) -> None:
+        """Draw the next steps with these samplers, ``None`` keeping the current one: the one way to change them
+        (``PruneEarly``, ``AutoPruning``, the study's switch to exact steps). A refused sampler changes nothing.
+
+        Raises:
+            TypeError: on a sampler of the wrong kind, naming the argument and the class it must be.
+            ValueError: once set up, on a position sampler that splits the log-softmax where the policy's head or
+                the reference cannot run it (``guards.usable_position_sampler``, which puts the sampler it wraps in
+                its place, with a warning, when it has ``fallback``; before set-up, :meth:`setup` checks).
+        """
+        check_sampler_kinds("use_samplers", prefix, position, branch)
+        if position is not None and position is self._position_given:
+            position = self.position_sampler  # checked when it came in (or its fallback): callbacks pass theirs often
+        elif position is not None and self._set_up:  # checked, or its fallback in its place; a refusal changes nothing
+            position, self._position_given = usable_position_sampler(position, self.policy, self.reference), position
+        given = (prefix, position, branch)
+        self._samplers = tuple(new if new is not None else old for new, old in zip(given, self._samplers))
 
     # ----------------------------------------------------------------------------------------- set-up
     def on_fit_start(self) -> None:
-        # Lightning warns about every module in eval mode at the start of fit; the frozen reference always is,
-        # by design. That warning is replaced by the one that matters: a policy module left in eval mode.
-        # Lightning warns just before on_train_start, which closes the scope.
-        self._eval_mode_warning.open()
-        modules = self.policy.named_modules()
-        if self.disable_dropout:  # eval mode everywhere but the decoder layers is how its noise stays off
-            noise_free_training(self.policy)
-            modules = training_switches(self.policy)
-        frozen = [name or "policy" for name, m in modules if not m.training]
-        if frozen:
-            rank_zero_warn(f"{len(frozen)} policy module(s) are in eval mode at the start of training, e.g. {frozen[:3]}")
+        # the frozen reference is in eval mode by design: only the policy's modules are worth a warning
+        self._eval_mode_warning.open(self.policy, self.disable_dropout)
 
     def on_train_start(self) -> None:
         self._window = MetricWindow()  # a resumed run's window starts with its first step
         self._eval_mode_warning.close()
-        self._apply_resumed_setup()
+        apply_resumed_setup(self)
 
     def teardown(self, stage: str) -> None:
         self._eval_mode_warning.close()
@@ -204,21 +217,13 @@ class PrunedDPO(L.LightningModule):
     def setup(self, stage: str) -> None:
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
-        self._check_vocabulary()
         datamodule = getattr(self._trainer, "datamodule", None)
+        check_data_vocabulary(self.policy, datamodule)
         check_positions(self.policy, datamodule)
         self.reference.prepare(self.policy, datamodule, ReferenceRuntime.of(self._trainer))
-        check_log_softmax_split(self.position_sampler, self.policy, self.reference)
-
-    def _check_vocabulary(self) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        data_vocab = getattr(datamodule, "vocab_size", None)
-        model_vocab = self.policy.get_input_embeddings().num_embeddings
-        if data_vocab is not None and data_vocab > model_vocab:
-            raise ValueError(
-                f"the data's tokenizer has {data_vocab} tokens but the policy's embedding has {model_vocab}: "
-                "set the model config's vocab_size to at least the tokenizer's"
-            )
+        self._set_up = True
+        self._position_given = None  # a set-up again (fit, then test) checks again
+        self.use_samplers(position=self.position_sampler)  # checked, or its fallback put in its place
 
     def configure_model(self) -> None:
         """Shard the policy, and an online reference's frozen model, with FSDP2 per decoder layer when the
@@ -230,34 +235,10 @@ class PrunedDPO(L.LightningModule):
 
         shard_pruned_dpo(self, self.device_mesh)
         self._sharded = True
+        self.use_samplers(position=self._position_given)  # a sharded head gives no row: checked again
 
     def configure_optimizers(self) -> Any:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params)
-        scheduler = None if self.scheduler_factory is None else self.scheduler_factory(optimizer)
-        # saved in checkpoints; a resume compares it with its own
-        configured = describe(optimizer, scheduler, getattr(self.scheduler_factory, "keywords", None))
-        if isinstance(scheduler, WarmupCosineLR):
-            scheduler.fit_to(int(self.trainer.estimated_stepping_batches))
-        self._optimizer_setup = (configured, describe(optimizer, scheduler))
-        if scheduler is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def _apply_resumed_setup(self) -> None:
-        """After Lightning restored the optimizer and scheduler state (before the first step): apply this run's
-        optimizer and scheduler arguments where they differ from the checkpoint's (``lit_prunedpo.optim``)."""
-        saved, self._resumed_setup = getattr(self, "_resumed_setup", None), None
-        setup = getattr(self, "_optimizer_setup", None)
-        if saved == "unrecorded":
-            rank_zero_warn("resume: the checkpoint records no optimizer or scheduler arguments (written by an older "
-                           "lit_prunedpo): the restored optimizer and scheduler keep the checkpoint's, learning rate "
-                           "included, whatever this run's model.optimizer and model.scheduler say")
-            return
-        if saved is None or setup is None or len(self.trainer.optimizers) != 1:
-            return
-        schedulers = self.trainer.lr_scheduler_configs
-        apply_changes(saved, *setup, self.trainer.optimizers[0], schedulers[0].scheduler if schedulers else None)
+        return configure_optimizers(self)  # recorded for checkpoints and resumes (lit_prunedpo.optimizer_setup)
 
     def train(self, mode: bool = True) -> "PrunedDPO":
         super().train(mode)
@@ -290,11 +271,9 @@ class PrunedDPO(L.LightningModule):
     @property
     def parts(self) -> StepParts:
         """This module's samplers, scorer, reference and layout, as a step takes them. Read at every step, so that
-        a callback replacing a sampler (``PruneEarly``) takes effect at the next one."""
-        return StepParts(
-            self.prefix_sampler, self.position_sampler, self.branch_sampler, self.scorer, self.reference,
-            self.resolved_layout(),
-        )
+        samplers replaced by :meth:`use_samplers` (``PruneEarly``) take effect at the next one."""
+        return StepParts(self.prefix_sampler, self.position_sampler, self.branch_sampler, self.scorer, self.reference,
+                         self.resolved_layout())
 
     def step(
         self, batch: PreferenceBatch, parts: StepParts | None = None, generator: torch.Generator | None = None,
@@ -360,109 +339,41 @@ class PrunedDPO(L.LightningModule):
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
         # TRL's token metrics take one more pass over the scored logits: only on the steps whose logs are written
-        logged = self._logs_this_step()
+        logged = logs_this_step(self._trainer)
         out = self.step(batch, token_stats=logged)
-        est = out.estimate
         self.step_stats = out.stats
-        self._count_tokens(batch)
-        finite = self.nonfinite.loss_ok(est, batch, batch_idx, self.global_step, self._trainer and self.trainer.strategy)
-        B = batch.num_pairs
+        self.num_tokens += tokens_over_ranks(self, batch)
+        strategy = self._trainer and self.trainer.strategy
+        finite = self.nonfinite.loss_ok(out.estimate, batch, batch_idx, self.global_step, strategy)
         # every step into the window, a skipped one with its own (non-finite) values, never the previous step's
-        self._window.add({**{f"train/{k}": v.mean() for k, v in pair_metrics(est, self.beta).items()},
-                          **{f"train/{k}": v for k, v in self.step_stats.as_metrics().items()}})
+        self._window.add(window_values(out, self.beta))
         if not finite:
-            self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-        if logged:  # TRL's: the means over the steps since the last log; the token metrics of this step alone
-            values = self._window.pop_means()
-            tokens = token_metrics(out.plan, out.logps.policy_token_stats, B)
-            values.update({f"train/{k}": weighted_mean(v, w) for k, (v, w) in tokens.items()})
-            # float64, so that the count stays exact past float32's 2**24 (Lightning keeps a step-only value's dtype)
-            values["train/num_tokens"] = torch.tensor(self.num_tokens, dtype=torch.float64)
-            # the mean over ranks, as TRL gathers every rank's values (only on logged steps: one small all-reduce)
-            self.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True, batch_size=B,
-                     sync_dist=True)
-            self.log_dict(values, on_step=True, on_epoch=False, batch_size=B, sync_dist=True)
-        return est.objective if finite else None
-
-    def _logs_this_step(self) -> bool:
-        """Whether Lightning writes this training step's on-step logs (every ``log_every_n_steps``, and the last);
-        True outside a trainer."""
-        connector = getattr(self._trainer, "_logger_connector", None)
-        return bool(getattr(connector, "should_update_logs", True))
-
-    def _count_tokens(self, batch: PreferenceBatch) -> None:
-        """Add the batch's input tokens, summed over ranks (TRL gathers them too), to :attr:`num_tokens`."""
-        count = input_tokens(batch)
-        if self._trainer is not None and self.trainer.world_size > 1:
-            count = int(self.trainer.strategy.reduce(torch.tensor(count, device=self.device), reduce_op="sum"))
-        self.num_tokens += count
+            log_skipped(self)
+        if logged:  # what Lightning writes: lit_prunedpo.training_logs
+            log_training_metrics(self, self._window, out, batch.num_pairs)
+        return out.estimate.objective if finite else None
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         if optimizer_closure is None:
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-
-        def closure() -> Any:  # runs the step and its backward; the gradient is checked before the update
-            loss = optimizer_closure()
-            self._check_gradient(optimizer, batch_idx, loss is not None)
-            return loss
-
-        optimizer.step(closure=closure)
-
-    def _check_gradient(self, optimizer: torch.optim.Optimizer, batch_idx: int, has_loss: bool) -> None:
-        """A non-finite gradient never reaches the weights (``lit_prunedpo.nonfinite``): under ``skip`` the
-        gradients are dropped, so the optimizer's update changes nothing."""
-        self._grad_norm = None
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            if has_loss:  # a GradScaler skips infinite (scaled) gradients itself
-                self.nonfinite.finite_step()
-            return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._grad_norm = gradient_norm(params)
-        if not self.nonfinite.gradient_ok(self._grad_norm, self.global_step, batch_idx):
-            for p in params:
-                p.grad = None
-            self.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-        elif has_loss:
-            self.nonfinite.finite_step()
+        # the step and its backward, then the gradient's check, before the update (lit_prunedpo.gradient_check)
+        optimizer.step(closure=checked_closure(self, optimizer, batch_idx, optimizer_closure))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Lightning calls this after the (accumulated) backward, with gradients unscaled and not yet clipped:
-        # grad_norm is the norm that gradient clipping compares with gradient_clip_val, as TRL's (transformers').
-        # A step without a gradient (skipped) logs NaN, not the previous step's norm.
-        self.log("train/learning_rate", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False)
-        norm, self._grad_norm = self._grad_norm, None
-        if norm is None:
-            norm = gradient_norm(p for group in optimizer.param_groups for p in group["params"])
-        self.log("train/grad_norm", norm if norm is not None else float("nan"), on_step=True, on_epoch=False)
+        norm, self._grad_norm = self._grad_norm, None  # the gradient check's, this step's only
+        log_optimizer_step(self, optimizer, norm)
 
+    # ---------------------------------------------------------------------------- validation and test
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        self._exact_step(batch, self.val_metrics, "val")
+        log_exact_metrics(self, batch, self.val_metrics, "val")  # the unpruned objective (lit_prunedpo.validation)
 
     def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        self._exact_step(batch, self.test_metrics, "test")
+        log_exact_metrics(self, batch, self.test_metrics, "test")
 
     def exact_pair_metrics(self, batch: PreferenceBatch) -> dict[str, Tensor]:
-        """Per-pair metrics (``loss``, ``rewards/accuracies``, ...) of the unpruned objective: every position of
-        every whole response, whatever the samplers are. What validation and test log, and what the study's
-        harness evaluates with (``lit_prunedpo.study.runner.exact_eval``)."""
-        return pair_metrics(self._exact(batch)[2], self.beta)
-
-    def _exact(self, batch: PreferenceBatch, token_stats: bool = False) -> tuple[StepPlan, StepLogps, Estimate]:
-        batch.validate()
-        plan = exact_plan(batch)
-        logps = self.execute(batch, plan, token_stats=token_stats)
-        return plan, logps, self.estimate(batch, plan, logps)
-
-    def _exact_step(self, batch: PreferenceBatch, metrics: nn.ModuleDict, prefix: str) -> None:
-        plan, logps, est = self._exact(batch, token_stats=True)  # validation also logs TRL's token metrics
-        for name, value in pair_metrics(est, self.beta).items():
-            metric = metrics[_key(name)]
-            metric.update(value)
-            self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True, prog_bar=name == "rewards/accuracies")
-        for name, (value, weight) in token_metrics(plan, logps.policy_token_stats, batch.num_pairs).items():
-            metric = metrics[_key(name)]
-            metric.update(value, weight)  # token-weighted, as TRL's: sum(value * weight) / sum(weight)
-            self.log(f"{prefix}/{name}", metric, on_step=False, on_epoch=True)
+        """Per-pair metrics (``loss``, ``rewards/accuracies``, ...) of the unpruned objective, whatever the samplers:
+        what validation and test log, and the study's harness evaluates with (``study.runner.exact_eval``)."""
+        return pair_metrics(exact_step(self, batch)[2], self.beta)
 
     # ---------------------------------------------------------------------------- failure policy
     @property
@@ -476,41 +387,12 @@ class PrunedDPO(L.LightningModule):
 
     # ------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from lit_prunedpo.checkpointing import install_atomic_io
+        from lit_prunedpo.checkpoint import install_atomic_io
 
         refuse_nonfinite_weights(checkpoint, self.global_step)
-        # A plain Trainer gets the atomic writes too: the strategy writes this checkpoint after this hook.
-        if self._trainer is not None:
+        if self._trainer is not None:  # a plain Trainer's atomic writes: the strategy writes after this hook
             install_atomic_io(self._trainer)
-        checkpoint["sampler_rng"] = self.sampler_rng.state_dict()
-        checkpoint.update(self.nonfinite.state_dict())  # a resume keeps counting toward the limit
-        checkpoint["num_tokens"] = self.num_tokens  # a resumed run goes on counting (TRL's restarts from 0)
-        if getattr(self, "_optimizer_setup", None) is not None:
-            checkpoint["optimizer_setup"] = self._optimizer_setup[0]  # this run's configuration, for a resume
-        from lit_prunedpo.export import policy_metadata
-        from lit_prunedpo.lora import drop_frozen, is_peft_model
-
-        checkpoint["policy"] = policy_metadata(self.policy, self.policy_source)
-        if is_peft_model(self.policy) and not self._sharded:  # LoRA: adapters only (see lit_prunedpo.lora)
-            drop_frozen(checkpoint["state_dict"], self.policy)
+        save_run_state(self, checkpoint)  # the samplers' stream, counters, optimizer set-up, policy spec
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from lit_prunedpo.lora import restore_base
-
-        restore_base(checkpoint, self.policy, self.policy_source, where=getattr(self._trainer, "ckpt_path", None))
-        self.nonfinite.load_state_dict(checkpoint)
-        self.num_tokens = int(checkpoint.get("num_tokens", 0))
-        # applied (or warned about) once Lightning has restored the optimizer state
-        unrecorded = "unrecorded" if "optimizer_states" in checkpoint else None
-        self._resumed_setup = checkpoint.get("optimizer_setup", unrecorded)
-        state = checkpoint.get("sampler_rng")
-        if state is None:
-            rank_zero_warn("checkpoint has no sampler generator state: sampler draws restart from step 0")
-            return
-        if self.sampler_seed is not None and int(state["seed"]) != self.sampler_seed:
-            rank_zero_info(f"resuming with the checkpoint's sampler seed {state['seed']} (config says {self.sampler_seed})")
-        self.sampler_rng.load_state_dict(state)
-
-
-def _key(name: str) -> str:
-    return name.replace("/", "__")
+        load_run_state(self, checkpoint)  # the optimizer set-up is applied at train start

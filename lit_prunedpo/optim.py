@@ -34,6 +34,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, MultiplicativeLR, ReduceLROnPlateau
 
+__all__ = ["WarmupCosineLR", "apply_changes", "describe"]
+
 #: Constructor arguments of a scheduler that are not its configuration.
 _NOT_CONFIG = {"self", "optimizer", "last_epoch", "verbose", "lr_lambda"}
 

@@ -26,6 +26,10 @@ from lit_prunedpo.samplers import (
     AllPositions, BothBranches, BranchSampler, FullPrefix, LogSoftmaxSplit, PositionSampler, PrefixSampler,
 )
 
+__all__ = [
+    "RowGroup", "StepPlan", "exact_plan", "exact_samplers", "merge_groups", "plan_step", "prompt_and_common_lengths"
+]
+
 
 @dataclass(frozen=True)
 class RowGroup:
@@ -186,6 +190,16 @@ def exact_plan(batch: PreferenceBatch) -> StepPlan:
     return plan_step(batch, *exact_samplers(), generator=torch.Generator())
 
 
+def _grad_and_no_grad_groups(grad_mask: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, shared: Tensor | None,
+                             lse_weight: Tensor | None) -> tuple[RowGroup, ...]:
+    """The rows with a gradient, then those without, each as one group (an empty one left out); row ``2i + b``."""
+    rows = torch.arange(grad_mask.numel())
+    flat_grad = grad_mask.reshape(-1)
+    grad_group = _group(rows[flat_grad], kept, scored, weight, True, shared, lse_weight)
+    no_grad_group = _group(rows[~flat_grad], kept, scored, weight, False, shared, lse_weight)
+    return tuple(g for g in (grad_group, no_grad_group) if g is not None)
+
+
 def _group(rows: Tensor, kept: Tensor, scored: Tensor, weight: Tensor, requires_grad: bool,
            shared: Tensor | None, lse_weight: Tensor | None = None) -> RowGroup | None:
     if rows.numel() == 0:
@@ -250,13 +264,8 @@ def plan_step(
     _check_draws(lengths, kept, scored, survival, inclusion, grad_mask, branch_prob, B)
     weight, lse_weight = _weights(scored, terms if split else None, survival, inclusion)
 
-    rows = torch.arange(2 * B)
-    flat_grad = grad_mask.reshape(-1)
-    grad_group = _group(rows[flat_grad], kept, terms, weight, True, shared, lse_weight)
-    no_grad_group = _group(rows[~flat_grad], kept, terms, weight, False, shared, lse_weight)
-    groups = tuple(g for g in (grad_group, no_grad_group) if g is not None)
     return StepPlan(
-        groups=groups,
+        groups=_grad_and_no_grad_groups(grad_mask, kept, terms, weight, shared, lse_weight),
         grad_mask=grad_mask,
         branch_prob=branch_prob,
         prompt_width=P,

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["SamplerRNG", "derive_seed"]
+
 
 def derive_seed(seed: int, rank: int, step: int) -> int:
     """A well-mixed 63-bit seed for (seed, rank, step); distinct tuples give unrelated streams."""

@@ -21,6 +21,8 @@ from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
 
+__all__ = ["StepOutput", "StepParts"]
+
 
 @dataclass(frozen=True)
 class StepParts:

@@ -52,8 +52,8 @@ class TokenTerms:
         return TokenTerms(torch.cat([self.target, *extra]), self.lse)
 
 
-def _why_not_fusable(head: OutputHead | nn.Module) -> str | None:
-    """Why ``z_t`` cannot be one row of ``head``'s linear layer (``None``: it can)."""
+def why_not_fusable(head: OutputHead | nn.Module) -> str | None:
+    """Why ``z_t`` cannot be one row of ``head``'s linear layer, as words that follow "its head" (``None``: it can)."""
     if isinstance(head, OutputHead):
         if head.tail is not None:
             return f"is {head.how}"
@@ -69,7 +69,7 @@ def _why_not_fusable(head: OutputHead | nn.Module) -> str | None:
 
 def linear_head_parts(head: OutputHead | nn.Module) -> tuple[nn.Linear, LogitTransform | None] | None:
     """``(linear, transform)`` of a head whose target logits :func:`target_logits` computes; ``None`` for any other."""
-    if _why_not_fusable(head) is not None:
+    if why_not_fusable(head) is not None:
         return None
     return (head.linear, head.transform) if isinstance(head, OutputHead) else (head, None)
 
@@ -81,13 +81,13 @@ def fused_linear_head(model: nn.Module, head: OutputHead | nn.Module) -> tuple[n
         ValueError: naming the model and why, for a head whose logits are not a known element-wise map of a plain
             ``nn.Linear``.
     """
-    why = _why_not_fusable(head)
+    why = why_not_fusable(head)
     if why is not None:
         raise ValueError(
             f"{type(model).__name__}: ExactTargetLogits and ReferenceLogSumExp compute each target's logit as one row "
             f"of the LM head (h . W[y] + b, then the model's element-wise logit transform), but its head {why}; "
             "computing its full logits at every position would save nothing: use a position sampler without them "
-            "(e.g. CoupledStratifiedPositions)"
+            "(e.g. CoupledStratifiedPositions), or give the estimator fallback: true to use its wrapped sampler alone"
         )
     return (head.linear, head.transform) if isinstance(head, OutputHead) else (head, None)
 

@@ -11,7 +11,7 @@ import gc
 
 import pytest
 import torch
-from helpers import REPO, TINY_LLAMA, config_args, make_batch
+from helpers import TINY_LLAMA, config_args, make_batch
 from lit_prunedpo.callbacks import _memory
 from torch import nn
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-#: folder -> the package it ships as (pyproject's package-dir: ``callbacks/`` is ``lit_prunedpo.callbacks``)
+#: folder -> the package it ships as (docs/architecture.md, "Packaging: callbacks/ and configs/")
 PACKAGES = {"lit_prunedpo": "lit_prunedpo", "callbacks": "lit_prunedpo.callbacks"}
 
 

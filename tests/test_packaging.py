@@ -8,6 +8,7 @@ network, and no stale ``build/`` folder of an earlier build in the checkout can 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 from helpers import REPO
 
-#: Source folder -> where its files land in the wheel (setup.py maps the two top-level folders into the package).
+#: Source folder -> where its files land in the wheel (docs/architecture.md, "Packaging: callbacks/ and configs/").
 SHIPPED = {"lit_prunedpo": "lit_prunedpo", "callbacks": "lit_prunedpo/callbacks", "configs": "lit_prunedpo/configs"}
 BUILD_FILES = ("pyproject.toml", "setup.py", "README.md")
 JUNK = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -69,6 +70,61 @@ def test_nothing_lands_outside_the_package(wheel):
     # top-level "callbacks" or "configs" packages in site-packages would clash with any other project's
     top = {name.split("/")[0] for name in wheel}
     assert {t for t in top if not t.endswith(".dist-info")} == {"lit_prunedpo"}
+
+
+# --- a source checkout maps the two folders itself (docs/architecture.md, "Packaging: callbacks/ and configs/") ----
+
+#: prints where each of the package's parts came from, one per line
+WHERE = ("import sys, lit_prunedpo, lit_prunedpo.callbacks, lit_prunedpo.configs.modes;"
+         "from lit_prunedpo.shipped_configs import configs_folder;"
+         "print(lit_prunedpo.__file__, lit_prunedpo.callbacks.__file__, configs_folder(),"
+         " *lit_prunedpo.configs.modes.__path__, type(sys.meta_path[0]).__name__, sep='\\n')")
+
+
+def imported_from(pythonpath: Path, cwd: Path) -> list[str]:
+    """``WHERE``'s lines, run with ``PYTHONPATH=pythonpath`` from ``cwd``."""
+    done = subprocess.run([sys.executable, "-c", WHERE], cwd=cwd, env={**os.environ, "PYTHONPATH": str(pythonpath)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def test_the_repository_imports_its_own_folders():
+    import lit_prunedpo.callbacks
+    import lit_prunedpo.configs
+
+    assert Path(lit_prunedpo.callbacks.__file__).resolve() == REPO / "callbacks/__init__.py"
+    assert Path(lit_prunedpo.configs.__file__).resolve() == REPO / "configs/__init__.py"
+
+
+def test_a_checkout_on_pythonpath_imports_its_own_folders(tmp_path):
+    """A git worktree run with ``PYTHONPATH=<worktree>`` uses its own callbacks/ and configs/, though this
+    environment may have another checkout installed editable, whose mapping would lend it that one's."""
+    checkout = (tmp_path / "checkout").resolve()
+    for folder in SHIPPED:
+        shutil.copytree(REPO / folder, checkout / folder, ignore=JUNK)
+    (tmp_path / "empty").mkdir()
+    *files, first_finder = imported_from(checkout, tmp_path / "empty")
+    assert [Path(f).resolve() for f in files] == [checkout / "lit_prunedpo/__init__.py",
+                                                  checkout / "callbacks/__init__.py", checkout / "configs",
+                                                  checkout / "configs/modes"]
+    assert first_finder == "_SourceCheckoutFinder"
+
+
+def test_an_installed_layout_needs_no_finder(tmp_path):
+    """The wheel's layout (the folders inside the package): the finder stays off, and a top-level callbacks/ beside
+    the package (another project's, in site-packages) is never taken for the package's."""
+    site = (tmp_path / "site").resolve()
+    shutil.copytree(REPO / "lit_prunedpo", site / "lit_prunedpo", ignore=JUNK)
+    for folder in ("callbacks", "configs"):
+        shutil.copytree(REPO / folder, site / "lit_prunedpo" / folder, ignore=JUNK)
+        (site / folder).mkdir()
+        (site / folder / "__init__.py").write_text("raise ImportError('not lit_prunedpo')\n")
+    *files, first_finder = imported_from(site, tmp_path)
+    package = site / "lit_prunedpo"
+    assert [Path(f).resolve() for f in files] == [package / "__init__.py", package / "callbacks/__init__.py",
+                                                  package / "configs", package / "configs/modes"]
+    assert first_finder != "_SourceCheckoutFinder"
 
 
 # --- the shipped configs by name (issue 30): after `pip install .` the working folder has no configs/ -------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-# installed package -> source folder (setup.py's PACKAGE_DIR: callbacks/ ships as lit_prunedpo.callbacks)
+# installed package -> source folder (docs/architecture.md, "Packaging: callbacks/ and configs/")
 FOLDERS = {"lit_prunedpo": REPO / "lit_prunedpo", "lit_prunedpo.callbacks": REPO / "callbacks"}
 
 

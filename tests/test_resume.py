@@ -1,4 +1,4 @@
-"""Resume does what the command line says (lit_prunedpo.checkpointing, lit_prunedpo.optim), through the real CLI:
+"""Resume does what the command line says (lit_prunedpo.checkpoint, lit_prunedpo.optim), through the real CLI:
 a larger max_steps extends the schedule, ``--ckpt_path last`` finds the previous run's newest readable checkpoint
 (or refuses, naming where it looked), a changed optimizer or scheduler argument is applied (or refused), a
 failed save falls back to the step checkpoint beside it, and runs without a logger never share a checkpoint folder."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_prunedpo.checkpointing import AtomicCheckpointIO
+from lit_prunedpo.checkpoint import AtomicCheckpointIO
 from lit_prunedpo.cli import build_cli
 
 from helpers import REPO

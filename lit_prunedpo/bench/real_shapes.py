@@ -27,7 +27,7 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
-from lit_prunedpo.bench.harness import make_batches
+from lit_prunedpo.bench.batches import make_batches
 from lit_prunedpo.bench.memory_model import LayerDims, predict_step, shapes_of
 from lit_prunedpo.bench.presets import HH_RLHF_LENGTHS, MODES, Preset
 from lit_prunedpo.execute import StepExecutor, StepForwards, layout_for

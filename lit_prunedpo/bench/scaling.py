@@ -27,10 +27,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from lit_prunedpo.bench.harness import Config, MiB, run_benchmark
+from lit_prunedpo.bench.harness import run_benchmark
 from lit_prunedpo.bench.memory_model import LayerDims, predict_step, shapes_of
 from lit_prunedpo.bench.presets import MODES, Preset, llama_config
 from lit_prunedpo.bench.real_shapes import meta_model
+from lit_prunedpo.bench.rounds import Config, MiB
 
 
 

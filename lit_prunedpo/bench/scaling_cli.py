@@ -130,7 +130,7 @@ def plan_grid(settings: Any, rate: float) -> list[str]:
     """What ``--dry-run`` prints: every point's size, tokens, FLOPs per round, predicted vanilla step memory and an
     estimated duration (FLOPs at ``rate``, plus the meter's overhead per step)."""
     from lit_prunedpo.bench import cost
-    from lit_prunedpo.bench.harness import make_batches
+    from lit_prunedpo.bench.batches import make_batches
     from lit_prunedpo.bench.memory_model import predict_step, shapes_of
     from lit_prunedpo.bench.real_shapes import dims_of, planned_forwards
     from lit_prunedpo.bench.scaling import point_preset

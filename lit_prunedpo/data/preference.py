@@ -122,26 +122,13 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         resume_with_changed_data: bool = False,
     ) -> None:
         super().__init__()
-        if truncation not in ("keep_start", "keep_end"):
-            raise ValueError(f"truncation must be 'keep_start' or 'keep_end', got {truncation!r}")
+        _check_args(
+            truncation=truncation, val_fraction=val_fraction, batch_size=batch_size, val_batch_size=val_batch_size,
+            max_length=max_length, max_prompt_length=max_prompt_length, on_bad_row=on_bad_row, num_proc=num_proc,
+            num_workers=num_workers, max_rows=max_rows, columns=(prompt_column, chosen_column, rejected_column),
+        )
         self.add_bos = add_bos
         self.truncation = truncation
-        _check_args(
-            val_fraction=val_fraction,
-            batch_size=batch_size,
-            val_batch_size=val_batch_size,
-            max_length=max_length,
-            max_prompt_length=max_prompt_length,
-            on_bad_row=on_bad_row,
-            num_proc=num_proc,
-            num_workers=num_workers,
-            max_rows=max_rows,
-        )
-        if len({prompt_column, chosen_column, rejected_column}) < 3:
-            raise ValueError(
-                f"prompt_column, chosen_column and rejected_column must differ, got "
-                f"{prompt_column!r}, {chosen_column!r}, {rejected_column!r}"
-            )
         self.save_hyperparameters()
         self.path = path
         self.train_split = train_split
@@ -291,6 +278,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
 
 def _check_args(
     *,
+    truncation: str,
     val_fraction: float,
     batch_size: int,
     val_batch_size: int | None,
@@ -300,8 +288,11 @@ def _check_args(
     num_proc: int | None,
     num_workers: int,
     max_rows: int | None,
+    columns: tuple[str, str, str],
 ) -> None:
     """Fail fast on arguments out of range, naming the argument."""
+    if truncation not in ("keep_start", "keep_end"):
+        raise ValueError(f"truncation must be 'keep_start' or 'keep_end', got {truncation!r}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1) (0: no validation split), got {val_fraction}")
     if batch_size < 1:
@@ -322,3 +313,9 @@ def _check_args(
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
+    if len(set(columns)) < 3:
+        prompt_column, chosen_column, rejected_column = columns
+        raise ValueError(
+            f"prompt_column, chosen_column and rejected_column must differ, got "
+            f"{prompt_column!r}, {chosen_column!r}, {rejected_column!r}"
+        )

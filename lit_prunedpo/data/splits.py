@@ -128,16 +128,11 @@ class SplitBuilder:
         cols = _columns(encoded)
         self._check_bad_rows(encoded, cols["bad_kind"], source)
         keep = (cols["bad_kind"] == "") & (cols["chosen"] > 0) & (cols["rejected"] > 0)
-        rows = np.arange(len(encoded))
         if self.val_split is None:
-            if len(encoded) < 2:
-                raise ValueError(f"{source}: {len(encoded)} row cannot be split into training and validation")
-            order = np.random.default_rng(self.seed).permutation(len(encoded))
-            n_val = 0 if self.val_fraction == 0 else min(max(1, round(len(encoded) * self.val_fraction)), len(encoded) - 1)
-            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+            train_rows, val_rows = self._hold_out(len(encoded), source)
             val_encoded, val_cols, val_keep = encoded, cols, keep
         else:
-            train_rows = rows
+            train_rows = np.arange(len(encoded))
             val_encoded, val_fmt, val_source = self._encode(self.val_split)
             if val_fmt != fmt:
                 raise ValueError(f"{val_source} is in the {val_fmt} format but {source} in the {fmt} format")
@@ -177,6 +172,15 @@ class SplitBuilder:
             stats=stats,
             content=dict(sorted(self.content.items())),
         )
+
+    def _hold_out(self, num_rows: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(training rows, validation rows)``, both sorted: ``val_fraction`` of ``num_rows`` held out, seeded (at
+        least one row, and one left to train on, unless the fraction is 0)."""
+        if num_rows < 2:
+            raise ValueError(f"{source}: {num_rows} row cannot be split into training and validation")
+        order = np.random.default_rng(self.seed).permutation(num_rows)
+        n_val = 0 if self.val_fraction == 0 else min(max(1, round(num_rows * self.val_fraction)), num_rows - 1)
+        return np.sort(order[n_val:]), np.sort(order[:n_val])
 
     def _single_split(self) -> bool:
         return self.path is None or is_single_split(self.path)

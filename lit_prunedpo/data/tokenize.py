@@ -306,6 +306,39 @@ class PairEncoder:
         return prompt, responses[0], responses[1]
 
     def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        out, texts, good = self._check_rows(batch, indices)
+        if not texts:
+            return out
+        # One tokenizer call per column and batch: fast tokenizers parallelize inside it.
+        encoded = [
+            self.tokenizer([t[k] for t in texts], add_special_tokens=False)["input_ids"] for k in range(3)
+        ]
+        tok = self.tokenizer
+        eos = tok.eos_token_id if self.fmt not in CHAT_FORMATS else None
+        fallback = prompt_fallback_id(tok)
+        for j, position in enumerate(good):
+            pair = build_pair_ids(
+                encoded[0][j], encoded[1][j], encoded[2][j], max_length=self.max_length,
+                max_prompt_length=self.max_prompt_length, bos_id=tok.bos_token_id, eos_id=eos, fallback_id=fallback,
+                add_bos=self.add_bos, truncation=self.truncation,
+            )
+            if pair.chosen_ids and pair.chosen_ids == pair.rejected_ids:
+                # Different texts, same ids: cut to the same prefix by max_length, or a tokenizer that maps them
+                # to the same tokens. Such a pair has zero margin and zero gradient forever: a bad row.
+                out["bad_kind"][position] = "identical_tokens"
+                out["bad_field"][position] = self.columns.rejected
+                cut = f"truncation to max_length {self.max_length}" if pair.response_truncated else "tokenization"
+                out["bad_detail"][position] = f"both responses are the same {len(pair.chosen_ids)} tokens after {cut}"
+                continue
+            for name in ("prompt_ids", "chosen_ids", "rejected_ids", "prompt_truncated", "response_truncated",
+                         "prompt_length", "response_length"):
+                out[name][position] = getattr(pair, name)
+        return out
+
+    def _check_rows(self, batch: dict[str, list[Any]],
+                    indices: list[int]) -> tuple[dict[str, list[Any]], list[tuple[str, str, str]], list[int]]:
+        """Every row checked (and a chat pair rendered): the output with each row's index and bad-row fields and
+        empty ids, the texts of the good rows, and their positions in the batch."""
         out: dict[str, list[Any]] = {name: [] for name in OUTPUT_FEATURES}
         texts: list[tuple[str, str, str]] = []
         good: list[int] = []
@@ -332,44 +365,7 @@ class PairEncoder:
             out["response_truncated"].append(False)
             out["prompt_length"].append(0)
             out["response_length"].append(0)
-        if not texts:
-            return out
-        # One tokenizer call per column and batch: fast tokenizers parallelize inside it.
-        encoded = [
-            self.tokenizer([t[k] for t in texts], add_special_tokens=False)["input_ids"] for k in range(3)
-        ]
-        tok = self.tokenizer
-        eos = tok.eos_token_id if self.fmt not in CHAT_FORMATS else None
-        fallback = prompt_fallback_id(tok)
-        for j, position in enumerate(good):
-            pair = build_pair_ids(
-                encoded[0][j],
-                encoded[1][j],
-                encoded[2][j],
-                max_length=self.max_length,
-                max_prompt_length=self.max_prompt_length,
-                bos_id=tok.bos_token_id,
-                eos_id=eos,
-                fallback_id=fallback,
-                add_bos=self.add_bos,
-                truncation=self.truncation,
-            )
-            if pair.chosen_ids and pair.chosen_ids == pair.rejected_ids:
-                # Different texts, same ids: cut to the same prefix by max_length, or a tokenizer that maps them
-                # to the same tokens. Such a pair has zero margin and zero gradient forever: a bad row.
-                out["bad_kind"][position] = "identical_tokens"
-                out["bad_field"][position] = self.columns.rejected
-                cut = f"truncation to max_length {self.max_length}" if pair.response_truncated else "tokenization"
-                out["bad_detail"][position] = f"both responses are the same {len(pair.chosen_ids)} tokens after {cut}"
-                continue
-            out["prompt_ids"][position] = pair.prompt_ids
-            out["chosen_ids"][position] = pair.chosen_ids
-            out["rejected_ids"][position] = pair.rejected_ids
-            out["prompt_truncated"][position] = pair.prompt_truncated
-            out["response_truncated"][position] = pair.response_truncated
-            out["prompt_length"][position] = pair.prompt_length
-            out["response_length"][position] = pair.response_length
-        return out
+        return out, texts, good
 
 
 def encode_split(

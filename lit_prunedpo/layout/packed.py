@@ -272,14 +272,36 @@ def packed_group_inputs(batch: PreferenceBatch, laid_out: PackedGroup) -> GroupI
     """The inputs of a packed group: ``[S, W]`` ids and positions, ``[S, 1, W, C + W]`` mask (``C`` cache columns,
     0 unless the group reads the previous forward's keys and values)."""
     device = batch.prompt_ids.device
-    group, layout, cache = laid_out.group, laid_out.blocks, laid_out.cache
-    S, W, C, P = layout.num_sequences, layout.width, laid_out.cached_columns, batch.prompt_width
+    group, layout = laid_out.group, laid_out.blocks
+    n = group.num_rows
+    # a pair's trunk (prompt + shared tokens, equal in both branches) is read from its first row
+    first = torch.full((layout.pair.numel(),), n).scatter_reduce(0, layout.row_pair, torch.arange(n), "amin")
+    ids, positions, block, segment = _executed_columns(batch, laid_out, first)
+    cache_block, cache_positions, past_seq, past_col = _cache_columns(laid_out, first)
+    mask = _packed_mask(block, segment, cache_block)
+    row, t = group.scored_row, group.scored_t
+    return GroupInputs(
+        input_ids=ids.to(device),
+        attention_mask=mask[:, None].to(device),
+        position_ids=positions.to(device),
+        gather_row=layout.row_seq[row].to(device),
+        gather_col=_scored_columns(laid_out).to(device),
+        targets=batch.response_ids.cpu()[group.pair[row], group.branch[row], t].to(device),
+        past=PastColumns(past_seq.to(device), past_col.to(device)) if laid_out.cached_columns else None,
+        key_positions=torch.cat([cache_positions, positions], -1).to(device),
+    )
+
+
+def _executed_columns(batch: PreferenceBatch, laid_out: PackedGroup,
+                      first: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``[S, W]`` ids, positions, block (the pair a column belongs to, -1 padding) and segment (0 the trunk, ``r +
+    1`` row ``r``'s own tokens, -1 padding) of the executed columns; ``first``: ``[U]`` each pair's first row."""
+    group, layout = laid_out.group, laid_out.blocks
+    S, W, P = layout.num_sequences, layout.width, batch.prompt_width
     prompt_ids, response_ids = batch.prompt_ids.cpu(), batch.response_ids.cpu()
     pair, branch, prompt_len = group.pair, group.branch, laid_out.prompt_len
     n, U = group.num_rows, layout.pair.numel()
     rows = torch.arange(n)
-    # a pair's trunk (prompt + shared tokens, equal in both branches) is read from its first row
-    first = torch.full((U,), n).scatter_reduce(0, layout.row_pair, rows, "amin")
     # one span per trunk, then one per row segment: where it sits, what it reads, which block and segment it is
     span_seq = torch.cat([layout.pair_seq, layout.row_seq])
     span_col = torch.cat([layout.pair_start, layout.row_start])
@@ -297,14 +319,22 @@ def packed_group_inputs(batch: PreferenceBatch, laid_out: PackedGroup) -> GroupI
     from_response = response_ids[i, branch[r], (j - p).clamp(0, batch.response_width - 1)]
     ids = torch.zeros(S, W, dtype=torch.long)
     positions = torch.zeros(S, W, dtype=torch.long)
-    block = torch.full((S, W), -1, dtype=torch.long)  # the pair a column belongs to; -1 padding
-    segment = torch.full((S, W), -1, dtype=torch.long)  # 0 prompt + shared, r + 1 row r's own tokens
+    block = torch.full((S, W), -1, dtype=torch.long)
+    segment = torch.full((S, W), -1, dtype=torch.long)
     ids[s, col] = torch.where(j < p, from_prompt, from_response)
     positions[s, col] = j
     block[s, col] = span_block[span]
     segment[s, col] = span_segment[span]
-    # cache columns: each pair's cached tokens side by side, read from the previous forward's sequence and columns
-    cache_block = torch.full((S, C), -1, dtype=torch.long)  # the pair a cache column belongs to
+    return ids, positions, block, segment
+
+
+def _cache_columns(laid_out: PackedGroup, first: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``[S, C]`` block (the pair a cache column belongs to, -1 none), positions, and the previous forward's
+    sequence and column each cache column reads: each pair's cached tokens side by side (``C`` is 0 without a
+    cache); ``first``: ``[U]`` each pair's first row."""
+    layout, cache = laid_out.blocks, laid_out.cache
+    S, C = layout.num_sequences, laid_out.cached_columns
+    cache_block = torch.full((S, C), -1, dtype=torch.long)
     past_seq, past_col = torch.zeros(S, C, dtype=torch.long), torch.zeros(S, C, dtype=torch.long)
     cache_positions = torch.zeros(S, C, dtype=torch.long)
     if C:
@@ -314,6 +344,12 @@ def packed_group_inputs(batch: PreferenceBatch, laid_out: PackedGroup) -> GroupI
         cache_positions[s, col] = offset  # a pair's cached tokens are its first input tokens
         past_seq[s, col] = cache.cache_seq[first[u]]
         past_col[s, col] = cache.cache_col[first[u]] + offset
+    return cache_block, cache_positions, past_seq, past_col
+
+
+def _packed_mask(block: Tensor, segment: Tensor, cache_block: Tensor) -> Tensor:
+    """``[S, W, C + W]``: which cache and executed columns each executed column attends to."""
+    W = block.shape[1]
     # token j attends token k: k <= j in the same pair, k in the pair's prompt + shared tokens or in j's own
     # segment; padding attends itself only (a query with no key would give NaN)
     causal = torch.ones(W, W, dtype=torch.bool).tril()
@@ -322,25 +358,20 @@ def packed_group_inputs(batch: PreferenceBatch, laid_out: PackedGroup) -> GroupI
     mask = causal & same_pair & ((key == 0) | (key == query))
     mask |= torch.eye(W, dtype=torch.bool)
     # cached tokens all precede the pair's executed ones: a token attends to every cached token of its pair
-    mask = torch.cat([(cache_block[:, None, :] == block[:, :, None]) & (cache_block[:, None, :] >= 0), mask], -1)
+    return torch.cat([(cache_block[:, None, :] == block[:, :, None]) & (cache_block[:, None, :] >= 0), mask], -1)
+
+
+def _scored_columns(laid_out: PackedGroup) -> Tensor:
+    """``[K]`` the column whose hidden state predicts each scored position."""
+    group, layout = laid_out.group, laid_out.blocks
     # scored position t of row r is predicted by its input token t - 1 (the prompt's last token for t = 0), which
     # sits at column a - k + p + t - 1 in the pair's trunk, or in the row's own segment past the shared tokens
     t = group.scored_t
     row = group.scored_row
     u = layout.row_pair[row]
     a, k = layout.pair_start[u], layout.pair_cached[u]
-    p, c, start = prompt_len[row], layout.shared[row], layout.row_start[row]
-    column = torch.where(t - 1 < c, a - k + p + t - 1, start + t - 1 - c)
-    return GroupInputs(
-        input_ids=ids.to(device),
-        attention_mask=mask[:, None].to(device),
-        position_ids=positions.to(device),
-        gather_row=layout.row_seq[row].to(device),
-        gather_col=column.to(device),
-        targets=response_ids[pair[row], branch[row], t].to(device),
-        past=PastColumns(past_seq.to(device), past_col.to(device)) if C else None,
-        key_positions=torch.cat([cache_positions, positions], -1).to(device),
-    )
+    p, c, start = laid_out.prompt_len[row], layout.shared[row], layout.row_start[row]
+    return torch.where(t - 1 < c, a - k + p + t - 1, start + t - 1 - c)
 
 
 def _expand(lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -42,6 +42,11 @@ class LogSoftmaxSplit(PositionSampler):
     Args:
         positions: the position sampler whose draws and probabilities are used (any design: Bernoulli, stratified,
             coupled, ...); ``None`` is ``CoupledStratifiedPositions(rate=0.25)``, the best position design so far.
+        fallback: where the policy's head cannot give a target logit as one row of a plain linear layer (a model
+            whose own forward computes the logits, a head that transforms its weight, a head sharded by FSDP2),
+            score with ``positions`` alone (whole log-probs at the drawn positions: unbiased, with that sampler's
+            variance) and say so in a warning at set-up, instead of refusing the run. ``False`` (the default)
+            refuses, naming the model and why.
 
     Raises:
         TypeError: ``positions`` is not a :class:`PositionSampler`, or this base class is instantiated itself.
@@ -51,7 +56,7 @@ class LogSoftmaxSplit(PositionSampler):
     #: whether the policy's sampled log-sum-exps are centred on the reference's (:class:`ReferenceLogSumExp`)
     uses_reference_lse: bool = False
 
-    def __init__(self, positions: PositionSampler | None = None) -> None:
+    def __init__(self, positions: PositionSampler | None = None, fallback: bool = False) -> None:
         if type(self) is LogSoftmaxSplit:
             raise TypeError("LogSoftmaxSplit is the base of ExactTargetLogits and ReferenceLogSumExp: use one of them")
         positions = positions if positions is not None else CoupledStratifiedPositions(rate=0.25)
@@ -60,7 +65,10 @@ class LogSoftmaxSplit(PositionSampler):
         if isinstance(positions, LogSoftmaxSplit):
             raise ValueError(f"{type(self).__name__}: positions is already {type(positions).__name__}; wrap the plain "
                              "position sampler (e.g. CoupledStratifiedPositions) in one of them")
+        if not isinstance(fallback, bool):
+            raise TypeError(f"{type(self).__name__}: fallback must be true or false, got {fallback!r}")
         self.positions = positions
+        self.fallback = fallback
 
     def inclusion(self, kept: Tensor, width: int) -> Tensor:
         return self.positions.inclusion(kept, width)
@@ -72,11 +80,13 @@ class LogSoftmaxSplit(PositionSampler):
         return self.positions.support(kept)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(positions={type(self.positions).__name__}({_arguments(self.positions)}))"
+        return f"{type(self).__name__}(positions={described(self.positions)}{', fallback=True' if self.fallback else ''})"
 
 
-def _arguments(sampler: PositionSampler) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in vars(sampler).items() if not k.startswith("_"))
+def described(sampler: PositionSampler) -> str:
+    """``Class(argument=value, ...)`` of a plain sampler (they define no ``__repr__``), for messages."""
+    arguments = ", ".join(f"{k}={v!r}" for k, v in vars(sampler).items() if not k.startswith("_"))
+    return f"{type(sampler).__name__}({arguments})"
 
 
 class ExactTargetLogits(LogSoftmaxSplit):
@@ -85,7 +95,7 @@ class ExactTargetLogits(LogSoftmaxSplit):
     reference; an online one is estimated the same way.
 
     Args:
-        positions: as for :class:`LogSoftmaxSplit`.
+        positions, fallback: as for :class:`LogSoftmaxSplit`.
     """
 
 
@@ -94,10 +104,10 @@ class ReferenceLogSumExp(LogSoftmaxSplit):
     ``P_hat = sum_t (z_t - lse'_t) / s_t - sum_{t in S} (lse_t - lse'_t) / (s_t p_t)``, the reference summed exactly.
 
     Needs a cached reference that stores ``lse'_t`` (``model.reference: lit_prunedpo.reference.CachedReference``,
-    built by this version); any other reference is refused at set-up.
+    built by this version); any other reference is refused at set-up, ``fallback`` or not.
 
     Args:
-        positions: as for :class:`LogSoftmaxSplit`.
+        positions, fallback: as for :class:`LogSoftmaxSplit` (``fallback`` concerns the policy's head only).
     """
 
     uses_reference_lse = True

@@ -1,4 +1,4 @@
-"""Branch pruning only where a pair's two responses diverge (issue 17, item 5).
+"""Branch pruning only where a pair's two responses diverge (a design for the regime map's near-duplicate pairs).
 
 Back-propagating one branch of a pair adds ``|c|^2 |grad R_w + grad R_l|^2`` of variance (``q = 1/2``): about
 the signal ``|grad R_w - grad R_l|^2`` when the two responses are unrelated, many times it for near-duplicates,

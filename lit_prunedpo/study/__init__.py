@@ -12,9 +12,16 @@ ratio to the better vanilla, with a bootstrap interval over seeds and a WIN / TI
 * :mod:`~lit_prunedpo.study.arms`: the modes and the compute-matched batch size;
 * :mod:`~lit_prunedpo.study.runner`: the interleaved training runs, clocks and exact evaluations;
 * :mod:`~lit_prunedpo.study.calibrate`: measured step costs, the cost-matched vanilla batch, schedule lengths;
+* :mod:`~lit_prunedpo.study.arm_plan`: the study's arms calibrated, their controls, memory-budget fits and schedules;
 * :mod:`~lit_prunedpo.study.sweep`: each arm's learning rate, on tuning seeds;
 * :mod:`~lit_prunedpo.study.curves`: target, time to target, censoring, bootstrap intervals, the win rule;
-* :mod:`~lit_prunedpo.study.report`: study.json / study.md / study.png, progress.jsonl as the study goes;
+* :mod:`~lit_prunedpo.study.report_summary`: the protocol applied to the runs, per arm;
+* :mod:`~lit_prunedpo.study.report`: study.json, progress.jsonl as the study goes; study.md
+  (:mod:`~lit_prunedpo.study.report_markdown`) and study.png (:mod:`~lit_prunedpo.study.report_figure`);
 * :mod:`~lit_prunedpo.study.outputs`: the output folder's lock, files written whole, one-line write errors;
+* :mod:`~lit_prunedpo.study.arguments`: the command's arguments and the options they resolve to;
 * :mod:`~lit_prunedpo.study.cli`: the command.
+
+The study is a client of the library: from outside the lab it imports only the public API, the ``__all__`` of the
+modules :mod:`lit_prunedpo.public_api` lists (and the bench's cost model); ``tests/test_lab_boundary.py`` checks it.
 """

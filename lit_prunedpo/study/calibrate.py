@@ -5,7 +5,10 @@ seed's initial weights (throwaway runs, round-robin one step at a time so that l
 machine hits every arm alike) and takes the median cost of the last ``steps`` on both clocks
 (:func:`measure_step_costs`). Vanilla is measured at a few batch sizes (the task's ``B``, ``B/2``, ``B/4``,
 1: :func:`vanilla_probe_sizes`) and a line ``a + c * b`` is fitted to them by least squares
-(:func:`fit_line`): the cost of a vanilla step at every batch from 1 to ``B``.
+(:func:`fit_line`): the cost of a vanilla step at every batch from 1 to ``B``. The steps are the runner's
+(:meth:`~lit_prunedpo.study.runner.Run.train_step`), not a Lightning ``Trainer``'s: a ``fit`` trains one arm to its
+end, where the calibration alternates the arms step by step and reads each step's clocks and peak memory with no
+hook of the loop inside them.
 
 * **Cost-matched vanilla** (:func:`cost_matched_batch`): for a pruned mode, the vanilla batch whose fitted step
   cost is nearest to the pruned step's measured cost (ties: the larger batch; never above ``B``). The FLOP

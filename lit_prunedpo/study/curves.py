@@ -1,6 +1,6 @@
 """From evaluation points to the study's verdict: the target, time to target, intervals over seeds, the win rule.
 
-The protocol (issue 17), in the order :mod:`lit_prunedpo.study.report` applies it:
+The protocol (docs/time-to-quality.md), in the order :mod:`lit_prunedpo.study.report_summary` applies it:
 
 * **Target.** A fixed share (``--target-share``, default 0.8) of the same-batch vanilla arm's *best*
   improvement over the initial quality, on its mean curve over seeds (:func:`improvement_target`): for the

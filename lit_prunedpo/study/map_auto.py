@@ -9,7 +9,7 @@ exceeds that share of the run's steps, here vanilla's steps in the budget) and b
 the loss target from the cell's study: the chosen arm's times (the same-batch arm of the chosen mode, or same-batch
 vanilla) plus the calibration's CPU seconds when it ran, censored past the budget, and its ratio to same-batch
 vanilla (the configuration a user would otherwise run) with the study's bootstrap interval. The row also keeps what
-the calibration picked and cost when forced (``max_share`` null). The target the issue sets for ``auto`` is a ratio
+the calibration picked and cost when forced (``max_share`` null). The target set for ``auto`` is a ratio
 of at most 1.05 in every cell.
 
 What this leaves out, stated: the choice is made once per cell (on the first seed's batch), where a real run would
@@ -25,14 +25,15 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from lit_prunedpo.callbacks.auto_pruning import DEFAULT_MAX_SHARE, VANILLA, skip_reason
+from lit_prunedpo.callbacks import DEFAULT_MAX_SHARE, skip_reason
 from lit_prunedpo.study.curves import time_ratio
 
 
 def calibrate_cell(cell: Any, modes: Sequence[str], seed: int, work_dir: Path) -> dict[str, Any]:
     """``AutoPruning``'s calibration on the cell's first vanilla batch (module docstring): its decision as a dict,
     with ``calibration_cpu_s``."""
-    from lit_prunedpo.callbacks.auto_pruning import AutoPruning, calibrate
+    from lit_prunedpo.callbacks import AutoPruning
+    from lit_prunedpo.callbacks import calibrate
     from lit_prunedpo.modes import load_mode
     from lit_prunedpo.study.arms import Arm
     from lit_prunedpo.study.runner import make_run
@@ -74,7 +75,7 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
     # the callback's own rule: a run too short to repay a calibration trains vanilla without one
     run_steps = int(same_batch["vanilla"]["steps_in_budget"])
     skipped = skip_reason(run_steps, auto["pairs"], auto["draws"], len(auto["arms"]) - 1, max_share)
-    choice = VANILLA if skipped else auto["choice"]
+    choice = "vanilla" if skipped else auto["choice"]
     calibrated_s = float(auto["calibration_cpu_s" if study.get("clock", "cpu") == "cpu" else "calibration_wall_s"])
     extra = 0.0 if skipped else calibrated_s
     chosen = same_batch[choice]["loss_seed_times"]

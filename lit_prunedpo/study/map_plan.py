@@ -1,7 +1,9 @@
 """The regime map's time plan: what each cell will cost before anything is trained, and the budget that fits.
 
 Each cell is probed (:func:`probe`): its data generated, its model built, two vanilla steps at the cell's batch
-timed after one untimed, and one exact evaluation. From those measured costs, per cell, in CPU seconds
+timed after one untimed, and one exact evaluation. The steps are the study runner's own
+(:meth:`~lit_prunedpo.study.runner.Run.train_step`), so the probe times exactly the step and the clock the study's
+budgets are spent on (a Lightning ``Trainer`` would add its hooks to the time). From those measured costs, per cell, in CPU seconds
 (:func:`cell_seconds`; upper bounds where an arm's cost is unknown before the calibration: every step priced as
 a vanilla step at the cell's batch, every pruned mode assumed to add a cost-matched control):
 
@@ -19,21 +21,28 @@ a vanilla step at the cell's batch, every pruned mode assumed to add a cost-matc
   ``(S + T) W c``; setup: the probe's own time, three times (the noise model and the study build the data and
   model again); the report (``study.json``, ``study.md``, ``study.png``): :data:`REPORT_S`.
 
-:func:`fit_budget` finds the largest budget (0.1 s steps) whose planned total stays within the limit.
+:func:`fit_budget` finds the largest budget (0.1 s steps) whose planned total stays within the limit;
+:func:`plan_map` probes every cell and plans the whole map (a resumed map keeps its first run's budget).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import dataclasses
+import io
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from lit_prunedpo.study.arguments import UsageError
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.calibrate import vanilla_probe_sizes
 from lit_prunedpo.study.memory import fit_candidates
 from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run
+from lit_prunedpo.study.map_resume import recorded_budget
 from lit_prunedpo.study.tasks import StudyTask
 
 
@@ -133,3 +142,73 @@ def makespan(seconds: Sequence[float], jobs: int) -> float:
 
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
+
+
+def plan_map(cells: Sequence[Any], modes: Sequence[str], opt: Mapping[str, Any], args: argparse.Namespace,
+             out: Path | None, log: Callable[[str], None]) -> tuple[float, dict[str, Any]]:
+    """Probe every cell and plan the map of ``lit-prunedpo-study-map``'s parsed ``args`` (``opt``: its options with
+    the defaults filled in): the training budget per run (``--budget``, a resumed map's first, or the largest that fits
+    ``--limit-minutes``) and the plan as ``progress.jsonl`` records it, each cell's line and the total logged.
+
+    Raises:
+        UsageError: a cell cannot be probed (its data missing), or the plan cannot fit the limit.
+    """
+    plan_options = PlanOptions(len(modes), opt["steps"], opt["evals"], len(opt["seeds"]), len(opt["tune_seeds"]) if args.sweep else 0,
+                               len(args.lr_factors), opt["calibration_steps"], opt["noise_pairs"], opt["noise_draws"])
+    probes = _probe_cells(cells, opt["max_eval_pairs"], log)
+    limit_s = 60 * opt["limit_minutes"]
+    seconds = {c.name: _cell_seconds(c, probes[c.name], plan_options) for c in cells}
+
+    def total(budget: float) -> float:  # the planned wall time: the longest of --jobs queues
+        return makespan([seconds[c.name](budget) for c in cells], args.jobs)
+
+    # a resumed map keeps its first run's budget unless told otherwise: a new fit to freshly timed probes would differ
+    inherited = recorded_budget(out) if args.resume and args.budget is None and out is not None else None
+    budget = inherited if inherited is not None else opt["budget"] if opt["budget"] is not None else fit_budget(total, limit_s)
+    shown = budget if budget is not None else 0.1  # the plan is shown even when it cannot fit
+    planned = {c.name: seconds[c.name](shown) for c in cells}
+    wall = makespan(list(planned.values()), args.jobs)
+    plan = {"budget_s": budget, "limit_min": opt["limit_minutes"], "jobs": args.jobs, "cpu_s": sum(planned.values()),
+            "total_s": wall, "total_min": wall / 60,
+            "cells": {c.name: {"planned_s": planned[c.name], **dataclasses.asdict(probes[c.name])} for c in cells},
+            "options": dataclasses.asdict(plan_options)}
+    for c in cells:
+        p = probes[c.name]
+        log(f"plan {c.name}: vanilla step {p.step_s:.3f} CPU-s at batch {c.task.batch_size}, evaluation {p.eval_s:.3f} s, "
+            f"setup {p.setup_s:.1f} s -> {minutes(planned[c.name])}")
+    log(f"plan: {len(cells)} cells x modes {','.join(modes)}, budget {shown:g} CPU-s per run, {opt['steps']} steps, "
+        f"{len(opt['seeds'])} seeds: planned total {minutes(plan['total_s'])} on {args.jobs} cores ({minutes(plan['cpu_s'])} of CPU; "
+        f"limit {opt['limit_minutes']:g} min)")
+    if budget is None:
+        raise UsageError(f"the map cannot fit --limit-minutes {opt['limit_minutes']:g}: even a 0.1 s budget per run plans "
+                         f"{minutes(plan['total_s'])}; drop cells, modes or seeds, or raise the limit")
+    if inherited is not None:  # the finished cells ran on it: the limit only shaped the first run's plan
+        log(f"resume: budget {budget:g} CPU-s per run, the first run's (its plan in {out / 'progress.jsonl'}; --budget "
+            "sets another, which finished cells then refuse)")
+    elif plan["total_s"] > limit_s:
+        raise UsageError(f"--budget {budget:g}: the planned total {minutes(plan['total_s'])} exceeds --limit-minutes "
+                         f"{opt['limit_minutes']:g}; lower --budget (or omit it: the largest that fits is chosen) or raise the limit")
+    return budget, plan
+
+
+def _probe_cells(cells: Sequence[Any], max_eval_pairs: int, log: Callable[[str], None]) -> dict[str, Probe]:
+    """Each cell's probe (:func:`probe`), its setup's printing dropped.
+
+    Raises:
+        UsageError: naming a cell that cannot be set up (e.g. HH-RLHF's data file missing), before anything trains.
+    """
+    log(f"planning: probing {len(cells)} cells (1 untimed + 2 timed vanilla steps and one evaluation each)")
+    probes = {}
+    for cell in cells:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                probes[cell.name] = probe(cell.task, max_eval_pairs)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cell {cell.name}: {exc}") from None
+    return probes
+
+
+def _cell_seconds(cell: Any, measured: Probe, plan_options: PlanOptions) -> Callable[[float], float]:
+    """The planned CPU seconds of ``cell`` as a function of the training budget per run."""
+    return lambda budget: cell_seconds(measured, plan_options, budget, cell.task.batch_size, cell.task.warm_start_steps,
+                                       cell.memory_budget_mb is not None)

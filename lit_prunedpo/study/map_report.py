@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from lit_prunedpo.callbacks.auto_pruning import DEFAULT_MAX_SHARE
+from lit_prunedpo.callbacks import DEFAULT_MAX_SHARE
 from lit_prunedpo.study.memory import GPU_NOTE, budget_binds, largest_peak
 from lit_prunedpo.study.noise import agreement, predict
 from lit_prunedpo.study.outputs import atomic_path, write_atomic
@@ -179,61 +179,88 @@ def plot_map(payload: Mapping[str, Any], path: Path) -> bool:
 def map_figure(payload: Mapping[str, Any]) -> Any:
     """The map as a matplotlib figure: per cell (one shaded band each), each mode's time to the loss target as a ratio
     to the better vanilla (and ``auto``'s to same-batch vanilla) with its 95 % interval, on a log axis with lines at
-    1 (no gain) and 0.7 (issue 17's target) and the side where pruning is faster shaded; an arm that missed the
+    1 (no gain) and 0.7 (the map's target) and the side where pruning is faster shaded; an arm that missed the
     target on some seed (ratio inf) is drawn in a column of its own right of the axis, "n.r.", its interval's finite
     lower end joined to it. The legend sits below the axis."""
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
     from matplotlib.lines import Line2D
 
-    def triple(r: Mapping[str, Any]) -> tuple[float, float, float]:  # "not reached" is None in the study's JSON
-        return tuple(math.inf if v is None else float(v) for v in (r["loss_ratio"], *r["loss_interval"]))  # type: ignore[return-value]
-
-    series: dict[str, dict[str, Any]] = {}
-    for r in payload["rows"]:
-        series.setdefault(r["mode"], {})[r["name"]] = triple(r)
-    for r in payload.get("auto_rows") or []:
-        series.setdefault("auto (vs same-batch vanilla)", {})[r["name"]] = triple(r)
+    series = _series(payload)
     cells = list(dict.fromkeys(r["name"] for r in payload["rows"]))
     finite = [v for s in series.values() for t in s.values() for v in t if math.isfinite(v) and v > 0]
     lo, hi = min(finite + [0.5]) / 1.2, max(finite + [2.0]) * 1.2
-    missed_x, right = hi * 1.3, hi * 1.6  # the "n.r." column, right of the measured range
+    missed_x = hi * 1.3  # the "n.r." column, right of the measured range
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(cells) + 1.8))
     for i in range(0, len(cells), 2):
         ax.axhspan(len(cells) - 1 - i - 0.5, len(cells) - 1 - i + 0.5, color="0.93", zorder=0, linewidth=0)
     ax.axvspan(lo, 1.0, color="tab:green", alpha=0.06, zorder=0, linewidth=0)
     step = 0.6 / max(1, len(series))
     offsets = [step * ((len(series) - 1) / 2 - i) for i in range(len(series))]  # the first series on top
-    handles = []
-    for (name, values), dy, marker in zip(series.items(), offsets, "osD^v<>"):
-        ys, xs, lows, highs, missed, missed_lows = [], [], [], [], [], []
-        for i, cell in enumerate(cells):
-            if cell not in values:
-                continue
-            value, low, high = values[cell]
-            y = len(cells) - 1 - i + dy
-            if not math.isfinite(value):
-                missed.append(y)
-                missed_lows.append(low)
-                continue
-            ys.append(y)
-            xs.append(value)
-            lows.append(value - low if math.isfinite(low) else 0.0)
-            highs.append(min(high, hi) - value if math.isfinite(high) else missed_x - value)
-        line = ax.errorbar(xs, ys, xerr=[lows, highs], fmt=marker, markersize=7, capsize=3, zorder=3)
-        colour = line[0].get_color()
-        for y, low in zip(missed, missed_lows):
-            if math.isfinite(low):  # the interval reaches from a measured ratio to "not reached"
-                ax.plot([low, missed_x], [y, y], color=colour, lw=1.2, zorder=2)
-                ax.plot([low], [y], "|", color=colour, markersize=7, zorder=2)
-        if missed:
-            ax.plot([missed_x] * len(missed), missed, ">", color=colour, markersize=8, zorder=3)
-        handles.append(Line2D([], [], color=colour, marker=marker, markersize=7, linestyle="-", label=name))
+    handles = [_draw_series(ax, name, values, cells, dy, marker, hi, missed_x)
+               for (name, values), dy, marker in zip(series.items(), offsets, "osD^v<>")]
+    _format_axes(ax, cells, lo, hi, missed_x)
+    handles += [Line2D([], [], color="black", lw=1.0, label="1x: no gain"),
+                Line2D([], [], color="grey", lw=1.0, ls="--", label="0.7x: the target")]
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 5), fontsize=10,
+               frameon=False)
+    return fig
+
+
+def _series(payload: Mapping[str, Any]) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Per mode (and ``auto``), per cell: the loss time ratio and its interval, "not reached" as infinity."""
+    def triple(r: Mapping[str, Any]) -> tuple[float, float, float]:  # "not reached" is None in the study's JSON
+        return tuple(math.inf if v is None else float(v) for v in (r["loss_ratio"], *r["loss_interval"]))  # type: ignore[return-value]
+
+    series: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for r in payload["rows"]:
+        series.setdefault(r["mode"], {})[r["name"]] = triple(r)
+    for r in payload.get("auto_rows") or []:
+        series.setdefault("auto (vs same-batch vanilla)", {})[r["name"]] = triple(r)
+    return series
+
+
+def _draw_series(ax: Any, name: str, values: Mapping[str, tuple[float, float, float]], cells: Sequence[str], dy: float,
+                 marker: str, hi: float, missed_x: float) -> Any:
+    """One series' ratios with their intervals, each cell's row shifted by ``dy``; a ratio not reached drawn at
+    ``missed_x``, joined to its interval's finite lower end. Returns the series' legend handle."""
+    from matplotlib.lines import Line2D
+
+    ys, xs, lows, highs, missed, missed_lows = [], [], [], [], [], []
+    for i, cell in enumerate(cells):
+        if cell not in values:
+            continue
+        value, low, high = values[cell]
+        y = len(cells) - 1 - i + dy
+        if not math.isfinite(value):
+            missed.append(y)
+            missed_lows.append(low)
+            continue
+        ys.append(y)
+        xs.append(value)
+        lows.append(value - low if math.isfinite(low) else 0.0)
+        highs.append(min(high, hi) - value if math.isfinite(high) else missed_x - value)
+    line = ax.errorbar(xs, ys, xerr=[lows, highs], fmt=marker, markersize=7, capsize=3, zorder=3)
+    colour = line[0].get_color()
+    for y, low in zip(missed, missed_lows):
+        if math.isfinite(low):  # the interval reaches from a measured ratio to "not reached"
+            ax.plot([low, missed_x], [y, y], color=colour, lw=1.2, zorder=2)
+            ax.plot([low], [y], "|", color=colour, markersize=7, zorder=2)
+    if missed:
+        ax.plot([missed_x] * len(missed), missed, ">", color=colour, markersize=8, zorder=3)
+    return Line2D([], [], color=colour, marker=marker, markersize=7, linestyle="-", label=name)
+
+
+def _format_axes(ax: Any, cells: Sequence[str], lo: float, hi: float, missed_x: float) -> None:
+    """The reference lines (1x, 0.7x, the edge of the measured range), the log axis with its "n.r." column, the cell
+    names, the labels and the title."""
+    import matplotlib.ticker
+
     ax.axvline(1.0, color="black", lw=1.0, zorder=1)
     ax.axvline(0.7, color="grey", lw=1.0, ls="--", zorder=1)
     ax.axvline(hi * 1.1, color="0.6", lw=0.8, ls=":", zorder=1)
     ax.set_xscale("log")
-    ax.set_xlim(lo, right)
+    ax.set_xlim(lo, hi * 1.6)
     ax.set_ylim(-0.5, len(cells) - 0.5)
     ax.set_yticks(range(len(cells)), list(reversed(cells)), fontsize=9)
     ax.xaxis.set_major_formatter(
@@ -244,9 +271,3 @@ def map_figure(payload: Mapping[str, Any]) -> Any:
     ax.set_xlabel("time to the loss target / the better vanilla's (log scale)\n"
                   "left of 1x: pruning faster; n.r.: target not reached on some seed", fontsize=10)
     ax.set_title("Regime map: time to the loss target per cell and mode, 95 % intervals", fontsize=12)
-    handles += [Line2D([], [], color="black", lw=1.0, label="1x: no gain"),
-                Line2D([], [], color="grey", lw=1.0, ls="--", label="0.7x: the target")]
-    fig.tight_layout()
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 5), fontsize=10,
-               frameon=False)
-    return fig

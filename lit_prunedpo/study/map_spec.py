@@ -18,8 +18,8 @@ cap on every arm's measured peak step memory (MiB above the step's start; ``null
 cell's study runs with ``--memory-budget-mb``: vanilla fitted its fastest exact way,
 :mod:`lit_prunedpo.study.memory`). Every cell's task
 is built while the spec is read, so an unreachable head share or a bad length is refused before anything runs, with
-the spec, block and field in the message. :data:`SPECS` holds the built-in maps, chosen by name: ``default`` (issue
-17's map, 15 generated cells, 2 with a memory budget), ``quick`` (two small cells) and ``hh-rlhf`` (the real pairs
+the spec, block and field in the message. :data:`SPECS` holds the built-in maps, chosen by name: ``default`` (the
+regime map, 15 generated cells, 2 with a memory budget), ``quick`` (two small cells) and ``hh-rlhf`` (the real pairs
 with 64-token responses).
 """
 

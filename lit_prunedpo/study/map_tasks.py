@@ -32,9 +32,7 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
-from lit_prunedpo.data import PreferenceDataModule
-from lit_prunedpo.data.edited import best_accuracy, edited_pairs
-from lit_prunedpo.data.unrelated import unrelated_pairs
+from lit_prunedpo.data import PreferenceDataModule, best_accuracy, edited_pairs, unrelated_pairs
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.study.arms import MODES

@@ -35,7 +35,7 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.study.arms import Arm
 
 if TYPE_CHECKING:
-    from lit_prunedpo.module import PrunedDPO
+    from lit_prunedpo import PrunedDPO
 
 GPU_NOTE = "CPU verdict; GPU needed to confirm"
 

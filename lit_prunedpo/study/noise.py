@@ -1,4 +1,4 @@
-"""The map's noise model (issue 17, item 4): gradient variances that predict a cell's verdict before training.
+"""The map's noise model: gradient variances that predict a cell's verdict before training.
 
 A step's gradient estimate at batch ``B`` is ``g_hat = (1/B) sum_i g_hat_i`` over ``B`` pairs drawn from the
 data; ``g_i`` is pair ``i``'s exact DPO gradient and ``g_hat_i`` its pruned estimate (``E[g_hat_i | i] = g_i``).
@@ -33,9 +33,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.gradient_noise import between_variance, gradient, pair, squared_distance, within_variance
-from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.study.arms import MODES
 
 __all__ = ["NoiseReport", "agreement", "between_variance", "measure", "pair", "predict", "squared_distance",

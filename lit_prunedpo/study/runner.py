@@ -43,13 +43,14 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import torch
 from torch.utils.data import DataLoader
 
+from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.callbacks import SAMPLER_ATTRS, PeakMemoryMeter, use_exact_samplers
+from lit_prunedpo.callbacks import PeakMemoryMeter
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.optim import WarmupCosineLR
+from lit_prunedpo.plan import exact_samplers
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.memory import accumulate
@@ -118,8 +119,10 @@ class Run:
         batch = self._next_batch()
         module = self.module
         if self.exact_after_s is not None:
-            self._configured = self._configured or tuple(getattr(module, n) for n in SAMPLER_ATTRS)
-            use_exact_samplers(module, self.clock(self.clock_name) >= self.exact_after_s, self._configured)
+            configured = (module.prefix_sampler, module.position_sampler, module.branch_sampler)
+            self._configured = self._configured or configured
+            exact = self.clock(self.clock_name) >= self.exact_after_s
+            module.use_samplers(*(exact_samplers() if exact else self._configured))
         if self.meter is not None:
             self.meter.start()
         wall, cpu = time.perf_counter(), time.process_time()
@@ -309,16 +312,8 @@ def run_study(
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count,
             or no held-out pair to evaluate on.
     """
-    if not arms or not seeds:
-        raise ValueError("a study needs at least one arm and one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must differ, got {list(seeds)}")
     steps_of = steps if callable(steps) else (lambda arm: steps)
-    for name, value in (("budget_s", budget_s), *((f"steps of {a.name}", steps_of(a)) for a in arms), ("evals", evals)):
-        if value is not None and not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-    if clock not in ("cpu", "wall"):
-        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+    _check_study(arms, seeds, budget_s, steps_of, evals, clock)
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
@@ -335,6 +330,34 @@ def run_study(
         point = run.evaluate(batches, ["time", "steps"])
         if on_point is not None:
             on_point(run, point)
+    _round_robin(runs, grids, clock, batches, stop_on_nonfinite, log, on_point, on_done)
+    return runs
+
+
+def _check_study(arms: Sequence[Arm], seeds: Sequence[int], budget_s: float | None, steps_of: Callable[[Arm], int],
+                 evals: int, clock: Clock) -> None:
+    """:func:`run_study`'s arguments checked.
+
+    Raises:
+        ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count, or an
+            unknown clock.
+    """
+    if not arms or not seeds:
+        raise ValueError("a study needs at least one arm and one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must differ, got {list(seeds)}")
+    for name, value in (("budget_s", budget_s), *((f"steps of {a.name}", steps_of(a)) for a in arms), ("evals", evals)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if clock not in ("cpu", "wall"):
+        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+
+
+def _round_robin(runs: Sequence[Run], grids: dict[int, tuple[list[float], list[int]]], clock: Clock,
+                 batches: Sequence[PreferenceBatch], stop_on_nonfinite: bool, log: Callable[[str], None],
+                 on_point: Callable[[Run, Point], None] | None, on_done: Callable[[Run], None] | None) -> None:
+    """Turn after turn, advance every unfinished run to its next grid point (:func:`advance`), logging and handing
+    on each evaluation, until every run has passed both its grids (or diverged)."""
     active = list(runs)
     turn = 0
     while active:
@@ -357,4 +380,3 @@ def run_study(
             elif on_done is not None:
                 on_done(run)
         active = still
-    return runs

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_prunedpo.data import PreferenceDataModule
-from lit_prunedpo.data.edited import EditPlace, best_accuracy, edited_pairs
+from lit_prunedpo.data import EditPlace, PreferenceDataModule, best_accuracy, edited_pairs
 from lit_prunedpo.models import FromConfig
 
 #: The folder beside the repository's root that holds the local copies of the real data and tokenizers.

@@ -2,7 +2,7 @@
 
 A randomly initialised model trained by DPO against itself as the reference barely moves held-out preference
 accuracy within a CPU budget (on HH-RLHF its log-ratios start as noise over a 50k-token vocabulary). The
-issue's remedy, as TRL's and OpenRLHF's pipelines do with an SFT stage: first fit the model to the chosen
+remedy, as TRL's and OpenRLHF's pipelines do with an SFT stage: first fit the model to the chosen
 responses by next-token NLL, then start DPO from there with the warmed model as **both** policy and
 reference. Here:
 
@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -106,16 +107,41 @@ def warm_start(
         return Pretrained(str(path), dtype="float32"), {**record, "path": str(path), "reused": True}
 
     model = task.policy(seed).build()
+    data = copy.copy(dm)  # the training split only; the order follows the seed, as an arm's does
+    data.batch_size, data.seed = batch_size, seed
+    trained = _train(model, data.train_dataloader(), steps, lr, warmup_steps, f"warm start seed {seed}", log)
+    record = {"task": task.name, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size, "warmup_steps": warmup_steps,
+              "cpu_s": trained.cpu_s, "wall_s": trained.wall_s, "losses": trained.losses, "trained_rows": sorted(trained.seen)}
+    _save(model, record, path)
+    losses = trained.losses
+    log(f"warm start seed {seed}: {steps} steps, NLL {losses[0]:.3f} -> {losses[-1]:.3f}, {trained.cpu_s:.1f} CPU-s, saved {path}")
+    return Pretrained(str(path), dtype="float32"), {**record, "path": str(path), "reused": False}
+
+
+@dataclass
+class _Pass:
+    """What a supervised pass did: its per-step NLL, the training rows it saw and its cost (the steps only)."""
+
+    losses: list[float] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+
+def _train(model: torch.nn.Module, loader: Any, steps: int, lr: float, warmup_steps: int, name: str,
+           log: Callable[[str], None]) -> _Pass:
+    """``steps`` steps of chosen-response NLL on ``loader``'s batches, epoch after epoch (AdamW, linear warm-up then
+    constant rate), each step timed without its batch's loading; a progress line every 50 steps.
+
+    Raises:
+        FloatingPointError: on a non-finite NLL.
+    """
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
-    data = copy.copy(dm)  # the training split only; the order follows the seed, as an arm's does
-    data.batch_size, data.seed = batch_size, seed
-    loader = data.train_dataloader()
     scorer = TokenScorer()
-    losses: list[float] = []
-    seen: set[int] = set()
-    cpu_s = wall_s = 0.0
+    done = _Pass()
+    losses = done.losses
     epoch = 0
     while len(losses) < steps:
         loader.sampler.set_epoch(epoch)
@@ -126,30 +152,31 @@ def warm_start(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            cpu_s += time.process_time() - cpu
-            wall_s += time.perf_counter() - wall
+            done.cpu_s += time.process_time() - cpu
+            done.wall_s += time.perf_counter() - wall
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"warm start seed {seed}: non-finite NLL at step {len(losses)}")
+                raise FloatingPointError(f"{name}: non-finite NLL at step {len(losses)}")
             losses.append(float(loss.detach()))
-            seen.update(batch.index.tolist())
+            done.seen.update(batch.index.tolist())
             if len(losses) % 50 == 0 and len(losses) < steps:  # the last step has a summary line of its own
-                left = cpu_s / len(losses) * (steps - len(losses))
-                log(f"warm start seed {seed}: step {len(losses)} of {steps}, NLL {sum(losses[-50:]) / 50:.3f} "
-                    f"({cpu_s:.0f} CPU-s, about {left:.0f} CPU-s left)")
+                left = done.cpu_s / len(losses) * (steps - len(losses))
+                log(f"{name}: step {len(losses)} of {steps}, NLL {sum(losses[-50:]) / 50:.3f} "
+                    f"({done.cpu_s:.0f} CPU-s, about {left:.0f} CPU-s left)")
             if len(losses) == steps:
                 break
         epoch += 1
+    return done
 
-    record = {"task": task.name, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size, "warmup_steps": warmup_steps,
-              "cpu_s": cpu_s, "wall_s": wall_s, "losses": losses, "trained_rows": sorted(seen)}
+
+def _save(model: torch.nn.Module, record: dict[str, Any], path: Path) -> None:
+    """``model`` (``save_pretrained``) and its ``record`` under ``path``, written whole, then renamed: a killed pass
+    leaves no half cache behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:  # written whole, then renamed: a killed pass leaves no half cache behind
+    try:
         model.save_pretrained(staging, safe_serialization=True)
         (staging / RECORD).write_text(json.dumps(record))
         os.replace(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    log(f"warm start seed {seed}: {steps} steps, NLL {losses[0]:.3f} -> {losses[-1]:.3f}, {cpu_s:.1f} CPU-s, saved {path}")
-    return Pretrained(str(path), dtype="float32"), {**record, "path": str(path), "reused": False}

@@ -15,8 +15,9 @@ from helpers import REPO, TINY_LLAMA, make_batch
 
 from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.cli import main
-from lit_prunedpo.bench.harness import build_rounds, run_benchmark, run_rounds, train_step
+from lit_prunedpo.bench.harness import run_benchmark
 from lit_prunedpo.bench.presets import MODES, get_preset
+from lit_prunedpo.bench.rounds import build_rounds, run_rounds, train_step
 from lit_prunedpo.callbacks import PeakMemoryMeter
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.execute import StepExecutor
@@ -158,7 +159,7 @@ def test_cli_rejects_unknown_mode(capsys):
 
 def test_hh_body_preset_is_body_heavy_and_hh_shaped():
     """Lengths come from the HH-RLHF quantile table, batches are length-grouped, the LM head is <= 10% of a forward."""
-    from lit_prunedpo.bench.harness import make_batches
+    from lit_prunedpo.bench.batches import make_batches
     from lit_prunedpo.bench.presets import HH_RLHF_LENGTHS
 
     preset = get_preset("hh-body")

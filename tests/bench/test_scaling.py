@@ -15,8 +15,8 @@ import pytest
 import torch
 from helpers import REPO
 
-from lit_prunedpo.bench.harness import Config
 from lit_prunedpo.bench.presets import MODES
+from lit_prunedpo.bench.rounds import Config
 from lit_prunedpo.bench.scaling import SIZES, Point, Settings, error_summary, parse_size, point_rows, rel_error
 from lit_prunedpo.bench.scaling_cli import build_parser, main, settings_from
 from lit_prunedpo.bench.scaling_report import to_markdown
@@ -32,7 +32,7 @@ def test_quick_run_writes_the_report_and_states_no_speedups(tmp_path, capsys):
     assert payload["smoke_test"] and payload["settings"]["sizes"] == ["2xs", "xs"]
     assert sorted({(r["sweep"], r["size"], r["response"]) for r in rows}) == [
         ("length", "2xs", 16), ("length", "2xs", 32), ("size", "2xs", 16), ("size", "xs", 16)]
-    assert [r["mode"] for r in rows[:5]] == list(MODES)
+    assert [r["mode"] for r in rows[:len(MODES)]] == list(MODES)
     for r in rows:
         assert r["step_time_s"] > 0 and r["time_ratio_pred"] > 0 and r["memory_pred_mb"] > 0
         assert r["time_error"] == pytest.approx(r["time_ratio"] / r["time_ratio_pred"] - 1)

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lit_prunedpo.bench import cost
-from lit_prunedpo.bench.harness import make_batches
+from lit_prunedpo.bench.batches import make_batches
 from lit_prunedpo.bench.memory_model import ForwardShape, LayerDims, predict_step, saved_bytes, shapes_of
 from lit_prunedpo.bench.presets import MODES, Preset, llama_config
 from lit_prunedpo.bench.real_shapes import REAL_SHAPES, dims_of, meta_model, predict_real_shapes

@@ -240,5 +240,5 @@ def test_configs_fast_through_the_cli(tmp_path):
     cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path / 'b'}", *csv_logger(tmp_path / "b"),
                      "--trainer.callbacks.init_args.max_share=null"])
     (auto,) = [c for c in cli.trainer.callbacks if isinstance(c, AutoPruning)]
-    assert auto.max_share is None and [a.mode for a in auto.decision.arms] == ["vanilla", "position-coupled", "antithetic"]
+    assert auto.max_share is None and [a.mode for a in auto.decision.arms] == ["vanilla", "position", "antithetic"]
     assert auto.decision.calibration_s > 0

@@ -8,6 +8,7 @@ one-process "nodes") and ``python -m lit_prunedpo`` for the signal test.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -167,7 +168,7 @@ def test_corrupt_or_missing_checkpoint_is_refused_with_its_path(tmp_path):
     args = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
             "--trainer.max_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             "--data.init_args.max_rows=48", "--data.init_args.val_fraction=0.25",
-            "--trainer.plugins+=lit_prunedpo.distributed.VerifiedCheckpointIO"]
+            "--trainer.plugins+=lit_prunedpo.checkpoint.VerifiedCheckpointIO"]
     # the CLI itself reads a given checkpoint file for its hyper-parameters, and fails there, naming it
     with pytest.raises(RuntimeError, match=f"could not read checkpoint {bad}"):
         build_cli([*args, f"--ckpt_path={bad}"])

@@ -108,7 +108,7 @@ def check_atomic_sharded_save(out: Path, cli) -> None:
 
     import lightning.pytorch.strategies.model_parallel as model_parallel
 
-    from lit_prunedpo.checkpointing import checkpoint_problem, resolve_resume
+    from lit_prunedpo.checkpoint import checkpoint_problem, resolve_resume
 
     rank, trainer = int(os.environ["RANK"]), cli.trainer
     last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"

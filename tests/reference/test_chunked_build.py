@@ -1,4 +1,4 @@
-"""A reference-cache build scores the LM head a chunk of positions at a time (issue 30, item 4), and its values
+"""A reference-cache build scores the LM head a chunk of positions at a time, and its values
 are the model's own: each response token's log-prob equals the plain Hugging Face forward of that pair's prompt
 and response alone, ``log_softmax(model(ids).logits)`` gathered at the token, compared independently of the
 package's layouts and scorers. Tolerance ``atol=1e-5`` (``rtol=0``): float32 round-off of differently shaped
@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import REPO
 
-import lit_prunedpo.reference.cached as rc
+import lit_prunedpo.reference.build as rb
 from lit_prunedpo.data import PreferenceDataModule, SyntheticPreferenceData
 from lit_prunedpo.head import OutputHead
 from lit_prunedpo.models import FromConfig
@@ -56,7 +56,7 @@ def assert_matches_plain_forward(store, model, pairs):
             torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=f"pair {pair['index']} branch {branch}")
 
 
-@pytest.mark.parametrize("logits_per_chunk", [rc.LOGITS_PER_CHUNK, 7 * 32 + 5])
+@pytest.mark.parametrize("logits_per_chunk", [rb.LOGITS_PER_CHUNK, 7 * 32 + 5])
 def test_build_equals_the_plain_forward_on_every_token_of_every_pair(tiny_source, logits_per_chunk):
     """48 pairs (train and validation), both responses, every token; with the default budget (one chunk per batch
     at this 32-token vocabulary) and with 7 positions per chunk (chunk boundaries inside most responses, ~20
@@ -68,7 +68,7 @@ def test_build_equals_the_plain_forward_on_every_token_of_every_pair(tiny_source
     batches = list(dm.reference_batches(16))
     store = compute_reference_logps(model, batches, scorer, logits_per_chunk=logits_per_chunk)
     assert store.num_rows == 48 and sum(scorer.rows) == store.num_tokens
-    if logits_per_chunk == rc.LOGITS_PER_CHUNK:
+    if logits_per_chunk == rb.LOGITS_PER_CHUNK:
         assert len(scorer.rows) == len(batches)
     else:
         assert max(scorer.rows) == 7 and len(scorer.rows) > 250
@@ -85,7 +85,7 @@ def test_hh_rlhf_build_never_projects_a_whole_batch_and_equals_the_plain_forward
     model = FromConfig(model_type="gpt2", config=TINY_GPT2, seed=0).build().eval()
     scorer = RowCounting()
     store = compute_reference_logps(model, dm.reference_batches(16), scorer)
-    rows = rc.LOGITS_PER_CHUNK // 50257
+    rows = rb.LOGITS_PER_CHUNK // 50257
     assert rows == 83 and max(scorer.rows) == rows and sum(scorer.rows) == store.num_tokens
     assert store.num_tokens / 2 > 10 * rows  # a batch averages more than 10 chunks
     pairs = [dm.train_dataset[i] for i in range(len(dm.train_dataset))]
@@ -94,10 +94,10 @@ def test_hh_rlhf_build_never_projects_a_whole_batch_and_equals_the_plain_forward
 
 
 def test_head_rows_follow_the_vocabulary_and_never_drop_to_zero():
-    assert rc.head_rows(OutputHead(torch.nn.Linear(8, 50257, bias=False)), 1 << 22) == 83
-    assert rc.head_rows(OutputHead(torch.nn.Linear(8, 32)), 100) == 3
-    assert rc.head_rows(OutputHead(torch.nn.Linear(8, 50257)), 10) == 1  # a vocabulary above the budget: one row
-    assert rc.head_rows(OutputHead(torch.nn.Identity()), 1 << 22) == 64  # no 2-D weight: taken as 2**16 tokens
+    assert rb.head_rows(OutputHead(torch.nn.Linear(8, 50257, bias=False)), 1 << 22) == 83
+    assert rb.head_rows(OutputHead(torch.nn.Linear(8, 32)), 100) == 3
+    assert rb.head_rows(OutputHead(torch.nn.Linear(8, 50257)), 10) == 1  # a vocabulary above the budget: one row
+    assert rb.head_rows(OutputHead(torch.nn.Identity()), 1 << 22) == 64  # no 2-D weight: taken as 2**16 tokens
 
 
 def test_a_budget_below_one_logit_is_refused(tiny_source):

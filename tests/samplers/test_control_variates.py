@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import warnings
 
 import pytest
 import torch
@@ -60,13 +61,13 @@ def flat_grads(module) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in module.policy.parameters()])
 
 
-def make_module(estimator, scorer="plain", source=None, batch=None) -> PrunedDPO:
+def make_module(estimator, scorer="plain", source=None, batch=None, cached=False) -> PrunedDPO:
     """A policy perturbed away from its reference; ``ReferenceLogSumExp`` gets a cache of the reference (with its
-    log-sum-exps) for ``batch``."""
+    log-sum-exps) for ``batch``, ``cached`` a cache without them."""
     source = source or FromConfig(model_type="llama", config=TINY_LLAMA, seed=0)
     reference = None
-    if estimator is ReferenceLogSumExp:
-        store = compute_reference_logps(source.build(), [batch], with_lse=True)
+    if estimator is ReferenceLogSumExp or cached:
+        store = compute_reference_logps(source.build(), [batch], with_lse=estimator is ReferenceLogSumExp)
         reference = CachedReference.from_store(store)
     module = PrunedDPO(policy=source, reference=reference, scorer=SCORERS[scorer]())
     with torch.no_grad():
@@ -164,15 +165,17 @@ def test_the_plan_scores_every_executed_position_and_weighs_the_drawn_ones_apart
 
 
 # --------------------------------------------------------------------------------- exact, by enumeration
-@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: e.__name__)
+@pytest.mark.parametrize("estimator, cached", [(ExactTargetLogits, False), (ExactTargetLogits, True),
+                                               (ReferenceLogSumExp, True)],
+                         ids=["ExactTargetLogits", "ExactTargetLogits-cached", "ReferenceLogSumExp"])
 @pytest.mark.parametrize("prefix, position", [
     (FullPrefix(), StratifiedPositions(0.5)),
     (SharedFractionPrefix(0.4), StratifiedPositions(0.5)),
     (SharedFractionPrefix(0.4), FixedCountPositions(1)),
 ], ids=["strata-only", "prefix+strata", "prefix+fixed-count"])
-def test_value_and_gradient_are_exactly_unbiased_by_enumeration(estimator, prefix, position):
+def test_value_and_gradient_are_exactly_unbiased_by_enumeration(estimator, cached, prefix, position):
     batch = make_batch([2, 3], [3, 2], [2, 3], seed=5)
-    module = make_module(estimator, batch=batch)
+    module = make_module(estimator, batch=batch, cached=cached)
     u = torch.tensor([[1.0, -0.5], [0.3, 2.0]])  # any fixed combination of the four sums
     exact = plain_logps(module.policy, batch)
     (u * exact).sum().backward()
@@ -381,7 +384,8 @@ def test_a_head_that_is_not_a_linear_row_is_refused_naming_the_model(scorer):
         "Shifted: ExactTargetLogits and ReferenceLogSumExp compute each target's logit as one row of the LM head "
         "(h . W[y] + b, then the model's element-wise logit transform), but its head is the model's own forward tail "
         "(its logits are not a known transform of the linear head); computing its full logits at every position would "
-        "save nothing: use a position sampler without them (e.g. CoupledStratifiedPositions)"
+        "save nothing: use a position sampler without them (e.g. CoupledStratifiedPositions), or give the estimator "
+        "fallback: true to use its wrapped sampler alone"
     )
     batch = make_batch([2], [3], [4])
     parts = dataclasses.replace(module.parts, position_sampler=ExactTargetLogits(), layout=PaddedLayout())
@@ -389,3 +393,38 @@ def test_a_head_that_is_not_a_linear_row_is_refused_naming_the_model(scorer):
         module.step(batch, parts, torch.Generator())
     with pytest.raises(ValueError, match=message):
         check_log_softmax_split(ExactTargetLogits(), module.policy, module.reference)
+
+
+def test_with_fallback_such_a_head_gets_the_wrapped_sampler_with_a_warning():
+    """The default position mode (``fallback: true``) runs on any model: on a head that gives no row it scores the
+    drawn positions whole, says so once, and keeps that choice when a callback passes the same sampler again."""
+    wrapped = CoupledStratifiedPositions(0.5)
+    module = PrunedDPO(policy=Built(_shifted_model()), position_sampler=ExactTargetLogits(wrapped, fallback=True),
+                       layout=PaddedLayout())
+    warning = r"Shifted: its LM head is the model's own forward tail.*fallback=True.*CoupledStratifiedPositions\(rate=0.5"
+    with pytest.warns(UserWarning, match=warning):
+        module.setup("fit")
+    assert module.position_sampler is wrapped
+    out = module.step(make_batch([2, 1], [6, 5], [4, 7], seed=3))
+    assert torch.isfinite(out.estimate.objective) and not any(g.lse_weight is not None for g in out.plan.groups)
+    again = ExactTargetLogits(fallback=True)  # as AutoPruning passes a candidate mode's sampler, every step
+    with pytest.warns(UserWarning, match="fallback=True"):
+        module.use_samplers(position=again)
+    assert type(module.position_sampler) is CoupledStratifiedPositions and module.position_sampler.rate == 0.25
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.use_samplers(position=again)  # the same object: already admitted, no second warning
+    with pytest.raises(ValueError, match="give the estimator fallback: true"):
+        module.use_samplers(position=ExactTargetLogits())
+    assert module.position_sampler.rate == 0.25  # a refused sampler changes nothing
+
+
+def test_with_fallback_a_linear_head_keeps_the_estimator_silently():
+    estimator = ExactTargetLogits(fallback=True)
+    module = make_module(ExactTargetLogits)
+    module.use_samplers(position=estimator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.setup("fit")
+    assert module.position_sampler is estimator
+    assert module.step(make_batch([2], [5], [4], seed=1)).plan.groups[0].lse_weight is not None

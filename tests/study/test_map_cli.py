@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-import lit_prunedpo.study.map_cli as map_cli
+import lit_prunedpo.study.map_cells as map_cells
 from lit_prunedpo.study.map_cli import main
 from lit_prunedpo.study.outputs import OutputError, folder_lock
 
@@ -229,14 +229,14 @@ def test_a_full_disk_stops_the_map_naming_the_file(tmp_path, capsys, monkeypatch
     # cell never starts, and the error names the file and the full disk
     spec, out = tmp_path / "two.json", tmp_path / "out"
     spec.write_text(json.dumps({**SPEC, "blocks": [{**SPEC["blocks"][0], "length": [8, 12]}]}))
-    real = map_cli.write_atomic
+    real = map_cells.write_atomic
 
     def full(path, text):
         if path.name == "noise.json":
             raise OutputError.of(path, OSError(errno.ENOSPC, "No space left on device"))
         return real(path, text)
 
-    monkeypatch.setattr(map_cli, "write_atomic", full)
+    monkeypatch.setattr(map_cells, "write_atomic", full)
     assert main(["--spec", str(spec), "--out", str(out), "--jobs", "1", *ARGS]) == 1
     first = out / "cells" / CELL / "noise.json"  # with --jobs 1 the cells run in the spec's order
     assert _error(capsys) == (f"error: cannot write {first}: disk full (ENOSPC: No space left on device); the map "

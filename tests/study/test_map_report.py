@@ -8,7 +8,7 @@ import pytest
 from lit_prunedpo.study.map_auto import auto_row
 from lit_prunedpo.study.map_report import cell_rows, map_figure, plot_map, to_markdown
 from lit_prunedpo.study.memory import GPU_NOTE
-from lit_prunedpo.study.report import memory_markdown
+from lit_prunedpo.study.report_markdown import memory_markdown
 
 
 def _ratio(reference: str) -> dict:

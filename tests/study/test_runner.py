@@ -18,7 +18,7 @@ from lit_prunedpo.study.arms import Arm, ideal_speedup, matched_batch_size
 from lit_prunedpo.study.cli import main
 from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.study.curves import improvement_target, mean_curve
-from lit_prunedpo.study.report import summarise
+from lit_prunedpo.study.report_summary import summarise
 from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run, run_study
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
@@ -233,7 +233,7 @@ def test_cli_refuses_bad_numbers_while_parsing(argv, message, capsys, monkeypatc
 
 def test_a_study_at_batch_1_says_what_it_cannot_conclude(tmp_path, capsys):
     # no vanilla batch below 1 pair: no cost-matched control, and the log and study.md say what that leaves out
-    from lit_prunedpo.study.report import ONE_PAIR_NOTE
+    from lit_prunedpo.study.report_markdown import ONE_PAIR_NOTE
 
     argv = [a for a in TINY_CLI if a != "--quiet"]
     argv[argv.index("--batch-size") + 1] = "1"

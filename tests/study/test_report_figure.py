@@ -1,5 +1,5 @@
 """study.png: one colour per arm, one line style per kind of batch, one legend of the arms below the panels, loss
-on a log axis with plain labels when it falls by decades (lit_prunedpo.study.report.study_figure), on hand-made
+on a log axis with plain labels when it falls by decades (lit_prunedpo.study.report_figure.study_figure), on hand-made
 runs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from lit_prunedpo.study.report import ARM_STYLES, plot, study_figure  # noqa: E402
+from lit_prunedpo.study.report_figure import ARM_STYLES, plot, study_figure  # noqa: E402
 
 
 def _run(arm: str, mode: str, seed: int, accuracy: float, **kind: bool) -> dict:

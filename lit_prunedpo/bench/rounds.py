@@ -1,0 +1,255 @@
+"""The benchmark's rounds: every configuration's real training step, alternating on one module and one batch.
+
+One :class:`~lit_prunedpo.module.PrunedDPO` module and one AdamW optimizer serve every configuration
+``(mode, reference, scorer, prompt)``. Each configuration has its own :class:`~lit_prunedpo.step.StepParts`
+(samplers, scorer, reference source, ``shared_prompt``) and its own sampler stream; a step is the module's own
+training step, ``module.step(batch, parts, generator)`` (what ``training_step`` runs), then
+``objective.backward()``, ``optimizer.step()``, ``zero_grad`` (:func:`train_step`). The module is never changed
+between configurations.
+
+Rounds (:func:`run_rounds`): round ``r`` runs one step of every configuration, in order, on batch ``r``
+(``A B C ... A B C ...``); the first ``warmup`` rounds are not recorded. The rounds are this module's own loop, not
+Lightning's ``Trainer``: a ``fit`` trains one configuration, and the rounds alternate every configuration step by
+step on one module; each step is nonetheless the module's own, reached through public names only.
+
+Memory per step: the meter of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`
+(:class:`lit_prunedpo.callbacks.PeakMemoryMeter`): on CUDA ``torch.cuda.max_memory_allocated`` after
+``reset_peak_memory_stats``; on the CPU the kernel's peak RSS (``VmHWM``) after resetting it through
+``/proc/self/clear_refs``. The benchmark's meter settles first (``gc.collect()``, and glibc's ``malloc_trim(0)``)
+so that memory a previous configuration freed is given back to the OS and not counted again. Both the absolute
+peak and the peak above the step's starting point are recorded.
+
+The frozen reference model is built from the policy's own source (same seed: the policy's initial weights) and
+shared by every online reference: the one of a ``chunked`` configuration scores with the chunked scorer too,
+otherwise its ``K x V`` logits would set the peak. The cached reference is computed once, with the plain scorer,
+from that frozen model, for exactly the benchmark's batches (:func:`build_rounds`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, Sequence
+
+import torch
+
+from lit_prunedpo import PrunedDPO
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.batches import make_batches
+from lit_prunedpo.bench.peer_trl import TRLPeer
+from lit_prunedpo.bench.presets import MODES, Preset
+from lit_prunedpo.callbacks import PeakMemoryMeter, PeakReading
+from lit_prunedpo.chunked_scorer import ChunkedScorer
+from lit_prunedpo.data import PAD
+from lit_prunedpo.execute import StepExecutor, layout_for
+from lit_prunedpo.layout import PairLengths
+from lit_prunedpo.models import FromConfig
+from lit_prunedpo.plan import plan_step
+from lit_prunedpo.reference import CachedReference, ReferenceSource, compute_reference_logps
+from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.scoring import TokenScorer
+from lit_prunedpo.step import StepOutput, StepParts
+
+MiB = float(2**20)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmarked configuration."""
+
+    mode: str
+    reference: str
+    scorer: str
+    prompt: str = "shared"
+
+
+@dataclass
+class StepRecord:
+    """What the measured steps of one configuration produced."""
+
+    times: list[float] = field(default_factory=list)
+    peaks: list[float] = field(default_factory=list)
+    step_peaks: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    reference_tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    flops: list[cost.StepFlops] = field(default_factory=list)
+    vanilla_flops: list[cost.StepFlops] = field(default_factory=list)
+
+    def add(self, elapsed: float, reading: PeakReading | None) -> None:
+        """One measured step's time and peak memory (MiB; absolute and above the step's start)."""
+        self.times.append(elapsed)
+        if reading is not None:
+            self.peaks.append(reading.peak / MiB)
+            self.step_peaks.append(reading.above_start / MiB)
+
+
+def train_step(
+    module: PrunedDPO, optimizer: torch.optim.Optimizer, batch: PreferenceBatch, parts: StepParts,
+    generator: torch.Generator,
+) -> StepOutput:
+    """One real training step of one configuration: the module's own step with the configuration's parts, then
+    backward and the optimizer."""
+    out = module.step(batch, parts, generator)
+    out.estimate.objective.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return out
+
+
+def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch]) -> ReferenceSource:
+    """The reference log-probs of ``model`` on exactly ``batches``, computed once."""
+    return CachedReference.from_store(compute_reference_logps(model, batches))
+
+
+@dataclass
+class Rounds:
+    """What the alternating rounds run (:func:`run_rounds`)."""
+
+    module: PrunedDPO
+    """The one module every configuration trains (never changed by the rounds)."""
+    optimizer: torch.optim.Optimizer
+    """The module's optimizer, stepped after every configuration's step."""
+    batches: Sequence[PreferenceBatch]
+    """Round ``r`` runs batch ``r``, already on ``device``."""
+    warmup: int
+    """Rounds not recorded."""
+    parts: dict[Config, StepParts]
+    """Each configuration's samplers, scorer, reference and prompt layout, in the order a round runs them."""
+    rngs: dict[Config, SamplerRNG]
+    """Each configuration's sampler stream."""
+    meter: PeakMemoryMeter
+    """Peak memory of each step."""
+    dims: cost.ModelDims
+    """The policy's sizes, for the FLOP counts."""
+    device: torch.device
+    """Where the steps run."""
+    baseline_prompt: str = "shared"
+    """The prompt layout of the ``vanilla`` plan the ideal speedups compare with."""
+    peer: TRLPeer | None = None
+    """TRL's step, timed in every round too, or ``None``."""
+
+
+def build_rounds(
+    preset: Preset,
+    modes: Sequence[str],
+    references: Sequence[str],
+    scorers: Sequence[str],
+    prompts: Sequence[str],
+    num_batches: int,
+    warmup: int,
+    dev: torch.device,
+    seed: int = 0,
+    dtype: str | None = None,
+    peer: str | None = None,
+) -> Rounds:
+    """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
+    are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured)."""
+    batches = [b.to(dev) for b in make_batches(preset, num_batches, seed)]
+    module = PrunedDPO(
+        policy=FromConfig("llama", preset.model, seed=seed, dtype=dtype), beta=0.1,
+        optimizer=partial(torch.optim.AdamW, lr=preset.lr),
+    ).to(dev)
+    module.train()
+    optimizer = module.configure_optimizers()
+    dims = cost.ModelDims.from_model(module.policy)
+
+    # the module's own reference: a frozen copy of the initial policy, one copy for every online reference
+    online = module.reference
+    scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
+    sources: dict[tuple[str, str], ReferenceSource] = {}
+    if "online" in references:
+        sources["online", "plain"] = online
+        sources["online", "chunked"] = online.with_scorer(scorer_of["chunked"])  # same frozen weights, chunked head
+    if "cached" in references:
+        (frozen,) = online.models()
+        cached = _cached_reference(frozen, batches)
+        sources["cached", "plain"] = sources["cached", "chunked"] = cached
+
+    trl = None
+    if peer is not None:
+        if peer != "trl":
+            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
+        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
+                      lr=preset.lr, pad_id=PAD)
+    configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
+    samplers = {m: MODES[m]() for m in modes}
+    return Rounds(
+        module=module, optimizer=optimizer, batches=batches, warmup=warmup,
+        parts={c: StepParts(*samplers[c.mode], scorer_of[c.scorer], sources[c.reference, c.scorer],
+                            layout_for(c.prompt == "shared"))
+               for c in configs},
+        rngs={c: SamplerRNG(seed=seed) for c in configs},
+        meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=baseline_prompt(prompts),
+        peer=trl,
+    )
+
+
+def run_rounds(
+    rounds: Rounds,
+    log: Callable[[str], None] | None = None,
+    observe: Callable[[Config, StepOutput], None] | None = None,
+) -> tuple[dict[Config, StepRecord], StepRecord]:
+    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded;
+    ``observe(config, output)`` is called after each recorded step's time and memory are read.
+
+    Returns:
+        Each configuration's record, and the peer's (empty without a peer).
+    """
+    dev, meter = rounds.device, rounds.meter
+    log = log or (lambda line: None)
+    records = {c: StepRecord() for c in rounds.parts}
+    peer, peer_record = rounds.peer, StepRecord()
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    for r, batch in enumerate(rounds.batches):
+        measured = r >= rounds.warmup
+        # the baseline's plan (vanilla draws nothing) for the ideal speedups; with a shared prompt the module's
+        # margin loss skips the common prefix, as PrunedDPO.plan does
+        shared = rounds.baseline_prompt == "shared"
+        vanilla_plan = plan_step(batch, *MODES["vanilla"](), generator=torch.Generator(),
+                                 score_common_prefix=not shared)
+        vanilla = StepExecutor(layout_for(shared)).forwards(vanilla_plan.groups, PairLengths.of(batch))
+        for c, parts in rounds.parts.items():
+            generator = rounds.rngs[c].next()
+            meter.start()
+            sync()
+            start = time.perf_counter()
+            out = train_step(rounds.module, rounds.optimizer, batch, parts, generator)
+            stats = out.stats
+            sync()
+            elapsed = time.perf_counter() - start
+            reading = meter.stop()
+            if not measured:
+                continue
+            rec = records[c]
+            rec.add(elapsed, reading)
+            rec.tokens.append(stats.tokens_executed)
+            rec.reference_tokens.append(stats.reference_tokens_executed)
+            rec.positions.append(stats.positions_scored)
+            recompute = c.scorer == "chunked"
+            rec.flops.append(cost.step_flops(out.forwards, rounds.dims, c.reference, recompute_head=recompute))
+            rec.vanilla_flops.append(cost.step_flops(vanilla, rounds.dims, c.reference, recompute_head=recompute))
+            if observe is not None:
+                observe(c, out)
+        if peer is not None:
+            inputs = peer.inputs(r)
+            meter.start()
+            sync()
+            start = time.perf_counter()
+            peer.step(inputs)
+            sync()
+            elapsed = time.perf_counter() - start
+            reading = meter.stop()
+            if measured:
+                peer_record.add(elapsed, reading)
+                peer_record.tokens.append(int(inputs["input_ids"].numel()))  # one forward: chosen + rejected rows
+        log(f"round {r + 1}/{len(rounds.batches)} ({'measured' if measured else 'warm-up'}) done")
+    return records, peer_record
+
+
+def baseline_prompt(prompts: Sequence[str]) -> str:
+    """The prompt layout of the ``vanilla`` steps speedups compare with: ``padded`` when it is measured
+    (concatenated DPO), else ``shared``."""
+    return "padded" if "padded" in prompts else "shared"

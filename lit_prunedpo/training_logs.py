@@ -1,0 +1,73 @@
+"""What ``PrunedDPO``'s training steps log, under TRL's names (``train/*``), and when.
+
+* Every step's pair metrics (``loss``, ``rewards/*``, ``logps/*``) and pruning statistics (``pruning/*``,
+  ``work/*``) go into a window (``metrics.MetricWindow``). A step whose logs Lightning writes (every
+  ``log_every_n_steps``, and the last) logs their means over the steps since the last log, as TRL's ``DPOTrainer``
+  averages its metrics, with that step's own token metrics (``logits/*``, ``entropy``, ``mean_token_accuracy``) and
+  the running ``num_tokens``; each value the mean over ranks.
+* Every optimizer step logs the learning rate and the gradient norm, as TRL (``transformers``) logs them.
+* A step skipped for a non-finite loss or gradient (``model.on_nonfinite: skip``) logs the run's count of skipped
+  steps, ``train/skipped_nonfinite_steps``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.metrics import MetricWindow, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean
+from lit_prunedpo.step import StepOutput
+
+
+def logs_this_step(trainer: Any) -> bool:
+    """Whether Lightning writes this training step's on-step logs (every ``log_every_n_steps``, and the last);
+    True outside a trainer."""
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True))
+
+
+def window_values(out: StepOutput, beta: float) -> dict[str, Tensor | float]:
+    """A step's values for the window: the means of its pair metrics, and its pruning statistics."""
+    return {**{f"train/{k}": v.mean() for k, v in pair_metrics(out.estimate, beta).items()},
+            **{f"train/{k}": v for k, v in out.stats.as_metrics().items()}}
+
+
+def tokens_over_ranks(module: Any, batch: PreferenceBatch) -> int:
+    """The batch's input tokens (TRL's ``num_tokens`` increment), summed over ranks as TRL gathers them."""
+    count = input_tokens(batch)
+    if module._trainer is not None and module.trainer.world_size > 1:
+        count = int(module.trainer.strategy.reduce(torch.tensor(count, device=module.device), reduce_op="sum"))
+    return count
+
+
+def log_training_metrics(module: Any, window: MetricWindow, out: StepOutput, num_pairs: int) -> None:
+    """Log, through ``module`` (a ``PrunedDPO``), the window's means (emptying it), the step's token metrics and
+    ``module.num_tokens``, each the mean over ranks."""
+    values = window.pop_means()
+    tokens = token_metrics(out.plan, out.logps.policy_token_stats, num_pairs)
+    values.update({f"train/{k}": weighted_mean(v, w) for k, (v, w) in tokens.items()})
+    # float64, so that the count stays exact past float32's 2**24 (Lightning keeps a step-only value's dtype)
+    values["train/num_tokens"] = torch.tensor(module.num_tokens, dtype=torch.float64)
+    # the mean over ranks, as TRL gathers every rank's values (only on logged steps: one small all-reduce)
+    module.log("train/loss", values.pop("train/loss"), on_step=True, on_epoch=False, prog_bar=True,
+               batch_size=num_pairs, sync_dist=True)
+    module.log_dict(values, on_step=True, on_epoch=False, batch_size=num_pairs, sync_dist=True)
+
+
+def log_optimizer_step(module: Any, optimizer: torch.optim.Optimizer, norm: Tensor | None) -> None:
+    """Log the learning rate and the gradient norm: ``norm`` if the gradient check measured it, else measured here;
+    NaN for a step without a gradient (skipped), not the previous step's norm. Called after the (accumulated)
+    backward, with gradients unscaled and not yet clipped: the norm that gradient clipping compares with
+    ``gradient_clip_val``, as TRL's (``transformers``')."""
+    module.log("train/learning_rate", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False)
+    if norm is None:
+        norm = gradient_norm(p for group in optimizer.param_groups for p in group["params"])
+    module.log("train/grad_norm", norm if norm is not None else float("nan"), on_step=True, on_epoch=False)
+
+
+def log_skipped(module: Any) -> None:
+    """Log the run's count of steps skipped for a non-finite loss or gradient (``module.nonfinite``)."""
+    module.log("train/skipped_nonfinite_steps", float(module.nonfinite.skipped_steps), on_step=True, on_epoch=False)
