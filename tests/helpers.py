@@ -15,7 +15,7 @@ from lit_prunedpo.samplers import PositionSampler, PrefixSampler
 
 REPO = Path(__file__).resolve().parents[1]
 #: Pruning modes: overlays in configs/modes/ composed after configs/quickstart.yaml.
-MODES = ("vanilla", "branch", "sequence", "position", "all")
+MODES = ("vanilla", "branch", "sequence", "position", "position-bernoulli", "all")
 
 
 def config_args(name: str) -> list[str]:

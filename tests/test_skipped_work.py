@@ -56,8 +56,8 @@ def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
     assert len(laid_out) == len(plan.groups)
     assert [c for c in policy.body_calls] == [(f.shape, f.group.requires_grad) for f in laid_out]
     assert sum(r * w for (r, w), _ in policy.body_calls) == forwards.tokens_executed == out.stats.tokens_executed
-    # LM head: only the scored positions, in the same grad mode
-    assert policy.head_calls == [(g.num_scored, g.requires_grad) for g in plan.groups]
+    # LM head: only the scored positions (a split log-softmax: only those whose log-sum-exp is drawn), same grad mode
+    assert policy.head_calls == [(g.num_head_positions, g.requires_grad) for g in plan.groups]
     # reference: one no-grad forward over all rows (one sequence per pair with a shared prompt), same positions
     if shared_prompt:
         assert reference.body_calls == [(forwards.reference.shape, False)]
@@ -93,8 +93,10 @@ def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
         assert [g.num_rows for g in plan.groups] == [B, B] or mode == "all" and len(plan.groups) == 2
     if mode in ("sequence", "all"):
         assert all(width[id(g)] <= unpruned_width for g in plan.groups)
-    if mode in ("position", "all"):
+    if mode in ("position", "position-bernoulli", "all"):
         assert plan.positions_scored < int(batch.response_lengths.sum())
+    if mode == "position":  # every position's target logit, the whole head on the drawn quarter only
+        assert sum(g.num_scored for g in plan.groups) == int(batch.response_lengths.sum())
 
 
 def test_sequence_pruning_shrinks_executed_tokens_on_average(tiny_source):

@@ -15,13 +15,15 @@
   test file, ``max_length`` 512 / ``max_prompt_length`` 256: :data:`HH_RLHF_LENGTHS`), length-grouped like the
   data module's training order. The shape where the shared prompt matters: prompts are over half the tokens.
 * ``hh-gpt2``: the same lengths on a Llama d=256, 4 layers with GPT-2's vocabulary (V=50257): the shape of
-  issue 9's TRL target (the LM head is 21.6% of a vanilla forward's FLOPs here, by the cost model; TRL also runs
-  it on every prompt position).
+  the TRL comparison (docs/performance.md; the LM head is 21.6% of a vanilla forward's FLOPs here, by the cost model;
+  TRL also runs it on every prompt position).
 * ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``scripts/gpu-check``
   runs in bf16 on one GPU.
 
-Modes: the shipped overlays ``configs/modes/{vanilla,branch,sequence,position,all}.yaml``, loaded by
-:mod:`lit_prunedpo.modes`: the benchmark times the configurations users run.
+Modes: the shipped overlays ``configs/modes/{vanilla,branch,sequence,position,position-bernoulli,all}.yaml``, loaded
+by :mod:`lit_prunedpo.modes`: the benchmark times the configurations users run. ``position`` is the default position
+mode (exact target logits, sampled log-sum-exps); ``position-bernoulli`` the paper's design, which every benchmark
+recorded before 2026-12-03 calls ``position``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from lit_prunedpo.modes import Samplers, samplers_of
 
 #: The modes the benchmark compares (names of shipped overlays); each value returns new sampler objects.
 MODES: dict[str, Callable[[], Samplers]] = {
-    name: functools.partial(samplers_of, name) for name in ("vanilla", "branch", "sequence", "position", "all")
+    name: functools.partial(samplers_of, name)
+    for name in ("vanilla", "branch", "sequence", "position", "position-bernoulli", "all")
 }
 REFERENCES = ("online", "cached")
 SCORERS = ("plain", "chunked")

@@ -2,10 +2,12 @@
 
 Modes are the shipped overlays ``configs/modes/<mode>.yaml``, loaded by :mod:`lit_prunedpo.modes`, so that a
 study's verdict applies to the configs a user runs: ``vanilla``, ``branch``, ``antithetic``, ``sequence``,
-``position``, ``all``, and the coupled variants ``position-coupled``, ``stratified-coupled`` and ``all-coupled``
+``position`` (the default position mode: coupled stratified draws scoring only the log-sum-exp, every target logit
+exact), ``position-bernoulli`` (the paper's Bernoulli positions), ``all``, and the coupled variants ``position-coupled``, ``stratified-coupled`` and ``all-coupled``
 (the position draw shared by a pair's two branches: common random numbers, same inclusion probabilities), and
-``stratified-coupled-exact-targets`` (the same draws scoring only the log-sum-exp, every target logit exact:
-:class:`~lit_prunedpo.samplers.ExactTargetLogits`). The study's reference is online, so
+``stratified-coupled-exact-targets`` (``position`` without its fallback for heads that cannot give one row:
+:class:`~lit_prunedpo.samplers.ExactTargetLogits`). Runs recorded before 2026-12-03 name the Bernoulli design
+``position``. The study's reference is online, so
 ``stratified-coupled-reference-lse`` (a cached reference's control variate) is not a study mode.
 
 An arm is ``same-batch`` (the task's batch), ``compute-matched``: a pruned mode with the batch enlarged by the
@@ -38,8 +40,8 @@ from lit_prunedpo.plan import plan_step
 
 #: The study's modes (names of shipped overlays), in the order its reports list them; each value returns new
 #: sampler objects.
-STUDY_MODES = ("vanilla", "branch", "antithetic", "sequence", "position", "all", "position-coupled",
-               "stratified-coupled", "all-coupled", "stratified-coupled-exact-targets")
+STUDY_MODES = ("vanilla", "branch", "antithetic", "sequence", "position", "position-bernoulli", "all",
+               "position-coupled", "stratified-coupled", "all-coupled", "stratified-coupled-exact-targets")
 MODES: dict[str, Callable[[], Samplers]] = {name: functools.partial(samplers_of, name) for name in STUDY_MODES}
 
 
@@ -131,22 +133,41 @@ def _arguments(sampler: object) -> dict[str, object]:
     return {n: getattr(sampler, n) for n in names if hasattr(sampler, n)}
 
 
+def _settable(sampler: object) -> list[str]:
+    """The arguments a setting can name: the sampler's own and those of the samplers it wraps (a control variate's
+    ``positions``), a wrapped sampler itself excluded."""
+    names = []
+    for name, value in _arguments(sampler).items():
+        names.extend(_settable(value) if hasattr(value, "draw") else [name])
+    return names
+
+
+def _with_argument(sampler: object, name: str, value: float) -> object:
+    """``sampler`` rebuilt with ``name`` set, in itself or in the sampler it wraps that takes it."""
+    arguments = _arguments(sampler)
+    if name not in arguments:
+        arguments = {k: _with_argument(v, name, value) if hasattr(v, "draw") and name in _settable(v) else v
+                     for k, v in arguments.items()}
+    else:
+        arguments[name] = value
+    return type(sampler)(**arguments)
+
+
 def with_settings(samplers: Samplers, settings: Iterable[tuple[str, float]], mode: str = "the mode") -> Samplers:
     """``samplers`` rebuilt with ``settings`` replacing constructor arguments (new objects, validated by the
-    samplers' own constructors).
+    samplers' own constructors); an argument of a wrapped sampler (``position``'s ``rate``) counts as its wrapper's.
 
     Raises:
         ValueError: for an argument that none, or more than one, of the three samplers takes.
     """
     rebuilt = list(samplers)
     for name, value in settings:
-        owners = [i for i, s in enumerate(rebuilt) if name in _arguments(s)]
+        owners = [i for i, s in enumerate(rebuilt) if name in _settable(s)]
         if len(owners) != 1:
-            takes = "; ".join(f"{type(s).__name__}: {', '.join(_arguments(s)) or 'no arguments'}" for s in rebuilt)
+            takes = "; ".join(f"{type(s).__name__}: {', '.join(_settable(s)) or 'no arguments'}" for s in rebuilt)
             raise ValueError(f"sampler argument {name!r} {'is taken by no' if not owners else 'is ambiguous among the'} "
                              f"samplers of {mode} ({takes})")
-        sampler = rebuilt[owners[0]]
-        rebuilt[owners[0]] = type(sampler)(**{**_arguments(sampler), name: value})
+        rebuilt[owners[0]] = _with_argument(rebuilt[owners[0]], name, value)
     return tuple(rebuilt)  # type: ignore[return-value]
 
 

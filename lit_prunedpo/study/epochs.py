@@ -33,12 +33,13 @@ from lit_prunedpo.study.tasks import StudyTask
 
 #: The table's designs: each mode of the paper and the best design we have in each dimension (antithetic
 #: branches, coupled stratified positions, the coupled combination); vanilla is the reference.
-TABLE_DESIGNS = ("vanilla", "branch", "antithetic", "sequence", "position", "stratified-coupled", "all", "all-coupled")
+TABLE_DESIGNS = ("vanilla", "branch", "antithetic", "sequence", "position-bernoulli", "stratified-coupled", "all",
+                 "all-coupled")
 
 #: The sampling-ratio grid added by ``--pareto`` (beside the table's designs): position rates, prefix fractions,
 #: branch probabilities and their combinations; vanilla at half and twice the batch and for fewer epochs.
 PARETO_DESIGNS = (
-    "position:rate=0.125", "position:rate=0.5", "stratified-coupled:rate=0.125", "stratified-coupled:rate=0.5",
+    "position-bernoulli:rate=0.125", "position-bernoulli:rate=0.5", "stratified-coupled:rate=0.125", "stratified-coupled:rate=0.5",
     "sequence:min_fraction=0.25", "sequence:min_fraction=0.75", "branch:chosen_probability=0.25",
     "all-coupled:rate=0.25,min_fraction=0.75", "all-coupled:rate=0.125,min_fraction=0.5",
     "vanilla@/2", "vanilla@x2", "vanilla/0.5", "vanilla/0.75",

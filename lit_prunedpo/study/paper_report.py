@@ -27,7 +27,8 @@ PAPER = {
     "position": "mainly lower peak memory",
     "sequence": "mainly lower peak memory",
 }
-DIMENSION = {"branch": "branch", "antithetic": "branch", "position": "position", "stratified-coupled": "position",
+DIMENSION = {"branch": "branch", "antithetic": "branch", "position-bernoulli": "position", "position": "position",
+             "stratified-coupled": "position", "stratified-coupled-exact-targets": "position",
              "position-coupled": "position", "stratified": "position", "sequence": "sequence"}
 PAPER_STEP_SPEEDUP, PAPER_TIME_SAVED = 1.426, 0.30
 

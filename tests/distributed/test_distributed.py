@@ -250,6 +250,14 @@ def test_a_sharded_save_that_dies_leaves_the_previous_folder_whole(fsdp_runs):
                             "interrupted") for w in first["warnings"]), first["warnings"]
 
 
+def test_the_position_mode_trains_on_a_sharded_head_with_its_fallback(fsdp_runs):
+    # the head's weight is a DTensor once sharded: no row of it outside its forward, so ExactTargetLogits (fallback:
+    # true in configs/modes/position.yaml) hands over to the sampler it wraps when configure_model has sharded it
+    assert json.loads((fsdp_runs / "fsdp_position_sampler.json").read_text()) == "CoupledStratifiedPositions"
+    metrics = json.loads((fsdp_runs / "fsdp_position.json").read_text())
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
+
+
 def test_tied_embeddings_shard_in_one_unit(fsdp_runs):
     assert json.loads((fsdp_runs / "fsdp_tied.json").read_text())["max_grad_diff"] <= TOL
 

@@ -203,6 +203,10 @@ def main() -> None:
         run("lora_resumed", "lora", 4, ckpt=str(out / strategy / "lora_half/lightning_logs/version_0/checkpoints/last.ckpt"))
     if strategy == "fsdp":
         run("skewed", "all", 2, "--model.branch_sampler=worker.RankSkewedBranch", record_plans=True)
+    if strategy == "fsdp":  # the default position mode on a head FSDP2 shards: the fallback it warns about
+        position = run("position", "position", 2)
+        if rank == 0:
+            (out / "fsdp_position_sampler.json").write_text(json.dumps(type(position.model.position_sampler).__name__))
     if strategy == "fsdp":
         check_tied_embeddings(out, rank)
         check_corrupt_distributed_checkpoint(out, half)

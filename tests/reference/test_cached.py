@@ -61,7 +61,10 @@ def synthetic(**kwargs):
 
 
 # ------------------------------------------------------------------------- same objective as online
-@pytest.mark.parametrize("mode", list(MODES))
+# The position mode samples only the log-sum-exp: an online reference's sum is estimated like the policy's, a cached
+# one's is exact over the executed positions, so the two objectives differ by design (both unbiased: the split
+# estimators' enumeration tests, tests/samplers/test_control_variates.py, cover both references).
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "position"])
 def test_cached_equals_online_loss_and_gradients(mode, tiny_source):
     prefix, position, branch = MODES[mode]
     dm = synthetic()

@@ -65,6 +65,10 @@ def test_settings_rebuild_the_samplers_with_their_own_checks():
     assert arm.samplers()[1] is not arm.samplers()[1]  # new objects every time
     assert arm.name == "all-coupled:rate=0.125,min_fraction=0.75@8"
     assert with_settings(Arm("branch", 8).samplers(), (("chosen_probability", 0.25),))[2].chosen_probability == 0.25
+    # the default position mode wraps its position sampler: a setting reaches the wrapped one, the wrapper is kept
+    position = Arm("position", 8, settings=(("rate", 0.5),)).samplers()[1]
+    assert (type(position).__name__, type(position.positions).__name__) == ("ExactTargetLogits", "CoupledStratifiedPositions")
+    assert (position.positions.rate, position.fallback) == (0.5, True)
 
 
 def test_families_keep_the_sizes_and_build():

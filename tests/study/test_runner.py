@@ -315,7 +315,7 @@ def test_hh_rlhf_task_holds_out_real_pairs(tmp_path):
         HHRLHFTask(path=str(tmp_path / "missing.jsonl.gz")).datamodule(tmp_path)
 
 
-@pytest.mark.parametrize("coupled, uncoupled", [("position-coupled", "position"), ("all-coupled", "all")])
+@pytest.mark.parametrize("coupled, uncoupled", [("position-coupled", "position-bernoulli"), ("all-coupled", "all")])
 def test_coupled_arms_differ_from_their_twins_only_in_the_shared_position_draw(task, dm, coupled, uncoupled):
     batch = next(iter(dm.train_dataloader()))
     (pre_c, pos_c, br_c), (pre_u, pos_u, br_u) = Arm(coupled, 4).samplers(), Arm(uncoupled, 4).samplers()
