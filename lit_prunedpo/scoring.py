@@ -33,7 +33,7 @@ from lit_prunedpo.layout.base import GroupInputs, PastColumns
 from lit_prunedpo.layout.attention import model_attention_mask
 from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
-from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, target_logits
+from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, log_sum_exp, target_logits
 
 __all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "model_head", "split_causal_lm", "token_stats"]
 
@@ -122,7 +122,7 @@ class TokenScorer:
         logits = head(hidden).float()
         if stats is not None:
             stats.append(token_stats(logits, targets))
-        return logits.logsumexp(-1)
+        return log_sum_exp(logits)
 
     def token_terms(self, model: nn.Module, head: OutputHead, hidden: Tensor, targets: Tensor, lse_index: Tensor,
                     stats: list[Tensor] | None = None) -> TokenTerms:

@@ -14,7 +14,7 @@ that transforms its weight, a head sharded by FSDP2), naming the model and why, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -102,3 +102,28 @@ def target_logits(linear: nn.Linear, transform: LogitTransform | None, hidden: T
     if linear.bias is not None:
         logits = logits + linear.bias[targets].float()
     return logits if transform is None else transform(logits)
+
+
+class _LogSumExp(torch.autograd.Function):
+    """``logsumexp`` over the last dimension through the fused log-softmax kernel: ``lse = x_m - log_softmax(x)_m``
+    at each row's arg-max ``m`` (where the log-softmax is near 0, so the difference loses nothing), the gradient
+    ``softmax(x) * g``. On the CPU ``torch.logsumexp`` makes four passes over ``[K, V]`` forward and three backward;
+    this makes two and two (measured 0.7x the time on ``[288, 32768]``). Saves the log-softmax, as ``logsumexp``
+    saves its input; no double backward."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor) -> Tensor:
+        log_probs = logits.log_softmax(-1)
+        top = logits.argmax(-1, keepdim=True)
+        ctx.save_for_backward(log_probs)
+        return (logits.gather(-1, top) - log_probs.gather(-1, top)).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (log_probs,) = ctx.saved_tensors
+        return log_probs.exp().mul_(grad.unsqueeze(-1))
+
+
+def log_sum_exp(logits: Tensor) -> Tensor:
+    """``[K]`` log-sum-exp of ``[K, V]`` ``logits`` over the vocabulary (:class:`_LogSumExp`)."""
+    return _LogSumExp.apply(logits)

@@ -19,7 +19,7 @@ from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import BothBranches, ExactTargetLogits, SharedFractionPrefix, StratifiedPositions
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.testing import synthetic_batch
-from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, linear_head_parts, target_logits
+from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, linear_head_parts, log_sum_exp, target_logits
 
 
 def head_and_inputs(bias: bool, transform, seed: int = 0):
@@ -101,3 +101,16 @@ def test_a_head_module_that_transforms_its_weight_is_refused_naming_the_model():
             "(h . W[y] + b, then the model's element-wise logit transform), but its head is a WeightNormed, not a plain "
             "nn.Linear (its forward may transform the weight); computing its full logits")):
         fused_linear_head(model, OutputHead(WeightNormed(4, 8)))
+
+
+@pytest.mark.parametrize("scale", [0.01, 3.0, 300.0])
+def test_log_sum_exp_equals_torchs_in_value_and_gradient(scale):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(7, 50, generator=g, dtype=torch.float64) * scale).requires_grad_()
+    logits.data[2, 5:] = float("-inf")  # a row with masked entries (a padded vocabulary)
+    weights = torch.randn(7, generator=g, dtype=torch.float64)
+    ours, theirs = log_sum_exp(logits), logits.logsumexp(-1)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    (ours_grad,), (theirs_grad,) = (torch.autograd.grad(y, logits, weights) for y in (ours, theirs))
+    torch.testing.assert_close(ours_grad, theirs_grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(log_sum_exp, (logits[:, :6].detach().clone().requires_grad_(),))
