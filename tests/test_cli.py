@@ -128,7 +128,7 @@ def test_corrupt_checkpoint_is_refused_naming_the_file(tmp_path):
 
 
 def test_quickstart_trains_on_a_users_jsonl(tmp_path):
-    """`lit-prunedpo fit --config configs/quickstart.yaml --data.path pairs.jsonl` (issue 3's contract)."""
+    """`lit-prunedpo fit --config configs/quickstart.yaml --data.path pairs.jsonl` (the README's own-data contract)."""
     import json
 
     pairs = tmp_path / "pairs.jsonl"
@@ -210,7 +210,7 @@ def test_predict_is_an_invalid_choice_naming_the_commands(capsys):
 
 def test_a_cpu_run_keeps_torchs_thread_count(tmp_path, caplog):
     """The CLI leaves torch's threads alone (one per core unless OMP_NUM_THREADS or torch.set_num_threads say
-    otherwise): a single-process CPU run once took one thread, 1.56x slower on a body-heavy model (issue 30)."""
+    otherwise): a single-process CPU run once took one thread, 1.56x slower on a body-heavy model."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -224,7 +224,7 @@ def test_a_cpu_run_keeps_torchs_thread_count(tmp_path, caplog):
 
 def test_shipped_configs_by_name_from_an_empty_folder(tmp_path, monkeypatch, caplog):
     """After `pip install .` the working folder has no configs/: the README's `--config configs/quickstart.yaml` and a
-    bare name (`--config modes/branch`) take the packaged files, and say so (issue 30)."""
+    bare name (`--config modes/branch`) take the packaged files, and say so."""
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
     cli = build_cli(["--config", "configs/quickstart.yaml", "--config", "modes/branch",
@@ -251,7 +251,7 @@ def test_an_unknown_layout_class_is_a_clear_error(tmp_path, capsys):
     assert "NoSuchLayout" in capsys.readouterr().err
 
 
-# --------------------------------------------------------------- the control-variate overlays (issue 28)
+# ----------------------------------------------------------------------------- the control-variate overlays
 CONTROL_VARIATES = {"stratified-coupled-exact-targets": "configs/quickstart.yaml",
                     "stratified-coupled-reference-lse": "configs/cached.yaml"}
 

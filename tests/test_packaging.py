@@ -127,7 +127,7 @@ def test_an_installed_layout_needs_no_finder(tmp_path):
     assert first_finder != "_SourceCheckoutFinder"
 
 
-# --- the shipped configs by name (issue 30): after `pip install .` the working folder has no configs/ -------------
+# --- the shipped configs by name: after `pip install .` the working folder has no configs/ -------------
 
 #: every shipped YAML by its name under configs/: quickstart, modes/branch, losses/ipo, ...
 SHIPPED_NAMES = sorted(p.relative_to(REPO / "configs").with_suffix("").as_posix()

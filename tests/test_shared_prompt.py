@@ -32,7 +32,9 @@ from lit_prunedpo.samplers import (
     StratifiedPositions,
 )
 from lit_prunedpo.scoring import split_causal_lm
-from lit_prunedpo.shared_prompt import check_attention, packed_layout, prompt_and_common_lengths
+from lit_prunedpo.layout.attention import check_attention
+from lit_prunedpo.layout.packed import packed_layout
+from lit_prunedpo.plan import prompt_and_common_lengths
 
 from helpers import TINY_LLAMA, make_batch
 

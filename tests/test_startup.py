@@ -1,6 +1,6 @@
 """The command starts at once where it can: ``import lit_prunedpo``, ``lit-prunedpo --help``, ``export --help`` and
 ``configs`` import none of the heavy libraries (torch, lightning, transformers, ...), which cost seconds of CPU
-before anything happens (issue 30). A correctness check, not a timing: each runs in a fresh interpreter, and the
+before anything happens. A correctness check, not a timing: each runs in a fresh interpreter, and the
 modules it imported are read from ``python -X importtime`` (every module the process imported, one line each).
 
 The top-level help is written by a parser without lightning (``lit_prunedpo.cli.top_level_parser``): it must say

@@ -201,7 +201,7 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
 
 def test_step_flops_follow_the_shared_prompt_shapes():
     """Same 2 pairs: one packed block per pair of 3 + 4 + 4 = 11 columns (prompt once, no common prefix)."""
-    from lit_prunedpo.shared_prompt import prompt_and_common_lengths
+    from lit_prunedpo.plan import prompt_and_common_lengths
 
     batch = make_batch([3, 3], [5, 5], [5, 5])
     assert prompt_and_common_lengths(batch)[1].tolist() == [0, 0]

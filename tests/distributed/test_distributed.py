@@ -316,7 +316,7 @@ def test_sigterm_saves_a_checkpoint_and_the_relaunch_resumes(tmp_path):
     assert f"Restored all states from the checkpoint at {ckpt}" in log, log[-3000:]
 
 
-# ------------------------------------------------------------------------- LoRA and export (issue 11)
+# ------------------------------------------------------------------------------------ LoRA and export
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_lora_trains_adapters_only(runs, strategy):
     full = _weights(runs, f"{strategy}_lora_full")

@@ -17,7 +17,6 @@ from lit_prunedpo.reference import (
     OnlineReference,
     ReferenceData,
     ReferenceRuntime,
-    reference_for,
 )
 from lit_prunedpo.scoring import TokenScorer
 
@@ -64,11 +63,3 @@ def test_online_reference_exposes_its_frozen_model_and_shares_it_with_another_sc
 def test_sources_without_a_model_have_nothing_to_shard():
     assert NoReference().models() == [] and CachedReference().models() == []
     assert OnlineReference().models() == []  # not configured yet: no copy of the policy
-
-
-def test_import_paths_kept_for_existing_configs():
-    import lit_prunedpo.reference_cache as old_cache
-    import lit_prunedpo.reference_free as old_free
-
-    assert old_cache.CachedReference is CachedReference and old_free.NoReference is NoReference
-    assert old_free.reference_for is reference_for

@@ -1,4 +1,4 @@
-"""Issue 17 item 5's designs: a per-response floor on stratified positions, branch pruning only where a pair's
+"""Designs for near-duplicate pairs: a per-response floor on stratified positions, branch pruning only where a pair's
 responses diverge (exact per-pair probabilities), and the bias of the coefficient at the pruned margin; each
 proven unbiased by enumeration (or its bias computed exactly) and run through the real planner."""
 
