@@ -235,7 +235,8 @@ class PrunedDPO(L.LightningModule):
 
         shard_pruned_dpo(self, self.device_mesh)
         self._sharded = True
-        self.use_samplers(position=self._position_given)  # a sharded head gives no row: checked again
+        given, self._position_given = self._position_given or self.position_sampler, None
+        self.use_samplers(position=given)  # checked again: a sharded head gives no row (its fallback, or a refusal)
 
     def configure_optimizers(self) -> Any:
         return configure_optimizers(self)  # recorded for checkpoints and resumes (lit_prunedpo.optimizer_setup)

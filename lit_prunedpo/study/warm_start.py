@@ -16,6 +16,10 @@ reference. Here:
   seed, the pass's steps, learning rate and batch size), and is reused by every arm of that seed and by any
   later study with the same settings; ``warm_start.json`` beside the weights records the pass's cost
   (process CPU and wall seconds, reported apart from every arm's budget) and its loss curve.
+
+The pass is a plain loop rather than a Lightning ``Trainer``: its clock covers the steps alone (no loading, no
+hooks), and the weights it caches under a key of *settings* must stay bit for bit those earlier studies warmed,
+which a new training driver under the same key could not promise.
 """
 
 from __future__ import annotations
