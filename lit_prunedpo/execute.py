@@ -44,7 +44,7 @@ from lit_prunedpo.token_terms import TokenTerms
 
 __all__ = [
     "Agreement", "Forward", "ReferenceScores", "Scored", "StepExecutor", "StepForwards", "StepLogps",
-    "keeps_keys_values", "layout_for", "placeholder_group", "score_groups", "split_inputs"
+    "keeps_keys_values", "layout_for", "placeholder_group", "split_inputs"
 ]
 
 #: What a scorer returns for one forward: whole log-probs, or the two terms of a group whose log-softmax is split.
@@ -276,11 +276,3 @@ def split_inputs(inputs: GroupInputs, group: RowGroup) -> GroupInputs:
     """``inputs`` with the positions where the whole head runs (``lse_index``) where ``group``'s log-softmax is
     split; ``inputs`` as they are otherwise."""
     return replace(inputs, lse_index=group.lse_index) if group.splits_log_softmax else inputs
-
-
-def score_groups(scorer: TokenScorer, model: nn.Module, batch: PreferenceBatch, groups: Sequence[RowGroup],
-                 layout: Layout | None = None, reuse_keys_values: bool = True) -> tuple[Scored, ...]:
-    """The policy log-probs of a plan's ``groups``, in order, run by a :class:`StepExecutor` with ``layout``."""
-    executor = StepExecutor(layout, reuse_keys_values)
-    forwards = executor.forwards(groups, PairLengths.of(batch))
-    return executor.run_policy(model, scorer, batch, forwards)

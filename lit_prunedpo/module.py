@@ -30,7 +30,7 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
 from lit_prunedpo.distributed import agree_on_forwards
 from lit_prunedpo.estimate import Estimate, estimate
-from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for, score_groups
+from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
 from lit_prunedpo.gradient_check import checked_closure
 from lit_prunedpo.guards import (
     check_data_vocabulary, check_positions, check_sampler_kinds, refuse_nonfinite_weights, usable_position_sampler,
@@ -41,7 +41,7 @@ from lit_prunedpo.metrics import MetricWindow, StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.nonfinite import NonFiniteGuard
 from lit_prunedpo.optimizer_setup import apply_resumed_setup, configure_optimizers
-from lit_prunedpo.plan import RowGroup, StepPlan, exact_samplers, plan_step
+from lit_prunedpo.plan import StepPlan, exact_samplers, plan_step
 from lit_prunedpo.policy_setup import EvalModeWarning, build_policy
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
@@ -327,12 +327,6 @@ class PrunedDPO(L.LightningModule):
         """Stage 3: the IPW estimate of the loss and its single-branch surrogate."""
         return estimate(plan, logps.policy, logps.reference, self.loss, self.beta, batch.response_lengths,
                         logps.reference_lse)
-
-    def score_policy(self, batch: PreferenceBatch, group: RowGroup, scorer: TokenScorer | None = None) -> Tensor:
-        """The policy's log-probs of one group, alone in its forward, laid out as this module lays its steps out:
-        a graph only for the gradient rows; ``scorer`` ``None`` is the module's."""
-        scorer = self.scorer if scorer is None else scorer
-        return score_groups(scorer, self.policy, batch, [group], self.resolved_layout())[0]
 
     def execute_and_estimate(self, batch: PreferenceBatch, plan: StepPlan, parts: StepParts | None = None) -> Estimate:
         """Stages 2 and 3: policy and reference forwards, then the IPW estimate."""

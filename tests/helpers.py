@@ -126,3 +126,18 @@ class ForcedPositions(PositionSampler):
 
     def draw(self, kept, width, generator):
         return self.mask
+
+
+def score_groups(scorer, model, batch, groups, layout=None, reuse_keys_values=True):
+    """The policy log-probs of a plan's ``groups``, in order, run by a ``StepExecutor`` with ``layout``: the step's
+    policy forwards without the rest of the step."""
+    from lit_prunedpo.execute import StepExecutor
+    from lit_prunedpo.layout import PairLengths
+
+    executor = StepExecutor(layout, reuse_keys_values)
+    return executor.run_policy(model, scorer, batch, executor.forwards(groups, PairLengths.of(batch)))
+
+
+def score_policy(module, batch, group):
+    """The policy's log-probs of one group, alone in its forward, laid out as ``module`` lays its steps out."""
+    return score_groups(module.scorer, module.policy, batch, [group], module.resolved_layout())[0]

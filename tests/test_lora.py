@@ -22,7 +22,7 @@ from lit_prunedpo.reference import CachedReference, ReferenceRuntime
 from lit_prunedpo.samplers import AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix, StratifiedPositions
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
-from helpers import REPO, TINY_LLAMA
+from helpers import REPO, TINY_LLAMA, score_policy
 
 EXACT = (FullPrefix(), AllPositions(), BothBranches())
 PRUNED = (SharedFractionPrefix(0.5), StratifiedPositions(rate=0.5), AntitheticBranch())
@@ -61,7 +61,7 @@ def test_reference_is_the_base_model_with_no_copy(lora, tiny_source):
     base = tiny_source.build().eval()
     with torch.no_grad():
         expected = TokenScorer()(base, group_inputs(batch, plan.groups[0]))
-        adapted = module.score_policy(batch, plan.groups[0])
+        adapted = score_policy(module, batch, plan.groups[0])
     (reference,) = module.reference.token_logps(batch, plan)
     torch.testing.assert_close(reference, expected, rtol=0, atol=1e-6)
     assert (adapted - expected).abs().max() > 1e-3  # the adapters do change the policy

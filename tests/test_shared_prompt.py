@@ -18,7 +18,7 @@ from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.modes import load_mode
-from lit_prunedpo.execute import StepExecutor, layout_for, score_groups
+from lit_prunedpo.execute import StepExecutor, layout_for
 from lit_prunedpo.layout import PairLengths, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.samplers import (
@@ -36,7 +36,7 @@ from lit_prunedpo.layout.attention import check_attention
 from lit_prunedpo.layout.packed import packed_layout
 from lit_prunedpo.plan import prompt_and_common_lengths
 
-from helpers import TINY_LLAMA, make_batch
+from helpers import TINY_LLAMA, make_batch, score_groups, score_policy
 
 TOL = dict(atol=1e-5, rtol=1e-4)
 
@@ -267,7 +267,7 @@ def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
     logps = score_groups(module.scorer, module.policy, batch, plan.groups, SharedPromptLayout())
     assert logps[0].grad_fn is not None and logps[1].grad_fn is None
     # alone in its forward, a group reads no other forward's keys and values
-    assert module.score_policy(batch, no_grad_group).grad_fn is None
+    assert score_policy(module, batch, no_grad_group).grad_fn is None
     # without the prompt cache each prompt runs once per group, so twice in the step's policy forwards
     prompt_len, common = prompt_and_common_lengths(batch)
     lengths = batch.response_lengths[torch.arange(batch.num_pairs)[:, None], plan.grad_mask.long().argsort(-1)]
@@ -276,7 +276,7 @@ def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
     forwards = StepExecutor(SharedPromptLayout(), reuse_keys_values=False).forwards(uncached.groups, PairLengths.of(batch))
     for forward, rows in zip(forwards.policy, (lengths[:, 1], lengths[:, 0]), strict=True):
         assert forward.laid_out.real_tokens == int((prompt_len + rows - 1).sum())
-    assert module.score_policy(batch, uncached.groups[1]).grad_fn is None
+    assert score_policy(module, batch, uncached.groups[1]).grad_fn is None
 
 
 def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):

@@ -8,13 +8,12 @@ import torch
 
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.samplers import RandomBranch, SharedFractionPrefix
-from lit_prunedpo.execute import score_groups
 from lit_prunedpo.layout import PairLengths, SharedPromptLayout
 from lit_prunedpo.modes import load_mode
 from lit_prunedpo.scoring import split_causal_lm
 
 from helpers import MODES as SHIPPED_MODES
-from helpers import make_batch
+from helpers import make_batch, score_groups
 
 # the shipped modes (configs/modes/<name>.yaml)
 MODES = {name: load_mode(name).module_kwargs() for name in SHIPPED_MODES}
