@@ -14,6 +14,11 @@ matches the plain forward; :func:`choose_layout` does the same for a layout the 
 right-padded layout (exact for any causal model) with one line that names the difference, or stopping under
 ``strict``. It is what catches the architecture that next year's transformers adds.
 
+The comparison runs in float32 whatever the step's precision (16-bit weights widened for it), to the float32
+tolerance, and then at the step's own 16-bit precision, if it has one, within a multiple of the plain forward's
+own rounding there (:mod:`lit_prunedpo.probe_precision`): a fixed tolerance either refuses a real model in
+``bf16-mixed`` or lets a real difference pass.
+
 Where the check runs in training mode too (the policy's dropout disabled), a difference that eval mode does not
 show is a training-time noise source no layout can fix: it stops the run, naming the size of the difference.
 """
@@ -33,16 +38,12 @@ from lit_prunedpo.execute import StepExecutor, keeps_keys_values
 from lit_prunedpo.layout import LaidOutGroup, Layout, PairLengths, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.layout.attention import AttentionForm
 from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan
+from lit_prunedpo.probe_precision import (FLOAT32_TOLERANCE, ROUNDING_FACTOR, WorkingPrecision, in_float32,
+                                         rounding_tolerance)
 from lit_prunedpo.scoring import TokenScorer, model_head
 
 #: Longest probe row: a sliding window longer than this is not probed (the data must be longer to meet it).
 MAX_PROBE_LENGTH = 256
-
-
-def tolerance_for(model: nn.Module) -> float:
-    """Largest per-token log-prob difference taken as rounding: ``1e-3`` nats in float32, ``0.1`` in 16 bits."""
-    dtype = next(model.parameters()).dtype
-    return 1e-3 if dtype in (torch.float32, torch.float64) else 0.1
 
 
 def shortest_window(model: nn.Module) -> int | None:
@@ -191,42 +192,90 @@ def _distinct(models: Sequence[nn.Module]) -> list[nn.Module]:
     return out
 
 
-class _Probes:
-    """Each model's probe batch and plain log-probs, computed when first asked (a layout a model refuses needs none)."""
+@dataclass(frozen=True)
+class Probe:
+    """A model's probe batch, its plain log-probs in float32 (the truth every layout is held to) and, at a 16-bit
+    working precision, how far the plain forward at that precision is from them (its own rounding)."""
 
-    def __init__(self, max_length: int) -> None:
+    batch: PreferenceBatch
+    expected: Tensor
+    precision: WorkingPrecision
+    rounding: float = 0.0
+
+    @property
+    def limit(self) -> float:
+        """The tolerance of a layout at the working precision (:func:`rounding_tolerance`)."""
+        return rounding_tolerance(self.rounding)
+
+
+class _Probes:
+    """Each model's :class:`Probe`, computed when first asked (a layout a model refuses needs none)."""
+
+    def __init__(self, max_length: int, precisions: dict[int, WorkingPrecision]) -> None:
         self.max_length = max_length
-        self.done: dict[int, tuple[PreferenceBatch, Tensor]] = {}
+        self.precisions = precisions
+        self.done: dict[int, Probe] = {}
         self.unfinite = False  # a model's own forward gave NaN or Inf on the probe: nothing was compared
 
-    def __getitem__(self, model: nn.Module) -> tuple[PreferenceBatch, Tensor]:
+    def __getitem__(self, model: nn.Module) -> Probe:
         if id(model) not in self.done:
             batch = probe_batch(model, self.max_length).to(next(model.parameters()).device)
+            precision = self.precisions[id(model)]
             with _modes(model, False, True):
-                self.done[id(model)] = (batch, plain_logps(model, batch))
+                with in_float32([model]):
+                    expected = plain_logps(model, batch)
+                rounding = 0.0 if not precision.reduced else _rounding(model, batch, expected, precision)
+            self.done[id(model)] = Probe(batch, expected, precision, rounding)
         return self.done[id(model)]
 
 
+def _rounding(model: nn.Module, batch: PreferenceBatch, expected: Tensor, precision: WorkingPrecision) -> float:
+    """How far the plain forward at ``precision`` is from its float32 log-probs ``expected`` (largest, in nats).
+
+    Raises:
+        ValueError: the model's own forward fails at that precision (no layout can do better).
+    """
+    try:
+        logps = plain_logps(model, batch)
+    except Exception as err:
+        raise ValueError(f"{type(model).__name__}'s own forward fails in {precision.describe()}: {_failure(err)}; "
+                         "train it in float32 (--trainer.precision 32-true)") from err
+    return float((logps - expected).abs()[batch.response_mask.cpu()].max())
+
+
+def _failure(err: Exception) -> str:
+    first = (str(err).splitlines() or [repr(err)])[0][:160]
+    return f"the model's forward failed on its inputs ({type(err).__name__}: {first})"
+
+
 def _try(layout: Layout, models: Sequence[nn.Module], scorer: TokenScorer, probes: "_Probes", tolerance):
-    """``None`` when ``layout`` runs every model exactly on the probe, else why not (one clause)."""
+    """``None`` when ``layout`` runs every model exactly on the probe, else why not (one clause): in float32 to the
+    float32 tolerance, then, at a 16-bit working precision, within its rounding (:mod:`lit_prunedpo.probe_precision`)."""
     for model in models:
         try:
             layout.check_model(model)
         except ValueError as err:
             return str(err).split(": ", 1)[-1].split("; use ")[0]
-        batch, expected = probes[model]
-        if not bool(torch.isfinite(expected).all()):
+        probe = probes[model]
+        if not bool(torch.isfinite(probe.expected).all()):
             # weights that already hold NaN or Inf (a diverged checkpoint): nothing to compare with; the step's own
             # non-finite handling reports it
             probes.unfinite = True
             continue
+        limit = tolerance if tolerance is not None else FLOAT32_TOLERANCE
         try:
-            error = layout_error(model, layout, scorer, batch, expected)
+            with in_float32([model]):
+                error = layout_error(model, layout, scorer, probe.batch, probe.expected)
+            if error > limit:
+                return f"its log-probs differ from the plain forward by up to {error:.3g} nats (tolerance {limit:g})"
+            if probe.precision.reduced:
+                error = layout_error(model, layout, scorer, probe.batch, probe.expected)
         except Exception as err:  # a forward that cannot take this layout's inputs is a refusal, not a crash
-            return f"the model's forward failed on its inputs ({type(err).__name__}: {(str(err).splitlines() or [repr(err)])[0][:160]})"
-        limit = tolerance if tolerance is not None else tolerance_for(model)
-        if error > limit:
-            return f"its log-probs differ from the plain forward by up to {error:.3g} nats (tolerance {limit:g})"
+            return _failure(err)
+        if probe.precision.reduced and error > max(limit, probe.limit):
+            return (f"in {probe.precision.describe()} its log-probs differ from the float32 plain forward by up to "
+                    f"{error:.3g} nats, more than {ROUNDING_FACTOR:g}x the plain forward's own rounding "
+                    f"({probe.rounding:.3g})")
     return None
 
 
@@ -244,7 +293,7 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
     for model in models:
         model_head(model)  # read each model's head now, not in its first step
     models = _distinct(models)
-    probes = _Probes(max_length)
+    probes = _Probes(max_length, {id(model): WorkingPrecision.of(model) for model in models})
     scorer = _private(scorer)
     auto = isinstance(requested, AutoLayout)
     candidates = list(requested.candidates) if auto else [requested] + ([] if strict else [RightPaddedLayout()])
@@ -265,9 +314,10 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
         return LayoutChoice(chosen, f"layout: {_name(chosen)} for {type(policy).__name__}: not checked, the model's "
                                     "own forward is not finite on the conformance probe", tuple(refused))
     if train_noise_check:
-        batch, expected = probes[policy]
-        error = layout_error(policy, chosen, scorer, batch, expected, training=True)
-        limit = tolerance if tolerance is not None else tolerance_for(policy)
+        probe = probes[policy]
+        with in_float32([policy]):
+            error = layout_error(policy, chosen, scorer, probe.batch, probe.expected, training=True)
+        limit = tolerance if tolerance is not None else FLOAT32_TOLERANCE
         if error > limit:
             raise RuntimeError(
                 f"{type(policy).__name__} computes different log-probs in training mode than in eval mode (up to "
@@ -282,8 +332,15 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
     head = None if head == "linear head" else f"output head: {head}"
     why = f" ({'; '.join(refused)})" if refused else ""
     line = (f"layout: {_name(chosen)} for {type(policy).__name__}{why}: matches the model's plain forward on the "
-            f"conformance probe{probed}")
+            f"conformance probe{probed}{_precision_clause(probes[policy])}")
     return LayoutChoice(chosen, line if head is None else f"{line}; {head}", tuple(refused))
+
+
+def _precision_clause(probe: Probe) -> str:
+    if not probe.precision.reduced:
+        return ""
+    return (f" (in float32 to {FLOAT32_TOLERANCE:g} nats, and in {probe.precision.describe()} within "
+            f"{probe.limit:.3g}: {ROUNDING_FACTOR:g}x the plain forward's own rounding, {probe.rounding:.3g})")
 
 
 def unchecked_layout(layout: Layout, models: Sequence[nn.Module]) -> LayoutChoice:

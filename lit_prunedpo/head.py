@@ -209,6 +209,10 @@ class OutputHead:
     def __call__(self, hidden: Tensor) -> Tensor:
         if self.tail is not None:
             return model_tail_logits(self.tail, hidden)
+        weight = getattr(self.linear, "weight", None)
+        if weight is not None and weight.is_floating_point() and hidden.dtype != weight.dtype:
+            # a body that returns float32 under 16-bit weights (Mamba's norm): its own forward casts to the head's dtype
+            hidden = hidden.to(weight.dtype)
         logits = self.linear(hidden)
         return logits if self.transform is None else self.transform(logits)
 
