@@ -1,8 +1,8 @@
 """Model sources: where a policy or reference model comes from, chosen by ``class_path`` in a config.
 
-``Pretrained`` loads a ``transformers`` causal LM by hub name or local path (real loading code; this
-project's tests run it on local copies). ``FromConfig`` builds a randomly initialised model from a config,
-which is what the tests and the quickstart use.
+``Pretrained`` loads a ``transformers`` causal LM by hub name, local path or ``.gguf`` file (real loading code;
+this project's tests run it on local copies and a real GGUF file). ``FromConfig`` builds a randomly initialised
+model from a config, which is what the tests and the quickstart use.
 """
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from lit_prunedpo.gguf_files import (
+    check_gguf_file, dense_load_kwargs, is_gguf_path, plain_model, require_gguf, split_gguf_path, unreadable_gguf,
+)
 from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint, written_as_path
+from lit_prunedpo.safetensors_files import broken_safetensors
 
 __all__ = [
     "FromConfig", "ModelSource", "Pretrained", "check_config_keys", "config_class", "config_keys",
-    "fill_vocab_size", "source_from_spec"
+    "fill_vocab_size", "source_behind_lora", "source_from_spec"
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,12 +65,21 @@ def source_from_spec(spec: dict[str, Any]) -> ModelSource:
 class Pretrained(ModelSource):
     """A pretrained causal LM from the hub or a local directory, via ``AutoModelForCausalLM.from_pretrained``.
 
+    A GGUF file (llama.cpp's format) loads as well, given as a local path ending in ``.gguf`` or as a hub name with
+    ``gguf_file``: its weights are dequantized into a plain dense model (float32 unless ``dtype`` says otherwise),
+    which trains and exports like any other (:mod:`lit_prunedpo.gguf_files`; needs the ``gguf`` package).
+
     Args:
-        name_or_path: hub model id (e.g. ``gpt2``) or a local directory saved with ``save_pretrained``.
+        name_or_path: hub model id (e.g. ``gpt2``), a local directory saved with ``save_pretrained``, or the path of
+            a local ``.gguf`` file.
         dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``); ``None`` keeps the checkpoint's.
         revision: hub revision (branch, tag or commit).
         attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` lets transformers pick.
         trust_remote_code: allow model code from the hub repository.
+        gguf_file: the name of a GGUF file inside the hub repository (or local directory) ``name_or_path``.
+
+    Raises:
+        ValueError: ``gguf_file`` given with a ``name_or_path`` that is itself a ``.gguf`` file.
     """
 
     def __init__(
@@ -76,18 +89,23 @@ class Pretrained(ModelSource):
         revision: str | None = None,
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
+        gguf_file: str | None = None,
     ) -> None:
+        if gguf_file is not None and is_gguf_path(name_or_path):
+            raise ValueError(f"Pretrained: name_or_path {name_or_path!r} is a .gguf file and gguf_file {gguf_file!r} "
+                             "names another: give the file's path as name_or_path and leave gguf_file out")
         self.init_args = {"name_or_path": name_or_path, "dtype": dtype, "revision": revision,
-                          "attn_implementation": attn_implementation, "trust_remote_code": trust_remote_code}
+                          "attn_implementation": attn_implementation, "trust_remote_code": trust_remote_code,
+                          "gguf_file": gguf_file}
         self.name_or_path = name_or_path
         self.dtype = _dtype(dtype)
         self.revision = revision
         self.attn_implementation = attn_implementation
         self.trust_remote_code = trust_remote_code
+        self.gguf_file = gguf_file
 
-    def build(self) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-
+    def _kwargs(self) -> dict[str, Any]:
+        """``from_pretrained``'s keywords from this source's arguments (where the model is read from aside)."""
         kwargs: dict[str, Any] = {"trust_remote_code": self.trust_remote_code}
         if self.revision is not None:
             kwargs["revision"] = self.revision
@@ -95,23 +113,53 @@ class Pretrained(ModelSource):
             kwargs["attn_implementation"] = self.attn_implementation
         if self.dtype is not None:
             kwargs["dtype"] = self.dtype
+        return kwargs
+
+    def _where(self, kwargs: dict[str, Any]) -> tuple[str, bool]:
+        """``(source, is local)`` to hand ``from_pretrained``; a GGUF file's name goes into ``kwargs``. A local path
+        that is gone, a GGUF file that is missing or no GGUF, and a hub name the hub cannot give are refused here."""
+        if is_gguf_path(self.name_or_path):  # a local file: never a hub name
+            folder, kwargs["gguf_file"] = split_gguf_path(self.name_or_path, "Pretrained name_or_path")
+            return folder, True
         looks_local = Path(self.name_or_path).expanduser().exists()
         if not looks_local and written_as_path(self.name_or_path):
             # a folder that is gone (moved or deleted): the hub client would call it a malformed repo id
             raise FileNotFoundError(f"model folder {self.name_or_path} does not exist (moved or deleted?): give the "
                                     "folder's new path, or a hub name")
+        if self.gguf_file is not None:
+            if looks_local:
+                check_gguf_file(Path(self.name_or_path).expanduser() / self.gguf_file, "Pretrained gguf_file")
+            else:
+                require_gguf(f"{self.name_or_path}/{self.gguf_file}")
+            kwargs["gguf_file"] = self.gguf_file
         if not looks_local:
             # a hub name: one request says at once whether the hub answers, instead of a minute of retries
             kwargs["local_files_only"] = hub_or_cache(
                 self.name_or_path, "model.policy.init_args.name_or_path", cached=lambda: in_hub_cache(self.name_or_path)
             )
+        return (str(Path(self.name_or_path).expanduser()) if looks_local else self.name_or_path), looks_local
+
+    def build(self) -> nn.Module:
+        from safetensors import SafetensorError
+        from transformers import AutoModelForCausalLM
+
+        kwargs = self._kwargs()
+        source, looks_local = self._where(kwargs)
+        gguf = kwargs.get("gguf_file")
+        shown = self.name_or_path if gguf is None or is_gguf_path(self.name_or_path) else f"{source}/{gguf}"
         try:
-            source = str(Path(self.name_or_path).expanduser()) if looks_local else self.name_or_path
-            return AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs, **(dense_load_kwargs() if gguf else {}))
+        except SafetensorError as err:  # a file cut short by an interrupted download or save
+            raise broken_safetensors(source, looks_local, err) from err
         except OSError as err:
             where = "local directory" if looks_local else "hub model id"
             raise OSError(f"could not load a causal LM from {self.name_or_path!r} as a {where}: {err}"
                           f"{'' if looks_local else offline_hint(self.name_or_path)}") from err
+        except Exception as err:
+            if gguf is None:
+                raise
+            raise unreadable_gguf(shown, "Pretrained name_or_path", err) from err
+        return plain_model(model, shown) if gguf else model
 
 
 # Keys ``PretrainedConfig`` takes and converts instead of storing them under their own name, so that neither a
@@ -217,6 +265,16 @@ class FromConfig(ModelSource):
 _UNSET = (None, "None", "null", "")
 
 
+def source_behind_lora(policy: Any) -> tuple[Any, str]:
+    """The source that builds the model in a parsed CLI config's ``model.policy`` (a ``LoRA``'s base, however deep),
+    and where it is in the config (``model.policy.init_args.base`` for a LoRA base)."""
+    where = "model.policy"
+    while policy is not None and str(policy.get("class_path", "")).endswith(".LoRA"):
+        policy = policy.get("init_args", {}).get("base")
+        where += ".init_args.base"
+    return policy, where
+
+
 def fill_vocab_size(policy: Any, data: Any) -> str | None:
     """Fit a ``FromConfig`` policy's (also a ``LoRA`` base's) ``vocab_size`` to the data's vocabulary, in a parsed
     CLI config (jsonargparse ``Namespace`` objects), before anything is built.
@@ -234,10 +292,7 @@ def fill_vocab_size(policy: Any, data: Any) -> str | None:
     Raises:
         ValueError: a given ``vocab_size`` smaller than the data's vocabulary, naming both sizes and the tokenizer.
     """
-    where = "model.policy"
-    while policy is not None and str(policy.get("class_path", "")).endswith(".LoRA"):
-        policy = policy.get("init_args", {}).get("base")
-        where += ".init_args.base"
+    policy, where = source_behind_lora(policy)
     if policy is None or not str(policy.get("class_path", "")).endswith("models.FromConfig") or data is None:
         return None
     data_args = data.get("init_args") or {}

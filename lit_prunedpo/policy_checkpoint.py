@@ -47,12 +47,12 @@ def policy_metadata(policy: nn.Module, source: Any = None) -> dict[str, Any]:
 
 
 def _folder_of(spec: dict[str, Any] | None) -> str | None:
-    """The absolute path of the folder a base's spec loads from, when it is one now (at training time): an export
-    then knows a relative name for a folder, and finds it from another working folder."""
+    """The absolute path of the folder (or GGUF file) a base's spec loads from, when it is one now (at training
+    time): an export then knows a relative name for it, and finds it from another working folder."""
     from lit_prunedpo.lora import base_folder_name
 
     name = base_folder_name(spec)
-    if name is None or not Path(name).expanduser().is_dir():
+    if name is None or not Path(name).expanduser().exists():
         return None
     return str(Path(name).expanduser().resolve())
 
@@ -191,7 +191,7 @@ def _base_spec(info: dict[str, Any], base_model: str | None, path: str | Path) -
         raise ValueError(f"checkpoint {path} is a LoRA run whose base model source cannot be rebuilt (no spec): pass "
                          "--base_model <folder of the base model>")
     name, recorded = base_folder_name(spec), info.get("base_folder")
-    if name is not None and not Path(name).expanduser().exists() and recorded and Path(recorded).is_dir():
+    if name is not None and not Path(name).expanduser().exists() and recorded and Path(recorded).exists():
         return {**spec, "init_args": {**spec["init_args"], "name_or_path": recorded}}  # relative to training's folder
     check_base_folder(spec, f"checkpoint {path}", "pass --base_model <new path>", recorded=recorded)
     return spec

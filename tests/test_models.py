@@ -117,3 +117,16 @@ def test_a_model_folder_that_is_gone_is_named_not_taken_for_a_hub_name(tmp_path,
     for name in (str(folder), "./policy", "~/no/such/policy"):
         with pytest.raises(FileNotFoundError, match=rf"model folder {re.escape(name)} does not exist \(moved or deleted\?\)"):
             Pretrained(name).build()
+
+
+def test_a_truncated_safetensors_file_is_named_as_incomplete(tmp_path, tiny_source):
+    from lit_prunedpo.models import Pretrained
+
+    folder = tmp_path / "policy"
+    tiny_source.build().save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # an interrupted copy or download
+    with pytest.raises(ValueError, match=rf"^model file {re.escape(str(weights))} is incomplete or corrupt "
+                                         r"\(SafetensorError: .*\): save the model again with save_pretrained, or copy "
+                                         r"or download it again$"):
+        Pretrained(str(folder)).build()

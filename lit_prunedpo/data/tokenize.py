@@ -36,6 +36,7 @@ from datasets.fingerprint import Hasher
 from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerBase
 
 from lit_prunedpo.data.formats import CHAT_FORMATS, BadRow, Columns, TextPair, extract_pair
+from lit_prunedpo.gguf_files import is_gguf_path, load_gguf_tokenizer
 from lit_prunedpo.hub import hub_or_cache, in_hub_cache, offline_hint
 
 #: Bump when the map's output changes, so old caches are not reused.
@@ -68,9 +69,9 @@ TOKENIZER_FOLDER = (
 )
 
 
-def _is_vocabulary_file(name: str) -> bool:
-    # tokenizer.json (fast), BPE vocab/merges (GPT-2, BioGPT's bpe.codes), SentencePiece (.model, Marian's .spm),
-    # tiktoken ranks (.tiktoken): the files transformers' tokenizer classes read a vocabulary from.
+def is_vocabulary_file(name: str) -> bool:
+    """Whether a file named ``name`` holds a vocabulary a ``transformers`` tokenizer class reads: tokenizer.json
+    (fast), BPE vocab/merges (GPT-2, BioGPT's bpe.codes), SentencePiece (.model, Marian's .spm), tiktoken ranks."""
     return (name == "tokenizer.json" or name.startswith(("vocab", "merges", "bpe"))
             or name.endswith((".model", ".spm", ".tiktoken")))
 
@@ -81,7 +82,7 @@ def _check_folder(name: str, folder: Path) -> None:
     A ``tokenizer_config.json`` without vocabulary files is left to load: byte-level tokenizers (ByT5) need none,
     and :func:`_check_vocabulary` catches the others."""
     files = sorted(p.name for p in folder.iterdir() if p.is_file())
-    vocabulary = [f for f in files if _is_vocabulary_file(f)]
+    vocabulary = [f for f in files if is_vocabulary_file(f)]
     prefix = f"tokenizer {name!r} (argument data.init_args.tokenizer): the local directory"
     if not vocabulary and "tokenizer_config.json" not in files:
         holds = f"its files: {', '.join(files)}" if files else "it is empty"
@@ -93,8 +94,9 @@ def _check_folder(name: str, folder: Path) -> None:
         )
 
 
-def _check_vocabulary(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
-    """A tokenizer whose every token is a special token read no vocabulary: it would turn all text into nothing."""
+def _check_vocabulary(name: str, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """``tokenizer``, unless its every token is a special token: it read no vocabulary, and would turn all text into
+    nothing."""
     specials = len(set(tokenizer.all_special_ids))
     if len(tokenizer) <= specials:
         needs = ", ".join(sorted(set(getattr(tokenizer, "vocab_files_names", {}).values()))) or "its vocabulary files"
@@ -103,10 +105,12 @@ def _check_vocabulary(name: str, tokenizer: PreTrainedTokenizerBase) -> None:
             f"vocabulary holds only its {specials} special token(s): the files its class reads ({needs}) are missing; "
             f"{TOKENIZER_FOLDER}"
         )
+    return tokenizer
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
-    """Load a tokenizer by hub name or local path; ``"byt5"`` builds the file-free byte-level ByT5 one.
+    """Load a tokenizer by hub name or local path (a folder, or a ``.gguf`` file's own tokenizer); ``"byt5"``
+    builds the file-free byte-level ByT5 one.
 
     Raises:
         ValueError: nothing loads from ``name``, saying whether it was read as a local path or a hub name; a local
@@ -116,13 +120,15 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """
     if name == "byt5":
         return ByT5Tokenizer()
+    if is_gguf_path(name):  # a GGUF file carries the model's tokenizer and chat template beside its weights
+        return _check_vocabulary(name, load_gguf_tokenizer(name, "data.init_args.tokenizer"))
     local = Path(name).expanduser()
     looks_local = name.startswith(("/", "./", "../", "~")) or local.exists()
     if looks_local and not local.is_dir():
         what = "is a file, not a directory" if local.exists() else "does not exist"
         raise ValueError(
             f"tokenizer {name!r} (argument data.init_args.tokenizer): the local path {what}; give a directory "
-            "written by save_pretrained, a hub name such as 'gpt2', or 'byt5'"
+            "written by save_pretrained, a .gguf file, a hub name such as 'gpt2', or 'byt5'"
         )
     if looks_local:
         _check_folder(name, local)
@@ -137,8 +143,7 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
             f"tokenizer {name!r} (argument data.init_args.tokenizer): could not load it from {origin}: "
             f"{type(err).__name__}: {err}{'' if looks_local else offline_hint(name)}"
         ) from err
-    _check_vocabulary(name, tokenizer)
-    return tokenizer
+    return _check_vocabulary(name, tokenizer)
 
 
 def read_chat_template(chat_template: str) -> str:
