@@ -1,7 +1,7 @@
 """Preference-row formats (TRL's) and the checks that turn a raw row into a prompt and two responses.
 
-Four formats are read, detected once from the dataset's column types (Arrow columns hold one type, so
-this is the first row's shape, but a bad first row cannot mislead it):
+Four formats are detected once from the dataset's column types (Arrow columns hold one type, so this is the
+first row's shape, but a bad first row cannot mislead it), and a fifth is read when asked for:
 
 * ``explicit``: ``{"prompt": str, "chosen": str, "rejected": str}``;
 * ``implicit``: ``{"chosen": str, "rejected": str}`` full dialogues (Anthropic HH-RLHF style). The prompt
@@ -15,7 +15,12 @@ this is the first row's shape, but a bad first row cannot mislead it):
   ``prompt`` column (TRL's implicit-prompt conversational format). As TRL's ``extract_prompt`` does, the prompt is
   the longest run of whole messages both conversations start with, and each response is the rest; then the rules
   of ``conversational`` apply: the two conversations must part at the assistant's answer. A pair whose
-  conversations share no first message, or part at another role's message, is a bad row.
+  conversations share no first message, or part at another role's message, is a bad row;
+* ``dialogue_messages``: the ``implicit`` format's text dialogues read as chat messages, when the data module is
+  asked to (``dialogues="messages"``; never detected): each ``"\\n\\nHuman:"`` turn a user message, each
+  ``"\\n\\nAssistant:"`` turn an assistant one (:func:`dialogue_messages`); the last assistant turn is the
+  response, the turns before it the prompt, which both dialogues must share (:func:`split_dialogues`). Then the
+  rules of ``conversational`` apply.
 
 A row that cannot be used raises :class:`BadRow` naming the field and one of :data:`BAD_ROW_KINDS`;
 the data module decides whether that stops the run or skips the row (and counts it).
@@ -23,14 +28,21 @@ the data module decides whether that stops the run or skips the row (and counts 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, Union
 
 EXPLICIT, IMPLICIT, CONVERSATIONAL = "explicit", "implicit", "conversational"
 IMPLICIT_CONVERSATIONAL = "implicit_conversational"
+#: ``implicit`` text dialogues read as chat messages (``PreferenceDataModule(dialogues="messages")``).
+DIALOGUE_MESSAGES = "dialogue_messages"
 #: Formats of message lists, rendered with the tokenizer's chat template.
-CHAT_FORMATS = (CONVERSATIONAL, IMPLICIT_CONVERSATIONAL)
+CHAT_FORMATS = (CONVERSATIONAL, IMPLICIT_CONVERSATIONAL, DIALOGUE_MESSAGES)
 ASSISTANT_MARKER = "\n\nAssistant:"
+HUMAN_MARKER = "\n\nHuman:"
+#: The role each turn marker of a text dialogue becomes.
+TURN_ROLES = {HUMAN_MARKER: "user", ASSISTANT_MARKER: "assistant"}
+_TURN = re.compile("(" + "|".join(map(re.escape, TURN_ROLES)) + ")")
 
 #: Every way a row can be bad, with the phrase an error message uses for it.
 BAD_ROW_KINDS: dict[str, str] = {
@@ -43,6 +55,7 @@ BAD_ROW_KINDS: dict[str, str] = {
     "pair states no preference",
     "unreadable": "could not be read",
     "bad_role": "has a message whose role cannot be used there",
+    "not_dialogue": "cannot be read as '\\n\\nHuman:'/'\\n\\nAssistant:' turns",
 }
 
 #: The roles a message may have: TRL's conversational format (system, user, assistant), tool results (TRL's
@@ -260,6 +273,53 @@ def split_implicit_prompt(chosen: str, rejected: str, columns: Columns) -> TextP
     return TextPair(prompt, chosen_response, rejected_response)
 
 
+def dialogue_messages(text: str, column: str) -> Messages:
+    """Read a text dialogue in HH-RLHF's form (``"\\n\\nHuman: ...\\n\\nAssistant: ..."``) as chat messages.
+
+    Each ``"\\n\\nHuman:"`` turn becomes a user message and each ``"\\n\\nAssistant:"`` turn an assistant one,
+    in order, whether or not the roles alternate. A message's content is the text up to the next marker, less the
+    one space after the marker's colon (the separator, as in TRL's own conversion of HH-RLHF,
+    ``trl-lib/hh-rlhf-helpful-base``); nothing else of the text is changed.
+
+    Raises:
+        BadRow: the text does not start with ``"\\n\\nHuman:"`` (kind ``not_dialogue``), or a turn holds nothing but
+            whitespace (kind ``empty``).
+    """
+    parts = _TURN.split(text)
+    if parts[0] or parts[1] != HUMAN_MARKER:
+        raise BadRow(column, "not_dialogue", f"it starts with {text[:20]!r}, not with {HUMAN_MARKER!r}")
+    messages = []
+    for i, (marker, content) in enumerate(zip(parts[1::2], parts[2::2])):
+        content = content[1:] if content.startswith(" ") else content
+        if not content.strip():
+            raise BadRow(column, "empty", f"its turn {i} ({marker!r}) holds no text")
+        messages.append({"role": TURN_ROLES[marker], "content": content})
+    return messages
+
+
+def split_dialogues(chosen: str, rejected: str, columns: Columns) -> TextPair:
+    """Cut two text dialogues (:func:`dialogue_messages`) into the prompt, the turns before each one's last, and the
+    two responses, each dialogue's last turn: the assistant's.
+
+    Raises:
+        BadRow: a dialogue cannot be read, one ends with the human's turn (kind ``bad_role``), or the two prompts
+            differ (kind ``prompt_not_prefix``, on the rejected dialogue).
+    """
+    turns = {column: dialogue_messages(text, column) for column, text in ((columns.chosen, chosen),
+                                                                           (columns.rejected, rejected))}
+    for column, messages in turns.items():
+        if messages[-1]["role"] != "assistant":
+            raise BadRow(column, "bad_role", f"its last turn (message {len(messages) - 1}) is a {HUMAN_MARKER!r} "
+                         f"turn; the response is the dialogue's last turn, which must be an {ASSISTANT_MARKER!r} one")
+    chosen_turns, rejected_turns = turns[columns.chosen], turns[columns.rejected]
+    if chosen_turns[:-1] != rejected_turns[:-1]:
+        pairs = zip(chosen_turns[:-1], rejected_turns[:-1])
+        at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(chosen_turns), len(rejected_turns)) - 1)
+        raise BadRow(columns.rejected, "prompt_not_prefix",
+                     f"its prompt (the turns before its last) differs from that of {columns.chosen!r} at message {at}")
+    return TextPair(chosen_turns[:-1], chosen_turns[-1:], rejected_turns[-1:])
+
+
 def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair:
     """Check one raw row and return its prompt and responses.
 
@@ -271,7 +331,7 @@ def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair
     """
     if row.get(UNREADABLE_COLUMN) is not None:
         raise BadRow(ROW, "unreadable", row[UNREADABLE_COLUMN])
-    if fmt in CHAT_FORMATS:
+    if fmt in (CONVERSATIONAL, IMPLICIT_CONVERSATIONAL):
         if fmt == CONVERSATIONAL:
             prompt: Text = _require_messages(row, columns.prompt)
             chosen: Text = _require_messages(row, columns.chosen)
@@ -292,12 +352,13 @@ def extract_pair(row: Mapping[str, Any], fmt: str, columns: Columns) -> TextPair
         prompt = _require_str(row, columns.prompt, allow_empty=True)
         chosen = _require_str(row, columns.chosen)
         rejected = _require_str(row, columns.rejected)
-    elif fmt == IMPLICIT:
+    elif fmt in (IMPLICIT, DIALOGUE_MESSAGES):
         chosen = _require_str(row, columns.chosen)
         rejected = _require_str(row, columns.rejected)
         if chosen == rejected:
             raise BadRow(columns.rejected, "identical")
-        return split_implicit_prompt(chosen, rejected, columns)
+        cut = split_implicit_prompt if fmt == IMPLICIT else split_dialogues
+        return cut(chosen, rejected, columns)
     else:
         raise ValueError(f"unknown format {fmt!r}")
     if chosen == rejected:

@@ -37,7 +37,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
     including the last ``"\\n\\nAssistant:"`` (HH-RLHF); conversational, with message lists rendered by the
     tokenizer's chat template (roles system, developer, user, assistant, tool; each response starts with the
     assistant's message), with a ``prompt`` column or without one: then the prompt is the run of whole messages
-    both conversations start with (TRL's ``extract_prompt``). The format is detected from the column types.
+    both conversations start with (TRL's ``extract_prompt``). The format is detected from the column types;
+    ``dialogues="messages"`` reads HH-RLHF's text dialogues as chat messages instead.
 
     Tokenization runs once in a ``datasets.map`` cached by fingerprint. Prompts keep their end
     (left-truncated to ``max_prompt_length``) and get BOS in front when the tokenizer has one; a prompt
@@ -71,6 +72,13 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         rejected_column: Column holding the dispreferred response.
         chat_template: Jinja chat template (or a path to a file holding one) for conversational data whose
             tokenizer has none; it replaces the tokenizer's own.
+        dialogues: How text dialogues without a prompt column (HH-RLHF's ``"\\n\\nHuman: ...\\n\\nAssistant: ..."``)
+            are read. "text" (default): as text, the prompt being the text up to the last ``"\\n\\nAssistant:"``.
+            "messages": as chat messages, rendered with the tokenizer's chat template as TRL renders conversational
+            data (for an instruct model): each Human turn a user message, each Assistant turn an assistant one, the
+            last assistant turn the response (:func:`~lit_prunedpo.data.formats.dialogue_messages`); a dialogue
+            that does not split into turns, or whose prompt differs from the other's, is a bad row. Other formats
+            are refused with "messages".
         on_bad_row: What a bad row (missing field, wrong type, empty string, identical responses or identical
             token ids after truncation, no shared prompt, a message role that is unknown or out of place, an
             unreadable JSON line) does: "error" stops with one message naming the source, row, field and kind;
@@ -112,6 +120,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         chosen_column: str = "chosen",
         rejected_column: str = "rejected",
         chat_template: str | None = None,
+        dialogues: Literal["text", "messages"] = "text",
         on_bad_row: Literal["error", "skip"] = "error",
         group_by_length: bool = True,
         num_proc: int | None = None,
@@ -126,12 +135,11 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             truncation=truncation, val_fraction=val_fraction, batch_size=batch_size, val_batch_size=val_batch_size,
             max_length=max_length, max_prompt_length=max_prompt_length, on_bad_row=on_bad_row, num_proc=num_proc,
             num_workers=num_workers, max_rows=max_rows, columns=(prompt_column, chosen_column, rejected_column),
+            dialogues=dialogues,
         )
-        self.add_bos = add_bos
-        self.truncation = truncation
+        self.add_bos, self.truncation, self.dialogues = add_bos, truncation, dialogues
         self.save_hyperparameters()
-        self.path = path
-        self.train_split = train_split
+        self.path, self.train_split = path, train_split
         self.val_split, single_source = single_source_val_split(path, val_split, val_fraction)
         if single_source:
             rank_zero_warn(single_source)
@@ -178,7 +186,7 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
             path=self.path, tokenizer=self.tokenizer, columns=self.columns, train_split=self.train_split,
             val_split=self.val_split, val_fraction=self.val_fraction, seed=self.seed, max_length=self.max_length,
             max_prompt_length=self.max_prompt_length, on_bad_row=self.on_bad_row, num_proc=self.num_proc,
-            max_rows=self.max_rows, add_bos=self.add_bos, truncation=self.truncation,
+            max_rows=self.max_rows, add_bos=self.add_bos, truncation=self.truncation, dialogues=self.dialogues,
         )
 
     # -- LightningDataModule hooks -------------------------------------------------------------------
@@ -289,10 +297,13 @@ def _check_args(
     num_workers: int,
     max_rows: int | None,
     columns: tuple[str, str, str],
+    dialogues: str,
 ) -> None:
     """Fail fast on arguments out of range, naming the argument."""
     if truncation not in ("keep_start", "keep_end"):
         raise ValueError(f"truncation must be 'keep_start' or 'keep_end', got {truncation!r}")
+    if dialogues not in ("text", "messages"):
+        raise ValueError(f"dialogues must be 'text' or 'messages', got {dialogues!r}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1) (0: no validation split), got {val_fraction}")
     if batch_size < 1:

@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-from lit_prunedpo.data.formats import BAD_ROW_KINDS, CHAT_FORMATS, Columns, count_kinds, detect_format
+from lit_prunedpo.data.formats import (BAD_ROW_KINDS, CHAT_FORMATS, DIALOGUE_MESSAGES, IMPLICIT, Columns, count_kinds,
+                                       detect_format)
 from lit_prunedpo.data.generated import generated_pairs
 from lit_prunedpo.data.readable import line_of_row
 from lit_prunedpo.data.sources import is_single_split, load_split
@@ -103,6 +104,7 @@ class SplitBuilder:
     max_rows: int | None = None
     add_bos: bool = True
     truncation: str = "keep_start"
+    dialogues: str = "text"
     content: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -210,7 +212,7 @@ class SplitBuilder:
             raw = raw.select(range(self.max_rows))
         if len(raw) == 0:
             raise ValueError(f"{source}: no rows")
-        fmt = detect_format(raw.features, self.columns, source)
+        fmt = self._read_as(detect_format(raw.features, self.columns, source), source)
         if fmt in CHAT_FORMATS and not self.tokenizer.chat_template:
             name = self.tokenizer.name_or_path or type(self.tokenizer).__name__
             raise ValueError(
@@ -222,6 +224,19 @@ class SplitBuilder:
         # The content digest joins the map's cache key: whatever datasets keyed the rows by, new bytes re-tokenize.
         raw_key = Hasher.hash([raw._fingerprint, self.content[split]])
         return encode_split(raw, encoder, self.num_proc, desc=f"Tokenizing {source}", parent=raw_key), fmt, source
+
+    def _read_as(self, fmt: str, source: str) -> str:
+        """The format the rows are read in: the detected one, or ``dialogue_messages`` for text dialogues read as
+        chat messages (``dialogues="messages"``), which only the implicit-prompt text format holds."""
+        if self.dialogues == "text":
+            return fmt
+        if fmt != IMPLICIT:
+            raise ValueError(
+                f"{source} is in the {fmt} format, but data.init_args.dialogues={self.dialogues!r} reads text "
+                "dialogues without a prompt column ('\\n\\nHuman: ...\\n\\nAssistant: ...', HH-RLHF's implicit "
+                "format) as chat messages; pass dialogues='text' (the default) for this data"
+            )
+        return DIALOGUE_MESSAGES
 
     def _check_bad_rows(self, encoded: datasets.Dataset, bad_kind: np.ndarray, source: str) -> None:
         bad = np.flatnonzero(bad_kind != "")
