@@ -3,18 +3,38 @@
 :func:`make_batches` gives ``count`` batches of ``preset.batch_size`` pairs: the synthetic task's pairs with
 responses within ``preset.response_length`` (:class:`~lit_prunedpo.data.synthetic.SyntheticPreferenceData`), or,
 for a preset with length tables (``preset.lengths``, e.g. HH-RLHF's quantiles), prompt, chosen and rejected lengths
-drawn from those tables and grouped by length as the training data module groups them.
+drawn from those tables and grouped by length as the training data module groups them. :func:`round_batches` gives
+a benchmark's batches: those, in the measured model's vocabulary, or ``--data``'s (the data module's own,
+:mod:`lit_prunedpo.bench.own_data`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
+from torch import nn
 
 from lit_prunedpo.batch import PreferenceBatch, collate_pairs
+from lit_prunedpo.bench.own_data import check_fits, data_batches
 from lit_prunedpo.bench.presets import Preset
-from lit_prunedpo.data import BOS, EOS, PAD, SyntheticPreferenceData
+from lit_prunedpo.data import BOS, EOS, PAD, PreferenceDataModule, SyntheticPreferenceData
+
+
+def round_batches(preset: Preset, count: int, seed: int, model: nn.Module,
+                  data: PreferenceDataModule | None = None) -> list[PreferenceBatch]:
+    """The ``count`` batches of the benchmark's rounds: ``data``'s first training batches (checked to fit ``model``),
+    else :func:`make_batches` with the tokens drawn within ``model``'s embedding (a preset's own vocabulary).
+
+    Raises:
+        ValueError: ``data``'s tokens or lengths do not fit ``model``, or it gives fewer than ``count`` batches.
+    """
+    vocab = model.get_input_embeddings().num_embeddings
+    if data is not None:
+        check_fits(data, vocab, getattr(model.config, "max_position_embeddings", None))
+        return data_batches(data, count)
+    return make_batches(dataclasses.replace(preset, model={**preset.model, "vocab_size": vocab}), count, seed)
 
 
 def make_batches(preset: Preset, count: int, seed: int = 0) -> list[PreferenceBatch]:

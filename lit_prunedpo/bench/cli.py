@@ -7,16 +7,25 @@ Examples::
     lit-prunedpo-bench --preset medium --modes vanilla,branch --references online,cached --scorers plain,chunked \\
         --out bench_results/medium
     python -m lit_prunedpo.bench.cli --preset head-heavy --modes vanilla,position --scorers plain,chunked
+    lit-prunedpo-bench --model ../shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --data ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz --modes vanilla,all --references cached
+
+``--model`` measures a causal LM of your own instead of a preset's random one, ``--data`` pairs of your own through
+the data module training runs (:mod:`lit_prunedpo.bench.own_model`, :mod:`lit_prunedpo.bench.own_data`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
-from lit_prunedpo.bench.presets import MODES, PRESETS, PROMPTS, REFERENCES, SCORERS, get_preset
+from lit_prunedpo.bench.presets import MODES, OWN_MODEL, PRESETS, PROMPTS, REFERENCES, SCORERS, Preset, get_preset
+
+#: The options that describe ``--data`` (refused without it).
+DATA_OPTIONS = ("tokenizer", "max_length", "max_prompt_length", "data_option")
 
 
 def _csv(text: str) -> list[str]:
@@ -29,9 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark PrunedDPO training steps: every mode, alternating, on the same weights and batches.",
     )
     parser.add_argument(
-        "--preset", default="small", choices=sorted(PRESETS),
+        "--preset", default=None, choices=sorted(PRESETS),
         help="model and batch sizes (default: small, a smoke test that every configuration runs: it states no "
-             "measured speedups; measure with quickstart or larger)",
+             "measured speedups; measure with quickstart or larger); excludes --model",
     )
     parser.add_argument("--modes", type=_csv, default=list(MODES), help=f"comma-separated, from {','.join(MODES)} (default: all)")
     parser.add_argument(
@@ -47,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=None, help="the chunked scorer's chunk_size (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                        help="parameter dtype of policy and reference (default: float32)")
+                        help="parameter dtype of the policy, its reference and the TRL peer, for a preset and --model "
+                             "alike (default: float32; --model's checkpoint dtype is not kept unless named)")
     parser.add_argument("--peer", default=None, choices=["trl"],
                         help="also time TRL's DPO step (precomputed reference) on the same weights and batches "
                              "(pip install -e '.[peer]')")
@@ -55,31 +65,96 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")
     parser.add_argument("--out", default=None, help="directory for bench.json, bench.md, bench.png (default: print only)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_own_options(parser)
     return parser
+
+
+def add_own_options(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--data`` and the data's options (shared by ``lit-prunedpo-bench-scaling``)."""
+    own = parser.add_argument_group(
+        "your own model and data", "--model and --preset exclude each other: with --model the settings are "
+        "--steps (default 5), --warmup (1), --chunk-size (1024), --batch-size (4) and the batches --data's, else "
+        "random tokens with HH-RLHF's lengths. bench.json records the model (path or hub name, file and weights "
+        "SHA-256, shape, dtype) and the data (path, SHA-256, tokenizer, lengths, options).")
+    own.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                     help="a causal LM to measure: hub name, save_pretrained folder or .gguf file "
+                          "(lit_prunedpo.models.Pretrained), parameters in --dtype (default float32)")
+    own.add_argument("--data", default=None, metavar="FILE",
+                     help="preference pairs (.jsonl, .jsonl.gz, .json, .parquet, .csv or a save_to_disk folder) read "
+                          "by PreferenceDataModule as training reads them; its first training batches are timed; "
+                          "needs --model")
+    own.add_argument("--tokenizer", default=None, help="the data's tokenizer (default: --model's own)")
+    own.add_argument("--max-length", type=int, default=None, help="most tokens of prompt + response (default 512)")
+    own.add_argument("--max-prompt-length", type=int, default=None, help="most prompt tokens (default 256)")
+    own.add_argument("--batch-size", type=int, default=None,
+                     help="pairs per step (default: the preset's; with --model 4)")
+    own.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="another PreferenceDataModule argument, value as YAML (e.g. max_rows=500, val_fraction=0, "
+                          "chat_template=FILE); repeatable")
+
+
+def own_run(args: argparse.Namespace) -> tuple[Preset, Any, Any]:
+    """The preset (or :data:`OWN_MODEL`'s settings), the ``--model`` source and the ``--data`` spec of parsed
+    arguments (``None`` each when not given).
+
+    Raises:
+        ValueError: ``--model`` with ``--preset``, ``--data`` without ``--model``, a data option without ``--data``,
+            a bad ``--data-option`` or ``--batch-size``.
+        FileNotFoundError: ``--model`` or ``--data`` written as a path that does not exist.
+    """
+    from lit_prunedpo.bench.own_data import DataSpec, parse_data_options
+    from lit_prunedpo.bench.own_model import pretrained_source
+
+    if args.model is not None and args.preset is not None:
+        raise ValueError("--model and --preset exclude each other: a preset is a random model of its own (with "
+                         "--model give --steps, --warmup, --batch-size, --chunk-size)")
+    if args.data is not None and args.model is None:
+        raise ValueError("--data needs --model: a preset's random model has a vocabulary of its own")
+    given = [name for name in DATA_OPTIONS if getattr(args, name) not in (None, [])]
+    stray = [f"--{name.replace('_', '-')}" for name in given if args.data is None]
+    if stray:
+        raise ValueError(f"{', '.join(stray)} describe --data's pairs: give --data FILE")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    preset = OWN_MODEL if args.model is not None else get_preset(args.preset or "small")
+    if args.batch_size is not None:
+        preset = dataclasses.replace(preset, batch_size=args.batch_size)
+    source = pretrained_source(args.model, args.dtype) if args.model is not None else None
+    data = None if args.data is None else DataSpec(
+        args.data, tokenizer=args.tokenizer or args.model, batch_size=preset.batch_size,
+        max_length=args.max_length if args.max_length is not None else 512,
+        max_prompt_length=args.max_prompt_length if args.max_prompt_length is not None else 256, seed=args.seed,
+        options=parse_data_options(args.data_option))
+    return preset, source, data
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = list(argv if argv is not None else sys.argv[1:])
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import dataclasses
-
     import torch
 
     from lit_prunedpo.bench.harness import run_benchmark
     from lit_prunedpo.bench.report import to_markdown, write_report
 
-    for name, values, allowed in (("--modes", args.modes, MODES), ("--references", args.references, REFERENCES), ("--scorers", args.scorers, SCORERS), ("--prompts", args.prompts, PROMPTS)):
+    for name, values, allowed in (("--modes", args.modes, MODES), ("--references", args.references, REFERENCES),
+                                  ("--scorers", args.scorers, SCORERS), ("--prompts", args.prompts, PROMPTS)):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
-            build_parser().error(f"{name}: unknown or empty {bad or values}; choose from {','.join(allowed)}")
-    preset = get_preset(args.preset)
+            parser.error(f"{name}: unknown or empty {bad or values}; choose from {','.join(allowed)}")
+    try:
+        preset, source, data = own_run(args)
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(str(err))
     threads = args.threads if args.threads is not None else preset.threads
     if threads is not None and threads < 1:
-        build_parser().error("--threads must be >= 1")
+        parser.error("--threads must be >= 1")
     if args.chunk_size is not None:
         if args.chunk_size < 1:
-            build_parser().error("--chunk-size must be >= 1")
+            parser.error("--chunk-size must be >= 1")
         preset = dataclasses.replace(preset, chunk_size=args.chunk_size)
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -88,12 +163,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(threads)
     try:
         payload = run_benchmark(
-            preset, modes=args.modes, references=args.references, scorers=args.scorers, prompts=args.prompts, steps=args.steps,
-            warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype, peer=args.peer,
+            preset, modes=args.modes, references=args.references, scorers=args.scorers, prompts=args.prompts,
+            steps=args.steps, warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype,
+            peer=args.peer, source=source, data=data,
         )
+    except (ValueError, OSError) as err:
+        if source is None or os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1":
+            raise
+        print(f"lit-prunedpo-bench: error: {err}", file=sys.stderr)  # --model's or --data's: one line
+        return 2
     finally:
         torch.set_num_threads(previous_threads)  # main() may run inside another program (tests)
-    payload["command"] = " ".join(["lit-prunedpo-bench", *(argv if argv is not None else sys.argv[1:])])
+    payload["command"] = " ".join(["lit-prunedpo-bench", *argv])
     print(to_markdown(payload))
     if args.out:
         paths = write_report(payload, args.out)

@@ -3,8 +3,9 @@
 :func:`run_benchmark` checks the configurations ``(mode, reference, scorer, prompt)`` asked for, builds and runs
 the alternating rounds (:mod:`lit_prunedpo.bench.rounds`: one module and one AdamW optimizer serve every
 configuration, round ``r`` runs one step of every configuration on batch ``r``, the first ``warmup`` rounds
-unrecorded) on synthetic batches of the preset's shape (:mod:`lit_prunedpo.bench.batches`), and summarises each
-configuration: median and p90 step time, peak memory, tokens executed, FLOPs, and speedups against ``vanilla``.
+unrecorded) on synthetic batches of the preset's shape (:mod:`lit_prunedpo.bench.batches`) or on ``--data``'s, with
+the preset's random model or ``--model``, and summarises each configuration: median and p90 step time, peak memory,
+tokens executed, FLOPs, and speedups against ``vanilla``; the payload names the model and data measured.
 
 Sharing one module keeps the process's resident memory that of a single training run (so peak RSS compares across
 modes) and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
@@ -24,8 +25,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.memory_model import LayerDims
+from lit_prunedpo.bench.own_data import DataSpec, data_identity
+from lit_prunedpo.bench.own_model import model_identity, preset_identity
 from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Preset
 from lit_prunedpo.bench.rounds import Config, Rounds, StepRecord, baseline_prompt, build_rounds, run_rounds
+from lit_prunedpo.data import PreferenceDataModule
+from lit_prunedpo.layout import SharedPromptLayout
+from lit_prunedpo.models import ModelSource
 from lit_prunedpo.stats import quantile
 from lit_prunedpo.step import StepOutput
 
@@ -60,6 +67,8 @@ def run_benchmark(
     dtype: str | None = None,
     peer: str | None = None,
     observe: Callable[[Config, StepOutput], None] | None = None,
+    source: ModelSource | None = None,
+    data: DataSpec | None = None,
 ) -> dict[str, Any]:
     """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
 
@@ -80,24 +89,57 @@ def run_benchmark(
             of the same initial weights; each result then carries ``speedup_vs_peer``.
         observe: called with every measured step's configuration and output, after its time and memory are read
             (the scaling sweep reads the executed shapes from it); ``None`` calls nothing.
+        source: the model (``--model``, :mod:`~lit_prunedpo.bench.own_model`) instead of the preset's random one;
+            the preset then gives the step counts, chunk size, learning rate (and, without ``data``, the batches).
+        data: the pairs (``--data``, :mod:`~lit_prunedpo.bench.own_data`) instead of the preset's synthetic ones.
 
     Returns:
-        The report payload: ``preset``, ``device`` and ``results`` (one dict per configuration) and context.
+        The report payload: ``preset``, ``device``, ``results`` (one per configuration), ``model``, ``data``, context.
 
     Raises:
-        ValueError: on an unknown mode, reference or scorer, or a step count out of range.
+        ValueError: on an unknown mode, reference or scorer, a step count out of range, data that does not fit the
+            model, or ``--model`` that does not run the shared prompt exactly while ``shared`` is asked for.
     """
-    modes = _check_choice("modes", modes, tuple(MODES))
-    references = _check_choice("references", references, REFERENCES)
-    scorers = _check_choice("scorers", scorers, SCORERS)
-    prompts = _check_choice("prompts", prompts, PROMPTS)
+    modes, references = _check_choice("modes", modes, tuple(MODES)), _check_choice("references", references, REFERENCES)
+    scorers, prompts = _check_choice("scorers", scorers, SCORERS), _check_choice("prompts", prompts, PROMPTS)
     steps, warmup = _step_counts(preset, steps, warmup)
-    dev = torch.device(device)
-    rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, dev, seed, dtype, peer)
+    module = data.data_module() if data is not None else None
+    rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, torch.device(device),
+                          seed, dtype, peer, source=source, data=module)
+    measured = _measured(preset, seed, rounds, prompts, source, data, module)  # before any step: the initial weights
     records, peer_record = _run_frozen(rounds, log, observe)
     results = _summarise(list(rounds.parts), records)
     peer_row = _peer_row(peer_record, results) if rounds.peer is not None else None
-    return _payload(preset, rounds, steps, warmup, dtype, results, peer_row)
+    return {**_payload(preset, rounds, steps, warmup, dtype, results, peer_row), **measured}
+
+
+def _measured(preset: Preset, seed: int, rounds: Rounds, prompts: Sequence[str], source: ModelSource | None,
+              data: DataSpec | None, module: PreferenceDataModule | None) -> dict[str, Any]:
+    """What the payload records of the model and the data measured (:mod:`~lit_prunedpo.bench.own_model`,
+    :mod:`~lit_prunedpo.bench.own_data`) and the memory model's sizes of the model (``None`` for a config without
+    Llama-style field names); for ``--model``, the layout training's set-up check runs it with.
+
+    Raises:
+        ValueError: ``shared`` is among ``prompts`` and the set-up check does not run the model with the shared
+            prompt (the layout it would run instead is named).
+    """
+    policy = rounds.module.policy
+    try:
+        layer_dims: dict[str, int] | None = asdict(LayerDims.from_model(policy))
+    except (AttributeError, TypeError):  # e.g. GPT-2's config has no intermediate_size
+        layer_dims = None
+    out: dict[str, Any] = {
+        "model": model_identity(source, policy) if source is not None else preset_identity(preset.name, seed, policy),
+        "data": data_identity(module, data) if data is not None and module is not None else None,
+        "layer_dims": layer_dims,
+    }
+    if source is not None:
+        layout = rounds.module.resolved_layout()  # the set-up conformance check against the model's plain forward
+        if "shared" in prompts and not isinstance(layout, SharedPromptLayout):
+            raise ValueError(f"--model {out['model'].get('name_or_path')}: the set-up check runs it with "
+                             f"{type(layout).__name__}, not the shared prompt: give --prompts padded")
+        out["layout"] = type(layout).__name__
+    return out
 
 
 def _step_counts(preset: Preset, steps: int | None, warmup: int | None) -> tuple[int, int]:
@@ -144,7 +186,7 @@ def _payload(preset: Preset, rounds: Rounds, steps: int, warmup: int, dtype: str
     """The report payload: the results, the peer's row and the context they were measured in."""
     dev, dims, batches = rounds.device, rounds.dims, rounds.batches
     vanilla_forward = cost.forward_flops(
-        dims, 2 * preset.batch_size, batches[0].prompt_width + batches[0].response_width - 1,
+        dims, 2 * batches[0].num_pairs, batches[0].prompt_width + batches[0].response_width - 1,
         int(batches[0].response_lengths.sum()),
     )
     return {

@@ -10,7 +10,8 @@ The reference log-probs are computed in ``DPOTrainer.__init__`` (not timed). Mat
 its tokenizer and truncation never run: ``max_length=None``; both sides see exactly the same prompt and response
 tokens, BOS included), the batches in the same order, ``beta`` and the learning rate. Departures from a stock
 ``DPOTrainer``: ``_prepare_dataset`` is bypassed for the pre-tokenized rows (TRL 1.16 re-tokenizes text columns
-only), and the pad token is this benchmark's.
+only), and the rows are padded with the batches' pad id (TRL's collator given it: the pad id of ``--data``'s
+tokenizer, or the synthetic batches'), which the masks leave out of every sum either way.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class TRLPeer:
         batches: the benchmark's batches.
         beta: DPO's beta.
         lr: AdamW learning rate.
-        pad_id: the batches' pad token id.
+        pad_id: the batches' pad token id, which TRL pads its rows with.
 
     Raises:
         RuntimeError: if ``trl`` is not installed, naming the extra that installs it.
@@ -50,6 +51,7 @@ class TRLPeer:
             import datasets
             import transformers
             from trl import DPOConfig, DPOTrainer
+            from trl.trainer.dpo_trainer import DataCollatorForPreference
         except ImportError as err:
             raise RuntimeError(f"--peer trl needs TRL: pip install -e '.[peer]' ({err})") from err
 
@@ -61,9 +63,7 @@ class TRLPeer:
         self.offsets = [0]
         for batch in batches:
             self.offsets.append(self.offsets[-1] + batch.num_pairs)
-        tokenizer = transformers.ByT5Tokenizer()  # needs no files; only its pad id (0) is read
-        if tokenizer.pad_token_id != pad_id:
-            raise ValueError(f"the TRL peer pads with {tokenizer.pad_token_id}, the batches with {pad_id}")
+        tokenizer = transformers.ByT5Tokenizer()  # needs no files; never runs (the rows are token ids already)
         device = next(model.parameters()).device
         args = DPOConfig(
             output_dir="/tmp/lit-prunedpo-bench-trl", per_device_train_batch_size=batches[0].num_pairs, beta=beta,
@@ -71,7 +71,7 @@ class TRLPeer:
             use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0, logging_steps=10**9,
         )
         self.trainer = PreTokenized(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-                                    processing_class=tokenizer)
+                                    processing_class=tokenizer, data_collator=DataCollatorForPreference(pad_id))
         self.dataset = self.trainer.train_dataset  # with every row's reference log-probs, computed in __init__
         self.model = model.train()
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

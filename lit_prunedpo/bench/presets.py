@@ -182,6 +182,20 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+#: The settings of a run with ``--model`` (no preset): 5 measured steps after 1 warm-up round, 4 pairs per step; the
+#: batches are ``--data``'s, else random tokens with HH-RLHF's lengths in the model's vocabulary.
+OWN_MODEL = Preset(
+    name="own-model",
+    description="--model's weights; without --data, 4 pairs with HH-RLHF's prompt/response lengths",
+    batch_size=4,
+    response_length=(2, 494),
+    warmup=1,
+    steps=5,
+    chunk_size=1024,
+    lengths=HH_RLHF_LENGTHS,
+)
+
+
 def get_preset(name: str) -> Preset:
     """The preset called ``name``.
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -159,11 +159,19 @@ def predict_shape(
     return rows
 
 
+def describe_dims(name: str, dims: cost.ModelDims, layer: LayerDims) -> str:
+    """One line for a model read from its weights (``--model``): its sizes, as :func:`describe` gives a shape's."""
+    return (f"{name} (--model, sizes read from the loaded model): d={layer.hidden}, {layer.layers} layers, "
+            f"{layer.heads}/{layer.kv_dim // layer.head_dim} heads of {layer.head_dim}, FFN {layer.ffn}, "
+            f"V={dims.vocab_size}")
+
+
 def predict_real_shapes(
     names: Sequence[str] = tuple(REAL_SHAPES), settings: Sequence[str] = LENGTH_SETTINGS, batch_size: int = 8,
-    num_batches: int = 8, seed: int = 0,
+    num_batches: int = 8, seed: int = 0, extra: Mapping[str, tuple[cost.ModelDims, LayerDims]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of :func:`predict_shape` for every shape and length setting (``num_batches`` batches each).
+    """Rows of :func:`predict_shape` for every shape and length setting (``num_batches`` batches each), the shapes
+    of ``extra`` (a name's sizes, e.g. ``--model``'s) after the named ones.
 
     Raises:
         ValueError: an unknown shape or length setting.
@@ -175,21 +183,24 @@ def predict_real_shapes(
     if bad:
         raise ValueError(f"unknown length setting(s) {bad}; choose from {list(LENGTH_SETTINGS)}")
     sizes = {n: dims_of(REAL_SHAPES[n].model_type, REAL_SHAPES[n].config) for n in names}
+    sizes.update(extra or {})
     rows = []
     for setting in settings:
         batches = make_batches(length_preset(setting, batch_size), num_batches, seed)
         forwards = {m: planned_forwards(batches, m, seed) for m in MODES}
-        for name in names:
+        for name in sizes:
             rows += [{"lengths": setting, **row} for row in predict_shape(name, *sizes[name], forwards)]
     return rows
 
 
 def real_shapes_payload(names: Sequence[str] = tuple(REAL_SHAPES), settings: Sequence[str] = LENGTH_SETTINGS,
-                        batch_size: int = 8, num_batches: int = 8, seed: int = 0) -> dict[str, Any]:
+                        batch_size: int = 8, num_batches: int = 8, seed: int = 0,
+                        extra: Mapping[str, tuple[cost.ModelDims, LayerDims]] | None = None) -> dict[str, Any]:
     """The report's real-shapes section: :func:`predict_real_shapes`'s rows, the settings and the assumptions."""
     return {
-        "rows": predict_real_shapes(names, settings, batch_size, num_batches, seed), "batch_size": batch_size,
-        "shapes": [describe(REAL_SHAPES[n]) for n in names],
+        "rows": predict_real_shapes(names, settings, batch_size, num_batches, seed, extra), "batch_size": batch_size,
+        "shapes": [describe(REAL_SHAPES[n]) for n in names]
+        + [describe_dims(name, *sizes) for name, sizes in (extra or {}).items()],
         "num_batches": num_batches, "fixed_prompt": FIXED_PROMPT, "settings": list(settings),
         "assumptions": list(ASSUMPTIONS),
     }

@@ -45,8 +45,9 @@ def to_markdown(payload: dict[str, Any]) -> str:
     are written as "-")."""
     smoke = is_smoke_test(payload)
     lines = [
-        f"# lit-prunedpo benchmark: preset `{payload['preset']}`",
+        f"# lit-prunedpo benchmark: {subject(payload)}",
         "",
+        *identity_lines(payload),
         f"- device: {payload['device']} ({payload.get('device_name', '?')}), torch {payload.get('torch', '?')}, "
         f"parameters in {payload.get('dtype', 'float32')}",
         (
@@ -91,6 +92,41 @@ def to_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def subject(payload: dict[str, Any]) -> str:
+    """What was measured, for titles: ``preset `small` ``, or ``model `X` `` (and ``on `data.jsonl` ``)."""
+    model = payload.get("model") or {}
+    if model.get("kind", "preset") == "preset":
+        return f"preset `{payload['preset']}`"
+    name = str(model.get("name_or_path", model.get("kind")))
+    data = payload.get("data")
+    return f"model `{Path(name).name if model.get('kind') != 'hub' else name}`" + (
+        f" on `{Path(data['path']).name}`" if data else "")
+
+
+def identity_lines(payload: dict[str, Any]) -> list[str]:
+    """The model and the data measured, with what identifies them (``--model``, ``--data``); nothing for a preset."""
+    model, data = payload.get("model") or {}, payload.get("data")
+    if model.get("kind", "preset") == "preset":
+        return []
+    file = f", file sha256 `{model['file_sha256']}`" if model.get("file_sha256") else ""
+    lines = [
+        f"- model: `{model.get('name_or_path')}` ({model.get('kind')}{file}): {model.get('class')}, "
+        f"{model.get('parameters', 0) / 1e6:.1f}M parameters in {model.get('dtype')}, layout "
+        f"{payload.get('layout', '?')}; weights sha256 `{model.get('weights_sha256')}`",
+    ]
+    if data:
+        options = ", ".join(f"{k}={v}" for k, v in data.get("options", {}).items())
+        lines.append(
+            f"- data: `{data['path']}` (sha256 `{data.get('sha256')}`, {data.get('format')}, {data.get('train_pairs')} "
+            f"training pairs), tokenizer `{data['tokenizer']}` (hash {data.get('tokenizer_hash')}), max_length "
+            f"{data['max_length']}, max_prompt_length {data['max_prompt_length']}, {data['batch_size']} pairs per "
+            f"batch, seed {data['seed']}" + (f", options {options}" if options else "")
+            + "; the data module's first training batches, one per round")
+    else:
+        lines.append("- data: random tokens with HH-RLHF's prompt and response lengths (no --data)")
+    return lines
+
+
 HATCHES = ("", "//", "..", "xx", "\\\\", "oo", "--", "++")
 
 
@@ -129,7 +165,8 @@ def bench_figure(payload: dict[str, Any]) -> Any:
     speed.axhline(1.0, color="grey", linewidth=0.8)
     speed.set_ylabel("speedup vs vanilla" + (" (ideal only)" if smoke else ""))
     peaks = [r["peak_memory_mb"] for r in rows if r.get("peak_memory_mb") is not None]
-    title = f"lit-prunedpo bench: {payload['preset']} on {payload['device']}"
+    what = payload["preset"] if not identity_lines(payload) else subject(payload).replace("`", "")
+    title = f"lit-prunedpo bench: {what} on {payload['device']}"
     if smoke:
         title += "\nsmoke test: measured speedups not shown"
     speed.set_title(title)

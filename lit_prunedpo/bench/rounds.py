@@ -19,14 +19,18 @@ Memory per step: the meter of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`
 so that memory a previous configuration freed is given back to the OS and not counted again. Both the absolute
 peak and the peak above the step's starting point are recorded.
 
-The frozen reference model is built from the policy's own source (same seed: the policy's initial weights) and
-shared by every online reference: the one of a ``chunked`` configuration scores with the chunked scorer too,
-otherwise its ``K x V`` logits would set the peak. The cached reference is computed once, with the plain scorer,
-from that frozen model, for exactly the benchmark's batches (:func:`build_rounds`).
+The frozen reference model is the module's own copy of the policy's initial weights, shared by every online
+reference: the one of a ``chunked`` configuration scores with the chunked scorer too, otherwise its ``K x V``
+logits would set the peak. The cached reference is computed once, with the plain scorer, from that frozen model,
+for exactly the benchmark's batches (:func:`build_rounds`). TRL's peer trains another copy of those weights.
+
+The policy is the preset's random Llama or ``--model``'s (:mod:`lit_prunedpo.bench.own_model`); the batches the
+preset's synthetic ones or ``--data``'s, the data module's own (:mod:`lit_prunedpo.bench.own_data`).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,15 +41,15 @@ import torch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
-from lit_prunedpo.bench.batches import make_batches
+from lit_prunedpo.bench.batches import round_batches
 from lit_prunedpo.bench.peer_trl import TRLPeer
 from lit_prunedpo.bench.presets import MODES, Preset
 from lit_prunedpo.callbacks import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
-from lit_prunedpo.data import PAD
+from lit_prunedpo.data import PAD, PreferenceDataModule
 from lit_prunedpo.execute import StepExecutor, layout_for
 from lit_prunedpo.layout import PairLengths
-from lit_prunedpo.models import FromConfig
+from lit_prunedpo.models import FromConfig, ModelSource
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceSource, compute_reference_logps
 from lit_prunedpo.rng import SamplerRNG
@@ -144,36 +148,30 @@ def build_rounds(
     seed: int = 0,
     dtype: str | None = None,
     peer: str | None = None,
+    source: ModelSource | None = None,
+    data: PreferenceDataModule | None = None,
 ) -> Rounds:
     """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
-    are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured)."""
-    batches = [b.to(dev) for b in make_batches(preset, num_batches, seed)]
+    are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured). The policy comes from
+    ``source`` (``--model``), else the preset's random Llama; the batches from ``data`` (``--data``), else the
+    preset's synthetic ones, in the model's vocabulary."""
     module = PrunedDPO(
-        policy=FromConfig("llama", preset.model, seed=seed, dtype=dtype), beta=0.1,
+        policy=source if source is not None else FromConfig("llama", preset.model, seed=seed, dtype=dtype), beta=0.1,
         optimizer=partial(torch.optim.AdamW, lr=preset.lr),
     ).to(dev)
     module.train()
     optimizer = module.configure_optimizers()
     dims = cost.ModelDims.from_model(module.policy)
-
-    # the module's own reference: a frozen copy of the initial policy, one copy for every online reference
-    online = module.reference
+    batches = [b.to(dev) for b in round_batches(preset, num_batches, seed, module.policy, data)]
     scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
-    sources: dict[tuple[str, str], ReferenceSource] = {}
-    if "online" in references:
-        sources["online", "plain"] = online
-        sources["online", "chunked"] = online.with_scorer(scorer_of["chunked"])  # same frozen weights, chunked head
-    if "cached" in references:
-        (frozen,) = online.models()
-        cached = _cached_reference(frozen, batches)
-        sources["cached", "plain"] = sources["cached", "chunked"] = cached
-
+    sources = _reference_sources(module, references, scorer_of["chunked"], batches)
     trl = None
     if peer is not None:
         if peer != "trl":
             raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
-        trl = TRLPeer(FromConfig("llama", preset.model, seed=seed, dtype=dtype).build().to(dev), batches, beta=0.1,
-                      lr=preset.lr, pad_id=PAD)
+        # a copy of the policy before any step: the same initial weights, in the same dtype, on the same device
+        trl = TRLPeer(copy.deepcopy(module.policy), batches, beta=0.1, lr=preset.lr,
+                      pad_id=data.pad_token_id if data is not None else PAD)
     configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
     samplers = {m: MODES[m]() for m in modes}
     return Rounds(
@@ -185,6 +183,23 @@ def build_rounds(
         meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=baseline_prompt(prompts),
         peer=trl,
     )
+
+
+def _reference_sources(module: PrunedDPO, references: Sequence[str], chunked: ChunkedScorer,
+                       batches: Sequence[PreferenceBatch]) -> dict[tuple[str, str], ReferenceSource]:
+    """Each ``(reference, scorer)``'s reference: the module's own frozen copy of the initial policy, one copy for
+    every online reference (the chunked scorer's runs the same weights through it); a cache of that model's log-probs
+    on exactly ``batches``."""
+    online = module.reference
+    sources: dict[tuple[str, str], ReferenceSource] = {}
+    if "online" in references:
+        sources["online", "plain"] = online
+        sources["online", "chunked"] = online.with_scorer(chunked)  # same frozen weights, chunked head
+    if "cached" in references:
+        (frozen,) = online.models()
+        cached = _cached_reference(frozen, batches)
+        sources["cached", "plain"] = sources["cached", "chunked"] = cached
+    return sources
 
 
 def run_rounds(

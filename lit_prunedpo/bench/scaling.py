@@ -8,6 +8,12 @@ batches, warm-up excluded, medians; the step's peak memory above its start):
 * **size**: every size at one response length (``size_length``), ``size_batch`` pairs;
 * **length**: one size (``length_size``) at every response length, ``length_batch`` pairs.
 
+With ``--model`` (``Settings.model``) the length sweep runs on that model, its own weights, vocabulary and shape, and
+there is no size sweep: a given model has one size, and what the sizes' sweep shows (the ratios' trend with the
+parameter count) needs models that differ in size only. The memory model predicts from the model's real sizes, and
+the real-shapes section (:mod:`lit_prunedpo.bench.real_shapes`) predicts its ratios at longer lengths beside the
+published shapes'.
+
 Pairs: a ``prompt``-token prompt, chosen and rejected responses of exactly the point's length (random tokens), the
 shared-prompt layout. At each point and for each mode (against ``vanilla`` with the same reference and scorer):
 
@@ -25,10 +31,12 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from lit_prunedpo.bench.harness import run_benchmark
 from lit_prunedpo.bench.memory_model import LayerDims, predict_step, shapes_of
+from lit_prunedpo.bench.own_model import pretrained_source, written_as_path
 from lit_prunedpo.bench.presets import MODES, Preset, llama_config
 from lit_prunedpo.bench.real_shapes import meta_model
 from lit_prunedpo.bench.rounds import Config, MiB
@@ -85,13 +93,22 @@ def parse_size(text: str) -> Size:
 
 @dataclass(frozen=True)
 class Point:
-    """One grid point: a sweep, a model size, a response length, a batch."""
+    """One grid point: a sweep, a model size (``None``: ``--model``), a response length, a batch."""
 
     sweep: str
-    size: Size
+    size: Size | None
     response: int
     prompt: int
     batch: int
+    model: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The size's name, or ``--model``'s file, folder or hub name."""
+        if self.size is not None:
+            return self.size.name
+        model = str(self.model)
+        return Path(model).name if written_as_path(model) or Path(model).expanduser().exists() else model
 
 
 @dataclass(frozen=True)
@@ -116,10 +133,14 @@ class Settings:
     chunk_size: int = 1024
     seed: int = 0
     smoke_test: bool = False
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes and not self.lengths:
             raise ValueError("sizes and lengths are both empty: nothing to sweep")
+        if self.model is not None and (self.sizes or not self.lengths):
+            raise ValueError("with --model the sweep is over response lengths on that model: give --lengths and no "
+                             "--sizes (a given model has one size)")
         for name in ("size_length", "prompt", "size_batch", "length_batch", "steps", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -134,17 +155,19 @@ class Settings:
 
     def points(self) -> list[Point]:
         """The size sweep's points, then the length sweep's."""
+        length_size = None if self.model is not None else self.length_size
         return ([Point("size", s, self.size_length, self.prompt, self.size_batch) for s in self.sizes]
-                + [Point("length", self.length_size, n, self.prompt, self.length_batch) for n in self.lengths])
+                + [Point("length", length_size, n, self.prompt, self.length_batch, self.model) for n in self.lengths])
 
 
 def point_preset(point: Point, settings: Settings) -> Preset:
     """The benchmark preset of a point: fixed prompt and response lengths (a one-value quantile table each)."""
     lengths = {"prompt": (point.prompt,) * 2, "chosen": (point.response,) * 2, "rejected": (point.response,) * 2}
+    max_len = point.prompt + 2 * point.response + 8
     return Preset(
-        name=f"scaling-{point.sweep}-{point.size.name}-{point.response}",
-        description=f"{point.size.name} at {point.response}-token responses", batch_size=point.batch,
-        model=point.size.model(settings.vocab, point.prompt + 2 * point.response + 8),
+        name=f"scaling-{point.sweep}-{point.name}-{point.response}",
+        description=f"{point.name} at {point.response}-token responses", batch_size=point.batch,
+        model=point.size.model(settings.vocab, max_len) if point.size is not None else {},
         response_length=(point.response, point.response), warmup=settings.warmup, steps=settings.steps,
         chunk_size=settings.chunk_size, lengths=lengths, smoke_test=settings.smoke_test,
     )
@@ -158,15 +181,26 @@ def rel_error(measured: float | None, predicted: float | None) -> float | None:
 
 
 def run_point(point: Point, settings: Settings, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run one point and return its payload (the benchmark's) and rows (measured beside predicted)."""
+    """Run one point and return its payload (the benchmark's) and rows (measured beside predicted).
+
+    Raises:
+        ValueError: ``--model``'s config lacks the Llama-style sizes the memory model reads.
+    """
     preset = point_preset(point, settings)
     shapes: dict[Config, list] = defaultdict(list)
     payload = run_benchmark(
         preset, modes=settings.modes, references=settings.references, scorers=settings.scorers, prompts=("shared",),
         device=settings.device, seed=settings.seed, log=log, dtype=settings.dtype,
         observe=lambda config, out: shapes[config].append(shapes_of(out.forwards)),
+        source=pretrained_source(point.model, settings.dtype) if point.model is not None else None,
     )
-    layer = LayerDims.from_model(meta_model("llama", preset.model))
+    if point.size is not None:
+        layer = LayerDims.from_model(meta_model("llama", preset.model))
+    elif payload["layer_dims"] is not None:
+        layer = LayerDims(**payload["layer_dims"])
+    else:
+        raise ValueError(f"--model {point.model}: the memory model reads Llama-style config sizes (hidden_size, "
+                         f"intermediate_size, num_attention_heads, ...) that {payload['model']['class']} lacks")
     device = "cuda" if settings.device.startswith("cuda") else "cpu"
     predicted = {
         config: max(predict_step(layer, policy, reference if config.reference == "online" else None,
@@ -177,10 +211,22 @@ def run_point(point: Point, settings: Settings, log: Callable[[str], None] | Non
     return {"payload": payload, "rows": point_rows(point, settings, payload, predicted)}
 
 
+def point_shape(point: Point, settings: Settings, payload: dict[str, Any]) -> dict[str, Any]:
+    """A point's model in a row: its name, width, layers, parameters (all, body linear layers) and vocabulary; a
+    ``--model``'s read from its payload."""
+    if point.size is not None:
+        params, body = point.size.params(settings.vocab)
+        return {"size": point.name, "hidden": point.size.hidden, "layers": point.size.layers, "params": params,
+                "body_params": body, "vocab": settings.vocab}
+    dims = payload["model_dims"]
+    return {"size": point.name, "hidden": dims["hidden_size"], "layers": dims["num_layers"],
+            "params": payload["model"]["parameters"], "body_params": dims["body_params"], "vocab": dims["vocab_size"]}
+
+
 def point_rows(point: Point, settings: Settings, payload: dict[str, Any],
                predicted_mib: dict[Config, float]) -> list[dict[str, Any]]:
     """One row per configuration: measured and predicted time and memory, their ratios to vanilla, the errors."""
-    params, body = point.size.params(settings.vocab)
+    shape = point_shape(point, settings, payload)
     results = {Config(r["mode"], r["reference"], r["scorer"], r["prompt"]): r for r in payload["results"]}
     rows = []
     for config, r in results.items():
@@ -188,8 +234,7 @@ def point_rows(point: Point, settings: Settings, payload: dict[str, Any],
         memory, base_memory = r.get("peak_step_memory_mb"), results[base].get("peak_step_memory_mb")
         pred, base_pred = predicted_mib[config], predicted_mib[base]
         row = {
-            "sweep": point.sweep, "size": point.size.name, "hidden": point.size.hidden, "layers": point.size.layers,
-            "params": params, "body_params": body, "response": point.response, "prompt": point.prompt,
+            "sweep": point.sweep, **shape, "response": point.response, "prompt": point.prompt,
             "batch": point.batch, "mode": config.mode, "reference": config.reference, "scorer": config.scorer,
             "step_time_s": r["step_time_s"], "tokens_executed": r["tokens_executed"],
             "head_share": payload["head_share"],
@@ -247,7 +292,7 @@ def run_scaling(settings: Settings, log: Callable[[str], None] | None = None) ->
     payload: dict[str, Any] = {}
     points = settings.points()
     for i, point in enumerate(points):
-        where = f"{point.sweep} sweep, size {point.size.name}, {point.response}-token responses, {point.batch} pair(s)"
+        where = f"{point.sweep} sweep, size {point.name}, {point.response}-token responses, {point.batch} pair(s)"
         say(f"point {i + 1}/{len(points)}: {where}")
         try:
             done = run_point(point, settings, log)
@@ -260,10 +305,17 @@ def run_scaling(settings: Settings, log: Callable[[str], None] | None = None) ->
             continue
         payload = done["payload"]
         rows += done["rows"]
-    sizes = list(dict.fromkeys([*settings.sizes, settings.length_size] if settings.lengths else settings.sizes))
+    with_length = settings.lengths and settings.model is None
+    sizes = list(dict.fromkeys([*settings.sizes, settings.length_size] if with_length else settings.sizes))
+    table = size_table(sizes, settings.vocab)
+    if settings.model is not None and payload:
+        shape = point_shape(points[-1], settings, payload)
+        table.append({"name": shape["size"], "hidden": shape["hidden"], "layers": shape["layers"],
+                      "params": shape["params"], "body_params": shape["body_params"]})
     return {
-        "rows": rows, "summary": error_summary(rows), "sizes": size_table(sizes, settings.vocab), "skipped": skipped,
+        "rows": rows, "summary": error_summary(rows), "sizes": table, "skipped": skipped,
         "device_name": payload.get("device_name"), "memory_measure": payload.get("memory_measure"),
+        **{key: payload.get(key) for key in ("model", "model_dims", "layer_dims") if settings.model is not None},
     }
 
 

@@ -8,6 +8,11 @@ Writes ``scaling.json``, ``scaling.md`` and ``scaling.png`` (:mod:`lit_prunedpo.
     lit-prunedpo-bench-scaling --real-shapes-only --out /tmp/real        # predictions only (seconds)
     lit-prunedpo-bench-scaling --dry-run --sizes d512l8,d2048l16 --vocab 32000 --dtype bfloat16 --device cuda
     python -m lit_prunedpo.bench.scaling_cli --sizes xs,m --lengths 256,512
+    lit-prunedpo-bench-scaling --model ../shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --lengths 64,128,256 --modes vanilla,all --out /tmp/smollm2
+
+``--model`` (a hub name, a ``save_pretrained`` folder or a ``.gguf`` file) runs the length sweep on that model, its
+weights and shape, and no size sweep (a given model has one size); its shape joins the real shapes' predictions.
 
 ``--dry-run`` prints the grid (parameters, tokens, FLOPs and predicted vanilla step memory of every point, and a
 rough duration at ``--flops-per-second``) and runs nothing; ``scripts/gpu-scaling`` runs the GPU grid.
@@ -33,6 +38,8 @@ QUICK = dict(sizes="2xs,xs", lengths="16,32", length_size="2xs", size_length=16,
              length_batch=1, vocab=256, steps=2, warmup=1)
 #: Rough rate of this project's CPU steps on one core (float32), for --dry-run's duration estimate only.
 CPU_FLOPS_PER_S = 6e10
+#: The grid options of the random Llamas, refused with --model.
+MODEL_EXCLUDES = ("sizes", "vocab", "length_size", "size_length", "size_batch")
 STEP_OVERHEAD_S = 0.05  # per step: the memory meter's garbage-collector pass and malloc_trim
 
 
@@ -72,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--size-batch", type=int, default=None, help="pairs per step in the size sweep (default 2)")
     g.add_argument("--length-batch", type=int, default=None, help="pairs per step in the length sweep (default 2)")
     g.add_argument("--vocab", type=int, default=None, help="vocabulary of every model (default 8192)")
+    g.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                   help="measure the length sweep on this causal LM (hub name, save_pretrained folder or .gguf file; "
+                        "parameters in --dtype, default float32) instead of random Llamas: no size sweep, and "
+                        "--sizes, --vocab, --length-size, --size-length, --size-batch do not apply; its shape is "
+                        "added to the real shapes' predictions")
     r = p.add_argument_group("run")
     r.add_argument("--modes", type=_csv, default=list(MODES), help=f"comma-separated, from {','.join(MODES)}, "
                    "vanilla included (default: all)")
@@ -111,6 +123,12 @@ def settings_from(args: argparse.Namespace) -> Any:
     sizes = args.sizes if args.sizes is not None else _csv(base["sizes"])
     lengths = args.lengths if args.lengths is not None else _lengths(base["lengths"])
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
+    if args.model is not None:
+        stray = [f"--{n.replace('_', '-')}" for n in MODEL_EXCLUDES if getattr(args, n) is not None]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} describe the random Llamas: with --model the sweep is over response "
+                             "lengths on that model (a given model has one size)")
+        sizes = []
     for name, values, allowed in (("modes", args.modes, MODES), ("references", args.references, REFERENCES),
                                   ("scorers", args.scorers, SCORERS)):
         bad = [v for v in values if v not in allowed]
@@ -122,13 +140,16 @@ def settings_from(args: argparse.Namespace) -> Any:
         length_batch=pick("length_batch"), vocab=pick("vocab"), modes=tuple(dict.fromkeys(args.modes)),
         references=tuple(dict.fromkeys(args.references)), scorers=tuple(dict.fromkeys(args.scorers)),
         steps=pick("steps"), warmup=pick("warmup"), device=args.device, dtype=args.dtype, chunk_size=args.chunk_size,
-        seed=args.seed, smoke_test=args.quick,
+        seed=args.seed, smoke_test=args.quick, model=args.model,
     )
 
 
-def plan_grid(settings: Any, rate: float) -> list[str]:
+def plan_grid(settings: Any, rate: float, model_sizes: tuple[Any, Any] | None = None) -> list[str]:
     """What ``--dry-run`` prints: every point's size, tokens, FLOPs per round, predicted vanilla step memory and an
-    estimated duration (FLOPs at ``rate``, plus the meter's overhead per step)."""
+    estimated duration (FLOPs at ``rate``, plus the meter's overhead per step); ``model_sizes``: ``--model``'s
+    ``(ModelDims, LayerDims)`` (:func:`model_sizes`)."""
+    from dataclasses import replace
+
     from lit_prunedpo.bench import cost
     from lit_prunedpo.bench.batches import make_batches
     from lit_prunedpo.bench.memory_model import predict_step, shapes_of
@@ -140,8 +161,8 @@ def plan_grid(settings: Any, rate: float) -> list[str]:
     lines, total = [], 0.0
     for point in settings.points():
         preset = point_preset(point, settings)
-        dims, layer = dims_of("llama", preset.model)
-        batches = make_batches(preset, rounds, settings.seed)
+        dims, layer = dims_of("llama", preset.model) if point.size is not None else model_sizes
+        batches = make_batches(replace(preset, model={"vocab_size": dims.vocab_size}), rounds, settings.seed)
         configs = len(settings.references) * len(settings.scorers)
         forwards = {m: planned_forwards(batches, m, settings.seed) for m in settings.modes}
         flops = configs * sum(cost.step_flops(f, dims, "online").total for fs in forwards.values() for f in fs)
@@ -150,12 +171,30 @@ def plan_grid(settings: Any, rate: float) -> list[str]:
         seconds = flops / rate + STEP_OVERHEAD_S * rounds * configs * len(settings.modes)
         total += seconds
         tokens = forwards["vanilla"][0].tokens_executed
-        lines.append(f"{point.sweep:6s} {point.size.name:9s} {layer.params / 1e6:8.1f}M params  "
+        lines.append(f"{point.sweep:6s} {point.name:9s} {layer.params / 1e6:8.1f}M params  "
                      f"{point.response:5d}-token responses x {point.batch}  vanilla {tokens:6d} tokens, step "
                      f"memory {memory / 2**20:8.0f} MiB (predicted)  {flops / 1e12:8.2f} TFLOP  ~{seconds:6.0f} s")
     lines.append(f"total ~{total / 60:.1f} min at {rate:.2g} FLOP/s ({rounds} rounds of {len(settings.modes)} modes "
                  "per point; real shapes add ~10 s)")
     return lines
+
+
+def model_sizes(settings: Any) -> tuple[Any, Any]:
+    """``--model``'s ``(ModelDims, LayerDims)``, read from the model loaded once (for ``--dry-run`` and
+    ``--real-shapes-only``, which measure nothing).
+
+    Raises:
+        ValueError: its config lacks the Llama-style sizes the memory model reads.
+    """
+    from lit_prunedpo.bench import cost
+    from lit_prunedpo.bench.memory_model import LayerDims
+    from lit_prunedpo.bench.own_model import pretrained_source
+
+    model = pretrained_source(settings.model, settings.dtype).build()
+    try:
+        return cost.ModelDims.from_model(model), LayerDims.from_model(model)
+    except (AttributeError, TypeError) as err:
+        raise ValueError(f"--model {settings.model}: the memory model reads Llama-style config sizes: {err}") from err
 
 
 def git_commit() -> str:
@@ -191,21 +230,31 @@ def run(args: argparse.Namespace, settings: Any, argv: Sequence[str]) -> dict[st
     from lit_prunedpo.bench.real_shapes import REAL_SHAPES, real_shapes_payload
     from lit_prunedpo.bench.scaling import run_scaling
 
+    from lit_prunedpo.bench import cost
+    from lit_prunedpo.bench.memory_model import LayerDims
+
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     start = time.perf_counter()
     sweeps = {} if args.real_shapes_only else run_scaling(settings, log)
-    real = None
+    real, extra = None, {}
+    if settings.model is not None and not args.no_real_shapes:
+        name = settings.points()[-1].name
+        extra[name] = ((cost.ModelDims(**sweeps["model_dims"]), LayerDims(**sweeps["layer_dims"]))
+                       if sweeps.get("layer_dims") else model_sizes(settings))
     if not args.no_real_shapes:
         names = args.real_shapes or list(REAL_SHAPES)
         real = real_shapes_payload(names, batch_size=args.real_batch, num_batches=2 if args.quick else 8,
-                                   seed=args.seed)
+                                   seed=args.seed, extra=extra)
     config = asdict(settings)
     config.update(sizes=[s.name for s in settings.sizes], length_size=settings.length_size.name)
+    if settings.model is not None:  # the sweep's model is --model's: the random Llamas' settings do not apply
+        config.update(length_size=settings.points()[-1].name, vocab=None, size_length=None, size_batch=None)
     return {
         "kind": "lit-prunedpo scaling", "smoke_test": settings.smoke_test and not args.real_shapes_only,
         "context": context(argv, settings, sweeps.get("device_name"), sweeps.get("memory_measure")),
         "settings": config, "sizes": sweeps.get("sizes", []), "rows": sweeps.get("rows", []),
         "summary": sweeps.get("summary", []), "skipped": sweeps.get("skipped", []), "real_shapes": real,
+        "model": sweeps.get("model"),
         "elapsed_s": time.perf_counter() - start,
     }
 
@@ -223,17 +272,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
         settings = settings_from(args)
+        if args.model is not None:
+            from lit_prunedpo.bench.own_model import pretrained_source
+
+            pretrained_source(args.model)  # a path that does not exist: refused before anything runs
         if args.real_shapes:
             from lit_prunedpo.bench.real_shapes import REAL_SHAPES
 
             bad = [n for n in args.real_shapes if n not in REAL_SHAPES]
             if bad:
                 raise ValueError(f"--real-shapes: unknown {bad}; choose from {','.join(REAL_SHAPES)}")
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     if args.dry_run:
         rate = args.flops_per_second or (2e14 if args.device.startswith("cuda") else CPU_FLOPS_PER_S)
-        print("\n".join(plan_grid(settings, rate)))
+        try:
+            sizes = model_sizes(settings) if settings.model is not None else None
+        except (ValueError, OSError) as error:
+            parser.error(str(error))
+        print("\n".join(plan_grid(settings, rate, sizes)))
         return 0
     import torch
 

@@ -68,6 +68,13 @@ def context_lines(payload: dict[str, Any]) -> list[str]:
             f"{'/'.join(s['references'])}, scorer {'/'.join(s['scorers'])}, shared prompt",
             f"- memory: {c['memory_measure']}, the step's peak above its start, the largest over the measured steps",
         ]
+    model = payload.get("model")
+    if model:  # --model: the length sweep's model, named as bench.json names it
+        file = f", file sha256 `{model['file_sha256']}`" if model.get("file_sha256") else ""
+        lines.append(f"- model (--model, the length sweep's): `{model.get('name_or_path')}` ({model.get('kind')}"
+                     f"{file}), {model.get('class')}, {millions(model.get('parameters', 0))} parameters in "
+                     f"{model.get('dtype')}; weights sha256 `{model.get('weights_sha256')}`; no size sweep (a given "
+                     "model has one size)")
     for point in payload.get("skipped") or []:
         lines.append(f"- **not measured**: {point}")
     if payload.get("smoke_test"):
@@ -125,7 +132,7 @@ def sweep_heading(payload: dict[str, Any], sweep: str) -> str:
         return (f"## Size sweep: {r['response']}-token responses, {r['prompt']}-token prompt, {r['batch']} pair(s), "
                 f"V={s['vocab']}\n\nSizes: {sizes}.")
     return (f"## Length sweep: size {r['size']} (d={r['hidden']}, {r['layers']} layers, {millions(r['params'])}), "
-            f"{r['prompt']}-token prompt, {r['batch']} pair(s), V={s['vocab']}")
+            f"{r['prompt']}-token prompt, {r['batch']} pair(s), V={r.get('vocab', s['vocab'])}")
 
 
 def real_shapes_section(real: dict[str, Any]) -> list[str]:
