@@ -24,7 +24,9 @@ once (Lightning's own handling) and the log says which checkpoint was kept, and 
 After a SIGTERM stop, further SIGTERMs (a scheduler's burst) are ignored while the process exits, so that its exit
 status stays the clean stop's 0 instead of a kill's 143.
 
-The ``lit-prunedpo`` command adds this callback to every ``fit`` (its options are ``--final.*``).
+The ``lit-prunedpo`` command adds this callback to every ``fit`` (its options are ``--final.*``). A trainer with
+``enable_checkpointing=False`` (no ``ModelCheckpoint`` among its callbacks) gets no checkpoint from it either: it
+says so in one line when ``fit`` starts, and keeps the rest (the summary, Ctrl-C); ``export_dir`` is then refused.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any, Literal, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -102,6 +104,7 @@ class FinalCheckpoint(Callback):
         self.exported_dir: Optional[str] = None
         self._saved_step: Optional[int] = None
         self._val_step: Optional[int] = None
+        self._checkpointing = True  # False under trainer.enable_checkpointing=False (set-up): nothing is saved
         self._saving = False
         self._finished = False
         self._interrupt_requested = False
@@ -112,6 +115,16 @@ class FinalCheckpoint(Callback):
         self.saved_path = self.exported_dir = None
         self._saved_step = self._val_step = None
         self._finished = False
+        # Lightning adds a ModelCheckpoint to every trainer unless enable_checkpointing=False (and refuses one then)
+        self._checkpointing = bool(trainer.checkpoint_callbacks)
+        if self._checkpointing or stage != "fit":
+            return
+        if self.export_dir is not None:
+            raise ValueError(f"final.export_dir {self.export_dir}: the export is written from the final checkpoint, "
+                             "but trainer.enable_checkpointing is false; enable checkpointing, or leave export_dir "
+                             "unset")
+        rank_zero_info("trainer.enable_checkpointing is false: no checkpoint is written, not even the final last.ckpt "
+                       "(the trained weights are not kept; enable it to keep them)")
 
     def _folder(self, trainer: pl.Trainer) -> str:
         if self.dirpath:
@@ -221,7 +234,7 @@ class FinalCheckpoint(Callback):
         return None
 
     def _save(self, trainer: pl.Trainer) -> None:
-        if self._saved_step == trainer.global_step:
+        if self._saved_step == trainer.global_step or not self._checkpointing:
             return
         existing = trainer.strategy.broadcast(self._already_saved(trainer))
         if existing is not None:
@@ -279,7 +292,8 @@ class FinalCheckpoint(Callback):
             peak = getattr(callback, "max_peak_mb", None)
             if type(callback).__name__ == "PeakMemoryMonitor" and peak is not None:
                 lines.append(f"peak memory ({callback.primary_key}, this rank): {peak:.1f} MB")
-        lines.append(f"final checkpoint: {self.saved_path}")
+        lines.append(f"final checkpoint: {self.saved_path}" if self._checkpointing
+                     else "final checkpoint: none (trainer.enable_checkpointing is false)")
         if reason.startswith("stopped") and self.saved_path is not None:
             lines.append("continue it: the same command with --ckpt_path last")
         if self.exported_dir is not None:
@@ -304,6 +318,15 @@ class FinalCheckpoint(Callback):
             bar.print(line)  # above a live bar (a log line would be written into it), on rank zero only
         else:
             rank_zero_info(line)
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        # Lightning then ends the fit at once ("max_steps reached"), which does not say that nothing was trained
+        step = checkpoint.get("global_step")
+        if trainer.state.fn == "fit" and isinstance(step, int) and 0 <= trainer.max_steps <= step:
+            rank_zero_warn(f"resume: the checkpoint is at step {step} >= trainer.max_steps {trainer.max_steps}: "
+                           f"nothing to train; to train more, raise --trainer.max_steps above {step}")
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ that cannot work stops before its first step, and whenever ``use_samplers`` brin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -90,8 +90,21 @@ def check_sampler_kinds(where: str, prefix: Any, position: Any, branch: Any) -> 
         TypeError: naming ``where``, the argument, the class it must be and the class it is.
     """
     for (name, kind), sampler in zip(SAMPLER_KINDS, (prefix, position, branch)):
-        if sampler is not None and not isinstance(sampler, kind):
-            raise TypeError(f"{where}: {name} must be a {kind.__name__}, got {type(sampler).__name__}")
+        if sampler is None or isinstance(sampler, kind):
+            continue
+        if isinstance(sampler, type):  # the class, not a sampler: type(...) would name its metaclass, ABCMeta
+            fix = f": pass an instance, {sampler.__name__}(...)" if issubclass(sampler, kind) else ""
+            raise TypeError(f"{where}: {name} must be a {kind.__name__}, got the class {sampler.__name__} itself{fix}")
+        raise TypeError(f"{where}: {name} must be a {kind.__name__}, got {type(sampler).__name__}")
+
+
+def refusing_setter(name: str) -> Callable[[Any, Any], None]:
+    """The setter of ``PrunedDPO.<name>_sampler``: refuses, pointing at ``use_samplers``, the one way to change a
+    sampler (it checks it); ``prefix_sampler = prefix_sampler.setter(refusing_setter("prefix"))``."""
+    def refuse(module: Any, sampler: Any) -> None:
+        raise AttributeError(f"{type(module).__name__}.{name}_sampler cannot be assigned: call "
+                             f"use_samplers({name}=...), which checks the sampler and changes it for the next steps")
+    return refuse
 
 
 def check_log_softmax_split(position: PositionSampler, policy: nn.Module, reference: Any) -> None:

@@ -6,7 +6,8 @@ runs (:func:`lit_prunedpo.cli.cli_class`): the command's help, ``export`` and ``
 changes in LightningCLI:
 
 * parsing: a chosen logger without a ``save_dir`` gets the trainer's folder (:func:`fill_logger_save_dirs`), the
-  model's ``vocab_size`` comes from the data, and LightningCLI's own ``--optimizer`` / ``--lr_scheduler`` become the
+  model's ``vocab_size`` comes from the data, a pretrained model's own tokenizer must be the data's
+  (:mod:`lit_prunedpo.model_tokenizer`), and LightningCLI's own ``--optimizer`` / ``--lr_scheduler`` become the
   model's (:func:`route_optimizer_args`);
 * the trainer: Lightning's default logger, progress bar, model summary and checkpoint callback are replaced by the
   package's (:func:`replace_default_callbacks`), its checkpoint files are written atomically, and every run claims
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +37,12 @@ from lit_prunedpo.callbacks.last_checkpoint import LastCheckpointAtValidation
 from lit_prunedpo.callbacks.model_summary import RichSummaryWithoutZeroFlops, SummaryWithoutZeroFlops
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpoint import (
-    claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs, release_empty_claims,
-    resolve_resume,
+    checkpoint_problem, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
+    release_empty_claims, resolve_resume,
 )
 from lit_prunedpo.cli_help import add_own_commands
+from lit_prunedpo.shipped_configs import overlay_error
+from lit_prunedpo.model_tokenizer import check_model_tokenizer
 from lit_prunedpo.models import fill_vocab_size
 
 # every callback of the package imported (lit_prunedpo.callbacks imports each on first use): jsonargparse lists a base
@@ -56,11 +60,16 @@ class PrunedDPOCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads --ckpt_path itself (for saved hyperparameters) before any strategy sees it; a corrupt
-        # file would otherwise fail with a bare unpickling error that does not say which file.
+        # file would otherwise fail with a bare unpickling error that does not say which file, and a file that is
+        # no checkpoint with torch's advice to load it with weights_only=False.
+        path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
+        problem = not_a_checkpoint(path) if path and Path(path).is_file() else None
+        if problem is not None:
+            raise RuntimeError(f"could not read checkpoint {path}: not a lit_prunedpo checkpoint ({problem}); give "
+                               "a checkpoint a fit wrote (its checkpoints/last.ckpt), or --ckpt_path last")
         try:
             super()._parse_ckpt_path()
         except Exception as err:
-            path = self.config[self.config.subcommand].get("ckpt_path")
             raise RuntimeError(f"could not read checkpoint {path}: {type(err).__name__}: {err}") from err
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - LightningArgumentParser, ArgsType
@@ -75,13 +84,15 @@ class PrunedDPOCLI(LightningCLI):
         try:
             parser.validate(config)
         except (TypeError, KeyError) as err:  # as parse_args itself reports them: usage and message, exit code 2
-            parser.error(str(err), err)
+            parser.error(overlay_error(list(sys.argv[1:] if args is None else args), str(err)) or str(err), err)
         self.config = config
 
     def before_instantiate_classes(self) -> None:
         # FromConfig without vocab_size takes the data's (len(tokenizer)): nobody should copy it by hand
         config = self.config[self.subcommand] if self.subcommand else self.config
         said = fill_vocab_size(config.get("model", {}).get("policy"), config.get("data"))
+        # a Pretrained policy's own tokenizer must be the data's: else it trains on ids it reads as other tokens
+        check_model_tokenizer(config.get("model", {}).get("policy"), config.get("data"))
         if said is not None:
             rank_zero_info(said)
         for line in route_optimizer_args(config):
@@ -169,6 +180,24 @@ def replace_default_callbacks(trainer: Trainer, given: set[int]) -> None:
     # FinalCheckpoint's summary is printed at teardown: after the progress bar's, which takes the bar off the screen
     finals = [c for c in trainer.callbacks if isinstance(c, FinalCheckpoint)]
     trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, FinalCheckpoint)] + finals
+
+
+def not_a_checkpoint(path: str | os.PathLike) -> str | None:
+    """Why the file ``path`` is not a Lightning checkpoint (``None``: it is one): what torch could not read in it
+    (the archive checked by :func:`~lit_prunedpo.checkpoint.checkpoint_problem` when it cannot be read), or what
+    it holds instead of a ``state_dict``. The load maps the file, so a checkpoint is not read twice."""
+    import torch
+
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - any failure to read the file is the answer
+        if "Weights only load failed" in str(err):
+            return "it holds Python objects other than tensors and plain values, which a checkpoint does not"
+        return checkpoint_problem(path) or f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+    if isinstance(loaded, dict) and "state_dict" in loaded:
+        return None
+    keys = f" with the keys {', '.join(map(str, list(loaded)[:5]))}" if isinstance(loaded, dict) else ""
+    return f"it holds a {type(loaded).__name__}{keys}, without the state_dict of a Lightning checkpoint"
 
 
 def fill_logger_save_dirs(config: Namespace) -> list[str]:

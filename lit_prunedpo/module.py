@@ -33,7 +33,8 @@ from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
 from lit_prunedpo.gradient_check import checked_closure
 from lit_prunedpo.guards import (
-    check_data_vocabulary, check_positions, check_sampler_kinds, refuse_nonfinite_weights, usable_position_sampler,
+    check_data_vocabulary, check_positions, check_sampler_kinds, refuse_nonfinite_weights, refusing_setter,
+    usable_position_sampler,
 )
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
@@ -172,15 +173,21 @@ class PrunedDPO(L.LightningModule):
         """Which response prefixes run; changed with :meth:`use_samplers`."""
         return self._samplers[0]
 
+    prefix_sampler = prefix_sampler.setter(refusing_setter("prefix"))
+
     @property
     def position_sampler(self) -> PositionSampler:
         """Which kept positions are scored; changed with :meth:`use_samplers`."""
         return self._samplers[1]
 
+    position_sampler = position_sampler.setter(refusing_setter("position"))
+
     @property
     def branch_sampler(self) -> BranchSampler:
         """Which branches get a gradient; changed with :meth:`use_samplers`."""
         return self._samplers[2]
+
+    branch_sampler = branch_sampler.setter(refusing_setter("branch"))
 
     def use_samplers(self, prefix: PrefixSampler | None = None, position: PositionSampler | None = None,
                      branch: BranchSampler | None = None) -> None:

@@ -90,7 +90,14 @@ class WarmupCosineLR(LambdaLR):
 
     def fit_to(self, run_steps: int) -> None:
         """Make the schedule span a run of ``run_steps`` optimizer steps: fills ``total_steps`` when it was left
-        ``None``; warns when a ``total_steps`` that was given ends before the run does."""
+        ``None``; warns when a ``total_steps`` that was given ends before the run does, and when the warm-up does
+        not end before the run does (the rate never reaches the base rate)."""
+        if self.warmup_steps >= run_steps:
+            rank_zero_warn(
+                f"model.scheduler.init_args.warmup_steps={self.warmup_steps} is not less than this run's {run_steps} "
+                f"optimizer steps (trainer.max_steps): the learning rate never reaches the set rate (the last step's "
+                f"is {run_steps / (self.warmup_steps + 1):.0%} of it); lower warmup_steps or raise trainer.max_steps"
+            )
         if self.follows_trainer:
             self.total_steps = int(run_steps)
         elif self.total_steps < run_steps:
@@ -120,6 +127,9 @@ class WarmupCosineLR(LambdaLR):
         of the next step (Lightning restores the optimizer's groups, and the rate the old schedule gave them,
         before this state), not only from the first scheduler step on."""
         step, previous = self.last_epoch, self.total_steps
+        if step >= total:  # nothing left to train (FinalCheckpoint says so): no schedule to continue or refuse
+            self.total_steps = total
+            return
         base = self.base_lrs[0]
         before = self._factor(step)
         self.total_steps, anchor = total, self.anchor

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno, partial_path
+
 CONFIGS_HELP = ("List the shipped configs (use one as --config NAME), or copy them into a folder to edit "
                 "(--copy DIR); see: lit-prunedpo configs --help")
 
@@ -90,6 +92,72 @@ def resolve_config_args(args: list[str]) -> tuple[list[str], list[str]]:
     return out, said
 
 
+def _config_values(args: list[str]) -> list[str]:
+    """The ``-c``/``--config`` values of ``args``, in order."""
+    values = [value for flag, value in zip(args, args[1:]) if flag in ("-c", "--config")]
+    return values + [a.partition("=")[2] for a in args if a.startswith("--config=")]
+
+
+def _sets(config: object, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return False
+        config = config[part]
+    return True
+
+
+def overlay_error(args: list[str], message: str) -> str | None:
+    """For a parse that failed with ``message`` (``the following arguments are required: fit.model.policy, ...``)
+    when every ``--config`` in ``args`` sets none of the required arguments (a mode or loss overlay given alone),
+    the error that says so and how to use them; else ``None``."""
+    import yaml
+
+    head = "the following arguments are required: "
+    configs = _config_values(args)
+    if not message.startswith(head) or not configs:
+        return None
+    missing = [key.partition(".")[2] if key.split(".")[0] in ("fit", "validate", "test") else key
+               for key in message[len(head):].split(", ")]
+    for path in configs:
+        try:
+            config = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        if any(_sets(config, key) for key in missing):
+            return None
+    root = configs_folder()
+    names = [Path(c).relative_to(root).with_suffix("").as_posix() if Path(c).is_relative_to(root) else c
+             for c in configs]
+    given = " ".join(f"--config {name}" for name in names)
+    what, it = ("this is an overlay", "it") if len(names) == 1 else ("these are overlays", "them")
+    return (f"{given} sets none of the required {', '.join(missing)}: {what}: add {it} after a base config, e.g. "
+            f"--config quickstart {given}")
+
+
+def _copy_whole(source: Path, dest: Path, target: Path) -> None:
+    """Copy ``source`` to ``dest`` through a temporary sibling renamed into place (:func:`partial_path`): a copy cut
+    short leaves no file under ``dest``'s name, which a later ``--copy`` would refuse as one that differs.
+
+    Raises:
+        DiskFull: the disk of ``target`` is full (the file named, the temporary one removed).
+    """
+    partial = partial_path(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, partial)
+        os.replace(partial, dest)
+    except OSError as err:
+        code = disk_full_errno(err)
+        if code is None:
+            raise
+        raise DiskFull(f"--copy {target}: cannot write {dest}: {describe_full(code)} on the disk of {target}; nothing "
+                       "half-written is left (the configs copied before it are whole): free space there, or copy into "
+                       "a folder on another disk", code) from None
+    finally:
+        if partial.exists():
+            partial.unlink()
+
+
 def configs_main(args: list[str]) -> None:
     """``lit-prunedpo configs [--copy DIR]``: list the shipped configs, or copy them into ``DIR`` to edit.
 
@@ -99,6 +167,7 @@ def configs_main(args: list[str]) -> None:
 
     Raises:
         FileExistsError: files of ``DIR`` that differ from the shipped ones of the same name (or ``DIR`` is a file).
+        DiskFull: a full disk, naming the file; every file is copied whole or not at all (:func:`_copy_whole`).
     """
     parser = ArgumentParser(prog="lit-prunedpo configs", description=CONFIGS_HELP.partition("; see:")[0] + ".")
     parser.add_argument("--copy", metavar="DIR", default=None,
@@ -123,7 +192,6 @@ def configs_main(args: list[str]) -> None:
         raise FileExistsError(f"--copy {copy}: not overwriting {len(differing)} file(s) that differ from the shipped "
                               f"ones: {', '.join(differing)}; move them away or copy into another folder")
     for name, dest in destinations.items():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shipped[name], dest)
+        _copy_whole(shipped[name], dest, target)
     print(f"copied {len(shipped)} configs into {target}; run one with: lit-prunedpo fit --config "
           f"{target / 'quickstart.yaml'}")

@@ -15,7 +15,7 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 
-from helpers import MODES, REPO, config_args, csv_logger
+from helpers import MODES, REPO, TINY_LLAMA, config_args, csv_logger
 
 SHARED = REPO.parent / "shared"
 HH_RLHF = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
@@ -43,14 +43,26 @@ def test_every_yaml_is_found():
     assert "examples/custom_sampler.yaml" in names
 
 
+#: A ChatML template (SmolLM2's, without its system message) for the GPT-2 tokenizer standing in for SmolLM2's.
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
 def offline_overrides(path, tmp_path):
-    """Configs for real users name hub models and tokenizers; here they point at local copies instead."""
-    if path.name != "hh_rlhf.yaml":
+    """Configs for real users name hub models and tokenizers; here they point at local copies instead: a tiny random
+    model of the same architecture, the GPT-2 tokenizer (with a chat template where the config renders chats)."""
+    if path.name not in ("hh_rlhf.yaml", "smollm2_hh.yaml"):
         return []
+    data = [f"--data.init_args.path={HH_RLHF}", f"--data.init_args.tokenizer={GPT2_TOKENIZER}",
+            "--data.init_args.val_split=null"]
+    if path.name == "smollm2_hh.yaml":
+        tiny, template = tmp_path / "tiny-llama", tmp_path / "chatml.jinja"
+        FromConfig("llama", dict(TINY_LLAMA, vocab_size=50257)).build().save_pretrained(tiny)
+        template.write_text(CHATML)
+        return [f"--model.policy.init_args.name_or_path={tiny}", *data, f"--data.init_args.chat_template={template}"]
     tiny = tmp_path / "tiny-gpt2"
     FromConfig("gpt2", dict(vocab_size=50257, n_embd=32, n_layer=1, n_head=2, n_positions=1024)).build().save_pretrained(tiny)
-    return [f"--model.policy.init_args.name_or_path={tiny}", f"--data.init_args.path={HH_RLHF}",
-            f"--data.init_args.tokenizer={GPT2_TOKENIZER}", "--data.init_args.val_split=null"]
+    return [f"--model.policy.init_args.name_or_path={tiny}", *data]
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.relative_to(REPO).as_posix())
@@ -277,3 +289,27 @@ def test_reference_lse_with_the_online_reference_is_refused_at_set_up(tmp_path):
         build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config",
                    str(REPO / "configs/modes/stratified-coupled-reference-lse.yaml"),
                    f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", *FAST])
+
+
+@pytest.mark.parametrize("content, why", [
+    ({"a": 1, "weights": [1.0]}, "it holds a dict with the keys a, weights, without the state_dict of a Lightning"),
+    (torch.nn.Linear(2, 2), "it holds Python objects other than tensors and plain values, which a checkpoint does not"),
+])
+def test_ckpt_path_at_a_file_that_is_no_checkpoint_says_so(content, why, tmp_path):
+    other = tmp_path / "model.pt"
+    torch.save(content, other)
+    with pytest.raises(RuntimeError) as raised:
+        build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", f"--ckpt_path={other}", *FAST])
+    message = str(raised.value)
+    assert message.startswith(f"could not read checkpoint {other}: not a lit_prunedpo checkpoint ({why}")
+    assert "weights_only" not in message and "\n" not in message
+
+
+def test_a_mode_overlay_given_alone_says_to_add_it_after_a_base_config(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        build_cli(["fit", "--config", "modes/branch"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: --config modes/branch sets none of the required model.policy, data: this is an overlay: add it after a "
+        "base config, e.g. --config quickstart --config modes/branch")

@@ -46,6 +46,27 @@ def test_a_sampler_of_the_wrong_kind_is_refused_naming_the_argument_and_the_clas
     assert samplers(module) == before
 
 
+@pytest.mark.parametrize("cls, fix", [(BernoulliPositions, ": pass an instance, BernoulliPositions(...)"),
+                                      (FullPrefix, "")])
+def test_a_sampler_class_instead_of_a_sampler_is_refused_saying_so(tiny_source, cls, fix):
+    module = PrunedDPO(policy=tiny_source)
+    message = f"use_samplers: position must be a PositionSampler, got the class {cls.__name__} itself{fix}"
+    with pytest.raises(TypeError, match=re.escape(message) + "$"):
+        module.use_samplers(position=cls)
+
+
+def test_the_refusing_setter_points_at_use_samplers():
+    from lit_prunedpo.guards import refusing_setter
+
+    class Module:  # PrunedDPO's sampler properties, as they are meant to take it
+        position_sampler = property(lambda self: None).setter(refusing_setter("position"))
+
+    with pytest.raises(AttributeError) as refused:
+        Module().position_sampler = AllPositions()
+    assert str(refused.value) == ("Module.position_sampler cannot be assigned: call use_samplers(position=...), which "
+                                  "checks the sampler and changes it for the next steps")
+
+
 def test_none_keeps_the_current_sampler(tiny_source):
     module = PrunedDPO(policy=tiny_source)
     prefix, position, _ = samplers(module)
@@ -72,7 +93,7 @@ def test_the_next_step_draws_with_the_new_samplers(tiny_source):
 @pytest.mark.parametrize("name", ["prefix_sampler", "position_sampler", "branch_sampler"])
 def test_the_sampler_attributes_cannot_be_assigned(tiny_source, name):
     module = PrunedDPO(policy=tiny_source)
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="use_samplers"):
         setattr(module, name, AllPositions())
 
 

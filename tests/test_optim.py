@@ -153,3 +153,16 @@ def test_a_changed_scheduler_argument_it_keeps_elsewhere_is_refused():
     with pytest.raises(ValueError, match=r"model.scheduler.init_args.max_lr changed \(1.0 -> 2.0\) but the restored "
                                          r"torch.optim.lr_scheduler.OneCycleLR keeps it in no attribute of that name"):
         apply_changes(saved, configured, describe(new_opt, new_sched), new_opt, new_sched)
+
+
+def test_a_run_shorter_than_its_warm_up_is_warned():
+    with pytest.warns(UserWarning, match=r"warmup_steps=150 is not less than this run's 30 optimizer steps "
+                                         r"\(trainer.max_steps\): the learning rate never reaches the set rate "
+                                         r"\(the last step's is 20% of it\); lower warmup_steps or raise"):
+        WarmupCosineLR(_sgd(1.0), warmup_steps=150).fit_to(30)
+
+
+def test_a_resume_past_the_new_total_neither_continues_nor_refuses(caplog):
+    caplog.set_level("INFO")
+    first, resumed = _extended(8, 8, 4)  # the checkpoint's schedule ended at rate 0 at step 8; the new run ends at 4
+    assert resumed.total_steps == 4 and "resume: WarmupCosineLR" not in caplog.text

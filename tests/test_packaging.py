@@ -208,3 +208,30 @@ def test_the_configs_command_lists_and_copies(tmp_path, monkeypatch, capsys):
     with pytest.raises(FileExistsError, match=f"not overwriting 1 file.*{re.escape(str(Path('configs/modes/branch.yaml')))}"):
         main(["configs", "--copy", "configs"])
     assert edited.read_text().endswith("# mine\n") and not (tmp_path / "configs/quickstart.yaml").exists()
+
+
+def test_configs_copy_onto_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from lit_prunedpo import shipped_configs
+    from lit_prunedpo.cli import main
+    from lit_prunedpo.user_errors import run_command
+
+    real = shutil.copyfile
+
+    def full_at_fast(source, dest):
+        if Path(dest).name.startswith("fast.yaml"):
+            Path(dest).write_bytes(b"")  # what the disk took before it was full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(source, dest)
+
+    monkeypatch.setattr(shipped_configs.shutil, "copyfile", full_at_fast)
+    with pytest.raises(SystemExit) as stop:
+        run_command(lambda: main(["configs", "--copy", str(tmp_path / "c")]))
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 1 and len(err.splitlines()) == 1
+    assert err.startswith(f"error: --copy {tmp_path / 'c'}: cannot write {tmp_path / 'c/fast.yaml'}: disk full (ENOSPC")
+    assert [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith("fast")] == []
+    monkeypatch.undo()
+    main(["configs", "--copy", str(tmp_path / "c")])  # once there is room: copied, nothing refused as differing
+    assert (tmp_path / "c/fast.yaml").read_bytes() == (REPO / "configs/fast.yaml").read_bytes()

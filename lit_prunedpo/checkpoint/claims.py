@@ -144,7 +144,8 @@ def claim_checkpoint_folder(trainer: "pl.Trainer") -> None:
     with ``mkdir``) are both free (``N = 0``: ``config.yaml`` and ``checkpoints/``, Lightning's names), and points
     every ``ModelCheckpoint`` without a ``dirpath`` (and :class:`~lit_prunedpo.callbacks.FinalCheckpoint`,
     :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint`, through :func:`run_checkpoint_dir`) at the folder.
-    A run with a logger, or whose checkpoints all go to folders the user named, is left alone.
+    A run with a logger, or whose checkpoints all go to folders the user named, is left alone; a run without
+    checkpoints (``enable_checkpointing=False``) claims its config name alone.
     """
     if trainer.loggers or not launched_as_rank_zero():
         return
@@ -169,7 +170,8 @@ def claim_checkpoint_folder(trainer: "pl.Trainer") -> None:
             n += 1
             continue
         try:
-            folder.mkdir()
+            if trainer.checkpoint_callbacks:  # none under enable_checkpointing=False: no folder to fill
+                folder.mkdir()
         except FileExistsError:  # a run whose config was not saved (or saved elsewhere) has this folder
             if config_name is not None:
                 (root / config_name).unlink()

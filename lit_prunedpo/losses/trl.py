@@ -6,8 +6,13 @@ is what lets a new loss be a small class. :func:`trl_loss` translates TRL 1.16.0
 classes, and :class:`TRLLoss` is that translation as a loss one can configure (a weighted sum, as TRL combines
 its loss types). ``PrunedDPO(loss="ipo")`` and ``--model.loss ipo`` go through it.
 
+``label_smoothing`` is used where TRL 1.16 uses it (``robust``, ``exo_pair``), and by ``sigmoid`` (a departure,
+below). A ``label_smoothing`` that no loss type given uses (``hinge``, ``ipo``, ...: TRL ignores it there) is
+refused; with several loss types, those that ignore it are named in a logged line.
+
 Departures, said where they apply: TRL 1.16's ``sigmoid`` ignores ``label_smoothing``; here it gives conservative
-DPO (cDPO, TRL's earlier meaning), with a logged line. The ``DPOConfig`` loss fields that have no counterpart here
+DPO (cDPO, TRL's earlier meaning), with a logged line. TRL refuses ``exo_pair`` with ``label_smoothing`` 0; here it
+takes the EXO paper's 1e-3, with a logged line. The ``DPOConfig`` loss fields that have no counterpart here
 (``f_divergence_type`` other than ``reverse_kl``, ``ld_alpha``, ``use_weighting``) are refused with the reason,
 never ignored.
 """
@@ -32,6 +37,9 @@ __all__ = ["TRL_LOSS_TYPES", "TRLLoss", "trl_loss"]
 #: TRL 1.16.0's ``DPOConfig.loss_type`` values, in its order.
 TRL_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
                   "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
+#: The loss types that use ``label_smoothing`` here: TRL 1.16's ``robust`` and ``exo_pair`` (its ``aot`` and
+#: ``aot_unpaired`` too, refused here), and ``sigmoid`` as cDPO.
+SMOOTHED = ("sigmoid", "robust", "exo_pair")
 
 # Why the DPOConfig loss fields without a counterpart are refused (docs/losses.md).
 _NOT_HERE = {
@@ -59,7 +67,10 @@ def _one(name: str, label_smoothing: float, discopop_tau: float) -> PreferenceLo
     if name == "robust":
         return RobustLoss(label_smoothing)
     if name == "exo_pair":
-        return ExoPairLoss(label_smoothing or 1e-3)  # TRL refuses 0 for EXO; 1e-3 is the paper's value
+        if not label_smoothing:  # TRL refuses 0 for EXO; 1e-3 is the paper's value
+            rank_zero_info("loss exo_pair with label_smoothing 0: epsilon 1e-3, the EXO paper's value (TRL 1.16 "
+                           "refuses 0 for exo_pair); set label_smoothing to choose another")
+        return ExoPairLoss(label_smoothing or 1e-3)
     if name == "discopop":
         return DiscoPopLoss(discopop_tau)
     if name == "ipo":
@@ -81,18 +92,36 @@ def _parts(loss_type: str | Sequence[str], loss_weights: Sequence[float] | None)
     return names, weights
 
 
+def _check_smoothing_used(names: Sequence[str], label_smoothing: float) -> None:
+    """Refuse a ``label_smoothing`` that none of ``names`` uses (TRL ignores it there); with some that use it, log
+    the ones that do not."""
+    if not label_smoothing:
+        return
+    ignoring = [name for name in names if name not in SMOOTHED]
+    if len(ignoring) == len(names):
+        raise ValueError(f"model.loss {', '.join(names)} with label_smoothing {label_smoothing}: "
+                         f"{'this loss type does' if len(names) == 1 else 'none of these loss types does'} not use "
+                         f"label_smoothing (TRL 1.16 ignores it there); only {', '.join(SMOOTHED)} use it (sigmoid as "
+                         "cDPO). Leave label_smoothing at 0, or choose one of those")
+    if ignoring:
+        used = ", ".join(n for n in names if n in SMOOTHED)
+        rank_zero_info(f"loss {', '.join(names)} with label_smoothing {label_smoothing}: used by {used}, ignored by "
+                       f"{', '.join(ignoring)} (as in TRL 1.16)")
+
+
 def trl_loss(loss_type: str | Sequence[str] = "sigmoid", loss_weights: Sequence[float] | None = None,
              label_smoothing: float = 0.0, discopop_tau: float = 0.05) -> PreferenceLoss:
     """The loss TRL's ``DPOConfig(loss_type=..., loss_weights=..., label_smoothing=..., discopop_tau=...)`` trains
     with: one loss class, or a :class:`~lit_prunedpo.losses.WeightedLoss` of several (TRL's MPO, RPO).
 
     Raises:
-        ValueError: a name that is not one of :data:`TRL_LOSS_TYPES` (the closest one named), or weights that do
-            not match the names.
+        ValueError: a name that is not one of :data:`TRL_LOSS_TYPES` (the closest one named), weights that do
+            not match the names, or a ``label_smoothing`` none of the loss types uses.
         NotImplementedError: ``aot``, ``aot_unpaired`` (see ``lit_prunedpo.losses.refused``).
     """
     names, weights = _parts(loss_type, loss_weights)
     losses = [_one(name, label_smoothing, discopop_tau) for name in names]
+    _check_smoothing_used(names, label_smoothing)
     return losses[0] if len(losses) == 1 and weights[0] == 1.0 else WeightedLoss(losses, weights)
 
 
@@ -107,7 +136,8 @@ class TRLLoss(WeightedLoss):
     Args:
         loss_type: one of :data:`TRL_LOSS_TYPES`, or a list of them (summed with ``loss_weights``).
         loss_weights: one weight per loss type (default 1.0 each).
-        label_smoothing: ``robust``'s label-flip rate, ``exo_pair``'s epsilon (1e-3 when 0), cDPO's for ``sigmoid``.
+        label_smoothing: ``robust``'s label-flip rate, ``exo_pair``'s epsilon (1e-3 when 0), cDPO's for ``sigmoid``;
+            refused when no loss type given uses it.
         discopop_tau: ``discopop``'s temperature.
         f_divergence_type, ld_alpha, use_weighting: TRL's; only their defaults are accepted (module docstring).
 
@@ -125,5 +155,7 @@ class TRLLoss(WeightedLoss):
             if set_:
                 raise NotImplementedError(f"model.loss {field}: {_NOT_HERE[field]}; leave it at TRL's default")
         names, weights = _parts(loss_type, loss_weights)
-        super().__init__([_one(name, label_smoothing, discopop_tau) for name in names], weights)
+        losses = [_one(name, label_smoothing, discopop_tau) for name in names]
+        _check_smoothing_used(names, label_smoothing)
+        super().__init__(losses, weights)
         self.loss_type = names

@@ -60,6 +60,14 @@ def _shown(key: str, value: Any) -> str:
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def setting_changes(had: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Each setting that differs between ``had`` (a finished run's) and ``now`` (this run's), as
+    ``--option OLD -> NEW``, in the order of the keys (``had``'s first)."""
+    keys = dict.fromkeys([*had, *now])
+    return [f"{_option(k)} {_shown(k, had.get(k))} -> {_shown(k, now.get(k))}"
+            for k in keys if had.get(k) != now.get(k)]
+
+
 def reused_record(cell_dir: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A finished cell's ``study.json`` and ``noise.json`` (``None``: not finished, it runs again), every JSON record
     of it checked readable.
@@ -101,11 +109,10 @@ def resume_conflicts(cells: Sequence[Any], out: Path, wanted: Mapping[str, dict[
             had = cell_settings(study["command"].split()[1:], noise)
         except ValueError as exc:
             raise Refused(f"{cell_dir / 'study.json'}: {exc}; delete the folder {cell_dir} to run that cell again") from None
-        now = wanted[cell.name]
-        changed = [k for k in dict.fromkeys([*had, *now]) if had.get(k) != now.get(k)]
+        changed = setting_changes(had, wanted[cell.name])
         if changed:
             differing.append(cell.name)
-            diffs.update({f"{_option(k)} {_shown(k, had.get(k))} -> {_shown(k, now.get(k))}": None for k in changed})
+            diffs.update(dict.fromkeys(changed))
     if not differing:
         return None
     names = ", ".join(differing[:3]) + (f" and {len(differing) - 3} more" if len(differing) > 3 else "")

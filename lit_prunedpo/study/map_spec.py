@@ -26,6 +26,7 @@ with 64-token responses).
 from __future__ import annotations
 
 import itertools
+import math
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,21 @@ def _values(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def number_text(value: Any) -> str:
+    """For a string that is a number (``1.0e12``, which YAML 1.1 reads as a string, or a quoted ``"80"``): why it
+    is a string and how to write the number; else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if "e" in value.lower() and math.isfinite(number):
+        return (f": YAML reads {value} as a string (its exponents need a dot in the number and a sign: 1.0e+12, "
+                f"not 1e12 or 1.0e12); write {number:.1e}")
+    return f": a string; write {value.strip()} without quotes"
+
+
 def _cell(where: str, settings: Mapping[str, Any]) -> Cell:
     kind = settings["task"]
     length, batch = settings.get("length"), settings.get("batch_size")
@@ -124,14 +140,15 @@ def _cell(where: str, settings: Mapping[str, Any]) -> Cell:
             raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}{why}")
     budget = settings.get("memory_budget_mb")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf")):
-        raise ValueError(f"{where}: memory_budget_mb must be a number > 0 (MiB of peak step memory) or null, got {budget!r}")
+        raise ValueError(f"{where}: memory_budget_mb must be a number > 0 (MiB of peak step memory) or null, got "
+                         f"{budget!r}{number_text(budget)}")
     budget = None if budget is None else float(budget)
     try:
         if kind == "hh-rlhf":
             return Cell(kind, length, batch, None, None, hh_cell(length, batch), budget)
         share, similarity = settings.get("head_share"), settings.get("similarity")
         if isinstance(share, bool) or not isinstance(share, (int, float)):
-            raise ValueError(f"head_share must be a number in (0, 1), got {share!r}")
+            raise ValueError(f"head_share must be a number in (0, 1), got {share!r}{number_text(share)}")
         if similarity not in SIMILARITIES:
             raise ValueError(f"similarity must be one of {', '.join(SIMILARITIES)}, got {similarity!r}")
         task = CellTask(length=length, similarity=similarity, target_head_share=float(share), batch_size=batch)

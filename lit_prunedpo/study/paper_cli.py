@@ -9,8 +9,10 @@ Examples::
 
 ``cell`` trains every design of one (task, model family) for the same number of epochs from each seed
 (:mod:`lit_prunedpo.study.epochs`) and writes ``records.jsonl`` (one line per finished design and seed, as they
-finish: a stopped cell keeps them, ``--resume`` reruns only the seeds missing some) and ``cell.json``. ``report``
-reads cells and writes ``paper.json``, ``paper.md`` and ``paper.png`` (:mod:`lit_prunedpo.study.paper_report`).
+finish: a stopped cell keeps them, ``--resume`` reruns only the seeds missing some, and is refused, naming each,
+when the records ran with other settings: :func:`resume_refusal`) and ``cell.json``. ``report`` reads cells and
+writes ``paper.json``, ``paper.md`` and ``paper.png`` (:mod:`lit_prunedpo.study.paper_report`), naming the seeds
+a stopped cell lacks.
 Exit status: 0 done, 1 an error while running, 2 bad arguments or a folder it will not use as asked.
 """
 
@@ -19,17 +21,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import io
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from lit_prunedpo.study.arguments import count
 from lit_prunedpo.study.epochs import PARETO_DESIGNS, TABLE_DESIGNS
 
 CELL_FILES = ("records.jsonl", "cell.json")
+#: ``cell`` options that decide no record's result: where it writes, what it says, and which designs and seeds run
+#: (a record is one design and one seed, named in it): ``--resume`` compares every other one.
+NOT_RESULTS = frozenset({"command", "out", "resume", "overwrite", "quiet", "seeds", "designs", "pareto"})
 
 
 def _seeds(text: str) -> list[int]:
@@ -70,13 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     cell.add_argument("--pareto", action="store_true", help="add the sampling-ratio grid and vanilla's frontier: "
                       + "; ".join(PARETO_DESIGNS))
     cell.add_argument("--max-rows", type=_positive(int), default=None, help="only the data's first rows (default all)")
-    cell.add_argument("--warm-start-steps", type=int, default=None, help="the task's warm start, in steps (default: the task's)")
+    cell.add_argument("--warm-start-steps", type=count(0), default=None,
+                      help="the task's warm start, in steps (default: the task's)")
     cell.add_argument("--evals", type=_positive(int), default=2, help="exact evaluations per run besides step 0 (default 2)")
-    cell.add_argument("--probe-steps", type=int, default=5, help="metered steps per design after training (0: none)")
+    cell.add_argument("--probe-steps", type=count(0), default=5,
+                      help="metered steps per design after training (0: none)")
     cell.add_argument("--threads", type=_positive(int), default=1,
                       help="torch CPU threads (default 1: CPU seconds are then the work a step did)")
     cell.add_argument("--out", required=True, help="the cell's folder")
-    cell.add_argument("--resume", action="store_true", help="keep the folder's records, run only the seeds missing some")
+    cell.add_argument("--resume", action="store_true",
+                      help="keep the folder's records, run only the seeds missing some (refused if they ran with "
+                           "other settings than these; --seeds and --designs may differ)")
     cell.add_argument("--overwrite", action="store_true", help="replace an earlier cell in --out")
     cell.add_argument("--quiet", action="store_true", help="no progress lines")
     report = commands.add_parser("report", help="the table, the frontier and the plot from cells")
@@ -100,8 +112,54 @@ def provenance(argv: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
         commit = "unknown (git not found)"
     machine = f"{platform.machine()} {os.cpu_count()} CPUs, {platform.system()}, torch {torch.__version__}, " \
               f"{torch.get_num_threads()} torch thread(s)"
-    return {"command": " ".join(["lit-prunedpo-paper", *argv]), "commit": commit, "machine": machine, "seeds": list(seeds),
+    return {"command": shlex.join(["lit-prunedpo-paper", *argv]), "commit": commit, "machine": machine,
+            "seeds": list(seeds),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def cell_settings(argv: Sequence[str]) -> dict[str, Any]:
+    """What decides a cell's records: its ``cell`` arguments as this command parses them, without
+    :data:`NOT_RESULTS`.
+
+    Raises:
+        ValueError: if the arguments cannot be parsed.
+    """
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # a bad recorded command is reported by the caller
+            parsed = parser.parse_args(list(argv))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"its command cannot be parsed ({exc})") from None
+    return {k: v for k, v in vars(parsed).items() if k not in NOT_RESULTS}
+
+
+def resume_refusal(out: Path, argv: Sequence[str]) -> tuple[str | None, list[int]]:
+    """Why ``out``'s cell cannot be resumed with the arguments ``argv`` (``None``: it can: no ``cell.json`` yet, or
+    the same settings, :func:`~lit_prunedpo.study.map_resume.setting_changes`), and the seeds it asked for. A
+    ``cell.json`` that is corrupt, or records no command this command can parse, is refused too.
+    """
+    from lit_prunedpo.study.map_resume import setting_changes
+    from lit_prunedpo.study.outputs import Refused, read_json
+
+    path, remedy = out / "cell.json", "rerun the cell with --overwrite, or choose another --out"
+    if not path.exists():
+        return None, []
+    try:
+        cell = read_json(path, remedy)
+        command = cell.get("provenance", {}).get("command", "") if isinstance(cell, dict) else ""
+        had = cell_settings(shlex.split(command)[1:])
+    except Refused as exc:
+        return str(exc), []
+    except ValueError as exc:
+        return f"{path}: {exc}; {remedy}", []
+    changes = setting_changes(had, cell_settings(argv))
+    seeds = [int(s) for s in cell["provenance"].get("seeds", [])]
+    if not changes:
+        return None, seeds
+    return (f"--resume: the records in {out} ran with other settings than this run's: {'; '.join(changes)}; reusing "
+            "them would report their results under settings they did not run with. Resume with the first run's "
+            "settings, or --overwrite the cell (or choose another --out) to run it afresh with these"), seeds
 
 
 def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -123,6 +181,10 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.overwrite:
             for name in earlier:
                 (out / name).unlink()
+        refusal, asked = resume_refusal(out, argv) if args.resume else (None, [])
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
         task = epochs.cell_task(TASKS[args.task], args.family, args.max_rows, args.warm_start_steps)
         dm = task.datamodule(out)
         texts = [t for t in args.designs.split(";") if t.strip()] + (list(PARETO_DESIGNS) if args.pareto else [])
@@ -136,7 +198,7 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         cell = {"name": task.name, "task": task.describe(), "family": args.family, "epochs": args.epochs,
                 "vanilla": designs[0].label, "designs": [d.label for d in designs],
                 "steps": {d.label: d.arm.schedule_steps for d in designs}, "train_pairs": len(dm.train_dataset),
-                "provenance": provenance(argv, args.seeds)}
+                "provenance": provenance(argv, sorted(set(asked) | set(args.seeds)))}
         write_atomic(out / "cell.json", json.dumps(cell, indent=1))
         log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
         if log:
@@ -150,6 +212,7 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def load_cell(folder: Path) -> dict[str, Any]:
     from lit_prunedpo.study.outputs import read_journal, read_json
+    from lit_prunedpo.study.paper_report import missing_text, seed_coverage
 
     cell = read_json(folder / "cell.json", "rerun the cell (lit-prunedpo-paper cell ... --overwrite)")
     records, bad = read_journal(folder / "records.jsonl")
@@ -157,6 +220,11 @@ def load_cell(folder: Path) -> dict[str, Any]:
         print(f"{folder / 'records.jsonl'}: {bad} line(s) cut off (a stopped run) skipped", file=sys.stderr)
     wanted = set(cell["designs"])
     cell["records"] = [r for r in records if r.get("design") in wanted]
+    present, missing = seed_coverage(cell)
+    cell["provenance"] = {**cell.get("provenance", {}), "seeds": present, "missing": missing}
+    if missing:
+        print(f"{folder}: no records of {missing_text(missing)} (a stopped cell; the same lit-prunedpo-paper cell "
+              "command with --resume runs them): its figures pair only the seeds present", file=sys.stderr)
     return cell
 
 

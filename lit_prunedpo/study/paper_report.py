@@ -48,6 +48,25 @@ def by_design(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Mappi
     return table
 
 
+def seed_coverage(cell: Mapping[str, Any]) -> tuple[list[int], dict[str, list[int]]]:
+    """The seeds ``cell["records"]`` hold, and for each design of the cell the seeds its command asked for
+    (``provenance["seeds"]``) that it has no record of (a cell stopped before they ran)."""
+    table = by_design(cell["records"])
+    asked = [int(s) for s in cell.get("provenance", {}).get("seeds", [])]
+    present = sorted({seed for runs in table.values() for seed in runs})
+    missing = {label: [s for s in asked if s not in table.get(label, {})] for label in cell["designs"]}
+    return present, {label: seeds for label, seeds in missing.items() if seeds}
+
+
+def missing_text(missing: Mapping[str, Sequence[int]]) -> str:
+    """``seed 2 of every design`` / ``seeds [1, 2] of branch@8; seed 2 of vanilla@8``."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for label, seeds in missing.items():
+        groups.setdefault(tuple(seeds), []).append(label)
+    return "; ".join(f"seed{'s' if len(seeds) > 1 else ''} {list(seeds) if len(seeds) > 1 else seeds[0]} of "
+                     + ", ".join(labels) for seeds, labels in groups.items())
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else a / b
 
@@ -182,8 +201,9 @@ def to_markdown(summary: Mapping[str, Any]) -> str:
     lines += ["## Provenance", ""]
     for cell in cells:
         p = cell["provenance"]
+        missing = f" (missing: {missing_text(p['missing'])}; a stopped cell)" if p.get("missing") else ""
         lines.append(f"- **{cell['name']}**: `{p.get('command', '?')}`; commit {p.get('commit', '?')}, "
-                     f"{p.get('date', '?')}, {p.get('machine', '?')}; seeds {p.get('seeds', '?')}")
+                     f"{p.get('date', '?')}, {p.get('machine', '?')}; seeds {p.get('seeds', '?')}{missing}")
     return "\n".join(lines) + "\n"
 
 

@@ -165,3 +165,35 @@ def test_sigterm_stop_ignores_later_sigterms_while_the_process_exits(tmp_path):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_enable_checkpointing_false_writes_no_checkpoint_and_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)  # default_root_dir unset: the current folder, where last.ckpt was written
+    with caplog.at_level(logging.INFO):
+        cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.default_root_dir=null",
+                         "--trainer.max_steps=2", "--trainer.enable_checkpointing=false", *FAST])
+    assert cli.trainer.global_step == 2
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert "trainer.enable_checkpointing is false: no checkpoint is written, not even the final" in caplog.text
+    assert "final checkpoint: none (trainer.enable_checkpointing is false)" in caplog.text
+    assert "export it:" not in caplog.text
+    build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.default_root_dir=null",
+               "--trainer.max_steps=1", "--trainer.enable_checkpointing=false", "--trainer.logger=false", *FAST])
+    assert not list(tmp_path.rglob("*.ckpt")) and not (tmp_path / "checkpoints").exists()  # no empty folder either
+    with pytest.raises(ValueError, match="final.export_dir .*hf: the export is written from the final checkpoint, but "
+                                         "trainer.enable_checkpointing is false"):
+        build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--trainer.max_steps=2",
+                   "--trainer.enable_checkpointing=false", f"--final.export_dir={tmp_path / 'hf'}", *FAST])
+
+
+def test_a_checkpoint_at_or_past_max_steps_says_there_is_nothing_to_train(tmp_path, caplog):
+    common = ["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}", *FAST]
+    build_cli([*common, "--trainer.max_steps=3"])
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.warns(UserWarning) as warned:
+        cli = build_cli([*common, "--trainer.max_steps=2", "--ckpt_path=last"])
+    assert cli.trainer.global_step == 3  # nothing trained
+    said = [str(w.message) for w in warned]
+    assert ("resume: the checkpoint is at step 3 >= trainer.max_steps 2: nothing to train; to train more, raise "
+            "--trainer.max_steps above 3") in said
+    assert "resume: WarmupCosineLR schedule" not in caplog.text  # no schedule line for steps that will not run

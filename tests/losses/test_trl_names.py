@@ -3,6 +3,8 @@ CLI accepts ``--model.loss ipo`` (the formulas behind each name: tests/losses/te
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from lit_prunedpo import PrunedDPO
@@ -42,3 +44,22 @@ def test_the_module_and_the_cli_take_a_name(tiny_source, tmp_path):
     cli = build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--model.loss=ipo",
                      "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0"])
     assert isinstance(cli.model.loss, LengthNormalized) and cli.trainer.global_step == 1
+
+
+@pytest.mark.parametrize("loss_type", ["hinge", "ipo", ["hinge", "sft"]])
+def test_label_smoothing_no_loss_type_uses_is_refused(loss_type):
+    # TRL 1.16 ignores label_smoothing in hinge and ipo (and every type but robust, exo_pair and the aot ones)
+    with pytest.raises(ValueError, match=r"with label_smoothing 0.3: .* not use label_smoothing \(TRL 1.16 ignores it "
+                                         r"there\); only sigmoid, robust, exo_pair use it"):
+        TRLLoss(loss_type=loss_type, label_smoothing=0.3)
+    with pytest.raises(ValueError, match="does not use label_smoothing"):
+        trl_loss(loss_type, label_smoothing=0.3)
+
+
+def test_label_smoothing_ignored_by_some_loss_types_is_said(caplog):
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        loss = TRLLoss(loss_type=["robust", "sft"], label_smoothing=0.1)
+        trl_loss("exo_pair")
+    assert loss.losses[0].label_smoothing == 0.1
+    assert "loss robust, sft with label_smoothing 0.1: used by robust, ignored by sft (as in TRL 1.16)" in caplog.text
+    assert "loss exo_pair with label_smoothing 0: epsilon 1e-3, the EXO paper's value" in caplog.text

@@ -132,8 +132,10 @@ CASES = [
     ("orpo_odds_ratio", OddsRatioLoss(), trl_odds_ratio),
 ]
 # TRL's names, as a TRL user gives them (--model.loss ipo, TRLLoss(loss_type=..., label_smoothing=...)): the same
-# formulas through the translation (TRL 1.16's sigmoid ignores label_smoothing: 0 here, cDPO's is tested above)
-CASES += [(f"name:{name}", trl_loss(name, label_smoothing=0.0 if name == "sigmoid" else EPS, discopop_tau=TAU),
+# formulas through the translation (label_smoothing where TRL 1.16 uses it: robust and exo_pair; its sigmoid ignores
+# it, cDPO's is tested above; the others refuse it, tests/losses/test_trl_names.py)
+CASES += [(f"name:{name}", trl_loss(name, label_smoothing=EPS if name in ("robust", "exo_pair") else 0.0,
+                                    discopop_tau=TAU),
            lambda *a, name=name: trl_dpo(name, *a)) for name in TRL_LOSS_TYPES if not name.startswith("aot")]
 CASES += [("name:mpo", TRLLoss(["sigmoid", "bco_pair", "sft"], [0.8, 0.2, 1.0]),
            lambda *a: 0.8 * trl_dpo("sigmoid", *a) + 0.2 * trl_dpo("bco_pair", *a) + 1.0 * trl_dpo("sft", *a)),

@@ -84,6 +84,22 @@ def test_the_memory_budget_is_an_axis():
             parse_spec({"modes": "branch", "blocks": [{**CELL, "memory_budget_mb": bad}]}, "my.yaml")
 
 
+@pytest.mark.parametrize("written, fix", [
+    ("1.0e12", r": YAML reads 1.0e12 as a string \(its exponents need a dot in the number and a sign: 1.0e\+12, "
+               r"not 1e12 or 1.0e12\); write 1.0e\+12$"),
+    ("'80'", r": a string; write 80 without quotes$"),
+])
+def test_a_memory_budget_yaml_reads_as_a_string_says_how_to_write_it(tmp_path, written, fix):
+    spec = tmp_path / "map.yaml"
+    spec.write_text("modes: [branch]\nblocks:\n  - {task: generated, length: 16, head_share: 0.25, "
+                    f"similarity: unrelated, batch_size: 4, memory_budget_mb: {written}}}\n")
+    with pytest.raises(ValueError, match=r"memory_budget_mb must be a number > 0 \(MiB of peak step memory\) or "
+                                         r"null, got '[0-9.e]+'" + fix):
+        load_spec(spec)
+    spec.write_text(spec.read_text().replace(written, "1.0e+12"))
+    assert load_spec(spec).cells[0].memory_budget_mb == 1e12
+
+
 def test_spec_files(tmp_path):
     good = tmp_path / "map.yaml"
     good.write_text("modes: [branch]\nblocks:\n  - {task: generated, length: 16, head_share: 0.25, similarity: unrelated, batch_size: 4}\n")

@@ -176,3 +176,48 @@ def test_summaries_need_the_cells_vanilla():
     cell["records"] += [_record("vanilla@8", s, 1.0, 0.1, 1.0, 0.5, 0.6) for s in (0, 1)]
     cell["records"] += [_record("branch@8", 1, 1.0, 0.1, 1.0, 0.5, 0.6)]
     assert "| c | `branch@8` |" in to_markdown({"cells": [summarise_cell(cell)], "table_modes": ["vanilla", "branch"]})
+
+
+def _cell_folder(folder, command, seeds, records):
+    folder.mkdir()
+    cell = {"name": "c", "task": {}, "vanilla": "vanilla@8", "designs": ["vanilla@8", "branch@8"],
+            "provenance": {"command": command, "seeds": seeds}}
+    (folder / "cell.json").write_text(json.dumps(cell))
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_a_resume_with_other_settings_is_refused_naming_each(tmp_path, capsys):
+    out = _cell_folder(tmp_path / "cell", f"lit-prunedpo-paper cell --task edited --max-rows 48 --out {tmp_path}/cell",
+                       [0, 1], [])
+    argv = ["cell", "--task", "edited", "--max-rows", "24", "--warm-start-steps", "3", "--out", str(out), "--resume"]
+    before = (out / "cell.json").read_text()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: --resume: the records in" in err and "--max-rows 48 -> 24; --warm-start-steps none -> 3" in err
+    assert (out / "cell.json").read_text() == before  # nothing rewritten
+    from lit_prunedpo.study.paper_cli import resume_refusal
+
+    # other seeds and designs choose which runs happen (each record names its own): no refusal, the seeds kept
+    assert resume_refusal(out, ["cell", "--task", "edited", "--max-rows", "48", "--seeds", "5,6", "--designs", "branch",
+                                "--out", "elsewhere", "--quiet"]) == (None, [0, 1])
+    (out / "cell.json").write_text("{")
+    assert main(argv) == 2 and "cell.json is corrupt or unreadable" in capsys.readouterr().err
+
+
+def test_a_negative_warm_start_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["cell", "--task", "edited", "--warm-start-steps", "-5", "--out", "never"])
+    assert stop.value.code == 2
+    assert "argument --warm-start-steps: must be >= 0, got -5" in capsys.readouterr().err
+
+
+def test_a_report_of_a_stopped_cell_names_the_missing_seeds(tmp_path, capsys):
+    records = [_record(d, s, 1.0 + s, 0.1, 1.0, 0.5, 0.6) for d in ("vanilla@8", "branch@8") for s in (0, 1)]
+    out = _cell_folder(tmp_path / "cell", "lit-prunedpo-paper cell --task edited --out cell", [0, 1, 2], records)
+    assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
+    assert "no records of seed 2 of vanilla@8, branch@8 (a stopped cell" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "report" / "paper.json").read_text())
+    assert summary["cells"][0]["provenance"]["seeds"] == [0, 1]
+    assert "seeds [0, 1] (missing: seed 2 of vanilla@8, branch@8; a stopped cell)" in (
+        tmp_path / "report" / "paper.md").read_text()
