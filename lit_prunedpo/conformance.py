@@ -250,7 +250,8 @@ def _failure(err: Exception) -> str:
 
 def _try(layout: Layout, models: Sequence[nn.Module], scorer: TokenScorer, probes: "_Probes", tolerance):
     """``None`` when ``layout`` runs every model exactly on the probe, else why not (one clause): in float32 to the
-    float32 tolerance, then, at a 16-bit working precision, within its rounding (:mod:`lit_prunedpo.probe_precision`)."""
+    float32 tolerance, then, at a 16-bit working precision, within its rounding
+    (:mod:`lit_prunedpo.probe_precision`)."""
     for model in models:
         try:
             layout.check_model(model)

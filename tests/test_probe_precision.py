@@ -26,7 +26,8 @@ from lit_prunedpo.zoo import build_tiny
 from test_conformance_zoo import FIRST_TRIED
 
 #: (name, autocast dtype, weights dtype): Lightning's bf16-mixed / 16-mixed / bf16-true as the probe sees them
-PRECISIONS = [("bf16-mixed", torch.bfloat16, None), ("16-mixed", torch.float16, None), ("bf16-true", None, torch.bfloat16)]
+PRECISIONS = [("bf16-mixed", torch.bfloat16, None), ("16-mixed", torch.float16, None),
+              ("bf16-true", None, torch.bfloat16)]
 BF16 = [p for p in PRECISIONS if p[0] != "16-mixed"]
 
 

@@ -24,7 +24,8 @@ from test_probe_precision import BF16, DropsLogitTransform, _stops, running_in, 
 
 pytestmark = pytest.mark.slow
 
-GGUF = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF = (Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct"
+        / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,8 @@ def test_a_dropped_logit_transform_on_smollm2_is_stopped_in_bf16(smollm2, transf
 def smollm2_windowed(smollm2):
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(**{k: v for k, v in smollm2.config.to_dict().items() if k not in ("architectures", "model_type")})
+    own = smollm2.config.to_dict()
+    config = MistralConfig(**{k: v for k, v in own.items() if k not in ("architectures", "model_type")})
     config.sliding_window = 8
     model = MistralForCausalLM(config)
     model.load_state_dict(smollm2.state_dict())
