@@ -3,6 +3,8 @@ module with a chat template, and token-for-token agreement with TRL on SmolLM2's
 
 from __future__ import annotations
 
+import importlib.util
+
 import gzip
 import json
 import re
@@ -162,6 +164,7 @@ def _trl_messages(text: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the [peer] extra (trl)")
 def test_smollm2_ids_equal_trls_chat_template_and_tokenizer(hh_rlhf_path: Path) -> None:
     """The tokenizer read from SmolLM2-135M-Instruct's GGUF file (its ChatML template adds a default system message):
     each pair's prompt + chosen ids are those of TRL's ``maybe_apply_chat_template`` and the same tokenizer."""
