@@ -32,13 +32,7 @@ def cell_settings(study_args: Sequence[str], noise: Mapping[str, Any]) -> dict[s
     """
     from lit_prunedpo.study.arguments import build_parser
 
-    parser = build_parser()
-    parser.exit_on_error = False
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # a bad recorded command is reported by the caller
-            parsed, _ = parser.parse_known_args(list(study_args))
-    except (argparse.ArgumentError, SystemExit) as exc:
-        raise ValueError(f"its arguments cannot be parsed ({exc})") from None
+    parsed = parse_recorded(build_parser(), study_args, "its arguments", known_only=True)
     settings = {k: v for k, v in vars(parsed).items() if k not in NOT_RESULTS}
     if not settings["sweep"]:
         del settings["tune_seeds"], settings["lr_factors"]
@@ -58,6 +52,24 @@ def _shown(key: str, value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def parse_recorded(parser: argparse.ArgumentParser, argv: Sequence[str], what: str,
+                   known_only: bool = False) -> argparse.Namespace:
+    """``argv``, a recorded command's arguments, parsed by ``parser`` without printing or exiting (a bad recorded
+    command is reported by the caller); ``known_only`` leaves arguments ``parser`` does not know aside.
+
+    Raises:
+        ValueError: ``{what} cannot be parsed (...)``.
+    """
+    parser.exit_on_error = False
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            if known_only:
+                return parser.parse_known_args(list(argv))[0]
+            return parser.parse_args(list(argv))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"{what} cannot be parsed ({exc})") from None
 
 
 def setting_changes(had: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import io
 import json
 import os
 import platform
@@ -124,13 +123,9 @@ def cell_settings(argv: Sequence[str]) -> dict[str, Any]:
     Raises:
         ValueError: if the arguments cannot be parsed.
     """
-    parser = build_parser()
-    parser.exit_on_error = False
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # a bad recorded command is reported by the caller
-            parsed = parser.parse_args(list(argv))
-    except (argparse.ArgumentError, SystemExit) as exc:
-        raise ValueError(f"its command cannot be parsed ({exc})") from None
+    from lit_prunedpo.study.map_resume import parse_recorded
+
+    parsed = parse_recorded(build_parser(), argv, "its command")
     return {k: v for k, v in vars(parsed).items() if k not in NOT_RESULTS}
 
 
