@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from lit_prunedpo.bench.peer_trl import PEERS
 from lit_prunedpo.bench.presets import MODES, OWN_MODEL, PRESETS, PROMPTS, REFERENCES, SCORERS, Preset, get_preset
 
 #: The options that describe ``--data`` (refused without it).
@@ -58,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="parameter dtype of the policy, its reference and the TRL peer, for a preset and --model "
                              "alike (default: float32; --model's checkpoint dtype is not kept unless named)")
-    parser.add_argument("--peer", default=None, choices=["trl"],
-                        help="also time TRL's DPO step (precomputed reference) on the same weights and batches "
+    parser.add_argument("--peer", type=_csv, default=[],
+                        help="comma-separated: trl (precomputed reference), trl-online (TRL's reference model forward "
+                             "in every step): also time TRL's DPO step on the same weights and batches "
                              "(pip install -e '.[peer]')")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's, else torch's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")
@@ -145,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             parser.error(f"{name}: unknown or empty {bad or values}; choose from {','.join(allowed)}")
+    bad_peers = [v for v in args.peer if v not in PEERS]
+    if bad_peers:
+        parser.error(f"--peer: unknown {bad_peers}; choose from {','.join(PEERS)}")
     try:
         preset, source, data = own_run(args)
     except (ValueError, FileNotFoundError) as err:
@@ -165,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = run_benchmark(
             preset, modes=args.modes, references=args.references, scorers=args.scorers, prompts=args.prompts,
             steps=args.steps, warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype,
-            peer=args.peer, source=source, data=data,
+            peer=args.peer or None, source=source, data=data,
         )
     except (ValueError, OSError) as err:
         if source is None or os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1":

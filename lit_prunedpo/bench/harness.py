@@ -5,7 +5,8 @@ the alternating rounds (:mod:`lit_prunedpo.bench.rounds`: one module and one Ada
 configuration, round ``r`` runs one step of every configuration on batch ``r``, the first ``warmup`` rounds
 unrecorded) on synthetic batches of the preset's shape (:mod:`lit_prunedpo.bench.batches`) or on ``--data``'s, with
 the preset's random model or ``--model``, and summarises each configuration: median and p90 step time, peak memory,
-tokens executed, FLOPs, and speedups against ``vanilla``; the payload names the model and data measured.
+tokens executed, FLOPs, utilisation of a peak measured right before the rounds (:mod:`lit_prunedpo.bench.utilisation`),
+and speedups against ``vanilla`` and each TRL peer; the payload names the model and data measured.
 
 Sharing one module keeps the process's resident memory that of a single training run (so peak RSS compares across
 modes) and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
@@ -29,7 +30,10 @@ from lit_prunedpo.bench.memory_model import LayerDims
 from lit_prunedpo.bench.own_data import DataSpec, data_identity
 from lit_prunedpo.bench.own_model import model_identity, preset_identity
 from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Preset
-from lit_prunedpo.bench.rounds import Config, Rounds, StepRecord, baseline_prompt, build_rounds, run_rounds
+from lit_prunedpo.bench.peer_trl import PEERS
+from lit_prunedpo.bench.rounds import (Config, Rounds, StepRecord, baseline_prompt, build_rounds, peer_names,
+                                       run_rounds)
+from lit_prunedpo.bench.utilisation import intermediate_size, measure_peak, rate_fields, typical_tokens
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.layout import SharedPromptLayout
 from lit_prunedpo.models import ModelSource
@@ -65,7 +69,7 @@ def run_benchmark(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
     dtype: str | None = None,
-    peer: str | None = None,
+    peer: str | Sequence[str] | None = None,
     observe: Callable[[Config, StepOutput], None] | None = None,
     source: ModelSource | None = None,
     data: DataSpec | None = None,
@@ -85,8 +89,9 @@ def run_benchmark(
         seed: seed of the data and of every configuration's sampler generator.
         log: called with a progress line after every round; ``None`` is silent.
         dtype: parameter dtype of the policy and reference (``bfloat16``, ...); ``None`` is float32.
-        peer: ``trl`` also times TRL's DPO step (:mod:`lit_prunedpo.bench.peer_trl`) in every round, on a copy
-            of the same initial weights; each result then carries ``speedup_vs_peer``.
+        peer: TRL peers (names, or comma-separated): ``trl`` (precomputed reference), ``trl-online`` (online), each
+            timed in every round on a copy of the same initial weights (:mod:`~lit_prunedpo.bench.peer_trl`); results
+            then carry ``speedup_vs_<peer>`` (``speedup_vs_peer``: against ``trl``).
         observe: called with every measured step's configuration and output, after its time and memory are read
             (the scaling sweep reads the executed shapes from it); ``None`` calls nothing.
         source: the model (``--model``, :mod:`~lit_prunedpo.bench.own_model`) instead of the preset's random one;
@@ -94,23 +99,33 @@ def run_benchmark(
         data: the pairs (``--data``, :mod:`~lit_prunedpo.bench.own_data`) instead of the preset's synthetic ones.
 
     Returns:
-        The report payload: ``preset``, ``device``, ``results`` (one per configuration), ``model``, ``data``, context.
+        The report payload: ``preset``, ``device``, ``results``, ``peers``, ``peak_flops_per_s``, ``model``, context.
 
     Raises:
-        ValueError: on an unknown mode, reference or scorer, a step count out of range, data that does not fit the
-            model, or ``--model`` that does not run the shared prompt exactly while ``shared`` is asked for.
+        ValueError: on an unknown mode, reference, scorer or peer, a step count out of range, data that does not fit
+            the model, or ``--model`` that does not run the shared prompt exactly while ``shared`` is asked for.
     """
     modes, references = _check_choice("modes", modes, tuple(MODES)), _check_choice("references", references, REFERENCES)
     scorers, prompts = _check_choice("scorers", scorers, SCORERS), _check_choice("prompts", prompts, PROMPTS)
-    steps, warmup = _step_counts(preset, steps, warmup)
+    peers, (steps, warmup) = peer_names(peer), _step_counts(preset, steps, warmup)
     module = data.data_module() if data is not None else None
     rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, torch.device(device),
-                          seed, dtype, peer, source=source, data=module)
+                          seed, dtype, peers, source=source, data=module)
     measured = _measured(preset, seed, rounds, prompts, source, data, module)  # before any step: the initial weights
-    records, peer_record = _run_frozen(rounds, log, observe)
-    results = _summarise(list(rounds.parts), records)
-    peer_row = _peer_row(peer_record, results) if rounds.peer is not None else None
-    return {**_payload(preset, rounds, steps, warmup, dtype, results, peer_row), **measured}
+    peak = _peak(rounds)  # right before the rounds, on the machine as they find it
+    records, peer_records = _run_frozen(rounds, log, observe)
+    results = _summarise(list(rounds.parts), records, peak["flops_per_s"])
+    peer_rows = [_peer_row(name, rec, results, peak["flops_per_s"]) for name, rec in peer_records.items()]
+    return {**_payload(preset, rounds, steps, warmup, dtype, results, peer_rows, peak), **measured}
+
+
+def _peak(rounds: Rounds) -> dict[str, Any]:
+    """The peak FLOP/s of this run: a matmul of the policy's MLP shape on a typical batch's tokens, in its dtype
+    and on its device (:func:`~lit_prunedpo.bench.utilisation.measure_peak`)."""
+    policy = rounds.module.policy
+    hidden = rounds.dims.hidden_size
+    return measure_peak(typical_tokens(rounds.batches), hidden, intermediate_size(policy, hidden),
+                        next(policy.parameters()).dtype, rounds.device)
 
 
 def _measured(preset: Preset, seed: int, rounds: Rounds, prompts: Sequence[str], source: ModelSource | None,
@@ -158,7 +173,8 @@ def _step_counts(preset: Preset, steps: int | None, warmup: int | None) -> tuple
 
 
 def _run_frozen(rounds: Rounds, log: Callable[[str], None] | None,
-                observe: Callable[[Config, StepOutput], None] | None) -> tuple[dict[Config, StepRecord], StepRecord]:
+                observe: Callable[[Config, StepOutput], None] | None,
+                ) -> tuple[dict[Config, StepRecord], dict[str, StepRecord]]:
     """:func:`~lit_prunedpo.bench.rounds.run_rounds` with everything built so far frozen out of the collector."""
     # Everything built so far (transformers' modules, the model) is long-lived: freezing it keeps the per-step
     # gc.collect() of the memory meter at milliseconds instead of a full-heap scan.
@@ -170,20 +186,28 @@ def _run_frozen(rounds: Rounds, log: Callable[[str], None] | None,
         gc.unfreeze()
 
 
-def _peer_row(rec: StepRecord, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The peer's (TRL's) row; every configuration's result gets its ``speedup_vs_peer``."""
-    peer_row = {"name": "trl", "step_time_s": statistics.median(rec.times),
+def _peer_row(name: str, rec: StepRecord, results: list[dict[str, Any]], peak: float) -> dict[str, Any]:
+    """A peer's row; every configuration's result gets its ``speedup_vs_<name>`` (and ``trl``'s its
+    ``speedup_vs_peer`` too, the key readers of a single peer know)."""
+    step_time = statistics.median(rec.times)
+    peer_row = {"name": name, "reference": PEERS[name], "step_time_s": step_time,
                 "peak_memory_mb": max(rec.peaks) if rec.peaks else None,
                 "peak_step_memory_mb": max(rec.step_peaks) if rec.step_peaks else None,
-                "tokens_executed": statistics.fmean(rec.tokens), "step_times_s": rec.times}
+                "tokens_executed": statistics.fmean(rec.tokens),
+                "reference_tokens_executed": statistics.fmean(rec.reference_tokens),
+                "positions_scored": statistics.fmean(rec.positions),
+                **rate_fields(rec.flops, step_time, peak), "losses": rec.losses, "step_times_s": rec.times}
     for row in results:
-        row["speedup_vs_peer"] = peer_row["step_time_s"] / row["step_time_s"]
+        row[f"speedup_vs_{name}"] = step_time / row["step_time_s"]
+        if name == "trl":
+            row["speedup_vs_peer"] = row["speedup_vs_trl"]
     return peer_row
 
 
 def _payload(preset: Preset, rounds: Rounds, steps: int, warmup: int, dtype: str | None, results: list[dict[str, Any]],
-             peer_row: dict[str, Any] | None) -> dict[str, Any]:
-    """The report payload: the results, the peer's row and the context they were measured in."""
+             peer_rows: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]:
+    """The report payload: the results, the peers' rows (``trl``'s also as ``peer``), the peak their utilisations
+    divide by and the context they were measured in."""
     dev, dims, batches = rounds.device, rounds.dims, rounds.batches
     vanilla_forward = cost.forward_flops(
         dims, 2 * batches[0].num_pairs, batches[0].prompt_width + batches[0].response_width - 1,
@@ -204,13 +228,17 @@ def _payload(preset: Preset, rounds: Rounds, steps: int, warmup: int, dtype: str
         "model_dims": asdict(dims),
         "head_share": vanilla_forward.head_share,
         "results": results,
-        "peer": peer_row,
+        "peers": peer_rows,
+        "peer": next((row for row in peer_rows if row["name"] == "trl"), None),
+        "peak_flops_per_s": peak["flops_per_s"],
+        "peak_measure": peak,
     }
 
 
-def _summarise(configs: Sequence[Config], records: dict[Config, StepRecord]) -> list[dict[str, Any]]:
-    """Per configuration: its step times (median, p90), peak memory, tokens and FLOPs per step, and its speedups
-    against ``vanilla`` with the same reference and scorer (median and total time; ideal, from the FLOPs)."""
+def _summarise(configs: Sequence[Config], records: dict[Config, StepRecord], peak: float) -> list[dict[str, Any]]:
+    """Per configuration: its step times (median, p90), peak memory, tokens and FLOPs per step, utilisation of
+    ``peak``, and its speedups against ``vanilla`` with the same reference and scorer (median and total time; ideal,
+    from the FLOPs)."""
     medians = {c: statistics.median(records[c].times) for c in configs}
     totals = {c: sum(records[c].times) for c in configs}
     baseline = baseline_prompt([c.prompt for c in configs])
@@ -237,10 +265,12 @@ def _summarise(configs: Sequence[Config], records: dict[Config, StepRecord]) -> 
                 "reference_tokens_executed": statistics.fmean(rec.reference_tokens),
                 "positions_scored": statistics.fmean(rec.positions),
                 "flops_per_step": statistics.fmean(f.total for f in rec.flops),
+                **rate_fields(rec.flops, medians[c], peak),
                 "ideal_speedup": ideal,
                 "speedup": speedup,
                 "efficiency": speedup / ideal if speedup is not None else None,
                 "speedup_total_time": speedup_total,
+                "losses": rec.losses,
                 "step_times_s": rec.times,
             }
         )

@@ -28,11 +28,36 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("speedup", "speedup", lambda v: f"{v:.2f}x"),
     ("efficiency", "efficiency", lambda v: f"{v:.2f}"),
     ("speedup_total_time", "speedup (sums)", lambda v: f"{v:.2f}x"),
-    ("speedup_vs_peer", "vs peer", lambda v: f"{v:.2f}x"),
+    ("flops", "GFLOP/step", lambda v: f"{v / 1e9:.3g}"),
+    ("achieved_flops_per_s", "GFLOP/s", lambda v: f"{v / 1e9:.3g}"),
+    ("utilisation", "utilisation", lambda v: f"{v:.1%}"),
 )
 
 
 MEASURED_SPEEDUPS = ("speedup", "efficiency", "speedup_total_time", "speedup_vs_peer")
+
+
+def _is_measured_speedup(key: str) -> bool:
+    return key in MEASURED_SPEEDUPS or key.startswith("speedup_vs_")
+
+
+def peers_of(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The payload's peer rows: ``peers``, or a payload of a single peer's ``peer``."""
+    if payload.get("peers") is not None:
+        return list(payload["peers"])
+    return [payload["peer"]] if payload.get("peer") else []
+
+
+def columns(payload: dict[str, Any]) -> list[tuple[str, str, Callable[[Any], str]]]:
+    """:data:`COLUMNS` and a ``vs <peer>`` column per peer (``vs peer`` for a payload of a single peer's)."""
+    rows = payload["results"]
+    out = list(COLUMNS)
+    for peer in peers_of(payload):
+        key = f"speedup_vs_{peer['name']}"
+        if not any(key in row for row in rows):
+            key = "speedup_vs_peer"
+        out.append((key, f"vs {peer['name'] if key != 'speedup_vs_peer' else 'peer'}", lambda v: f"{v:.2f}x"))
+    return out
 
 
 def is_smoke_test(payload: dict[str, Any]) -> bool:
@@ -68,28 +93,63 @@ def to_markdown(payload: dict[str, Any]) -> str:
             "steps too few for the measured speedups to mean anything, so none are stated (the ideal, from the cost "
             "model, is exact). Measure with `--preset quickstart` or larger."
         )] if smoke else []),
+        *peak_lines(payload),
         "",
-        "| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
-        "|" + "|".join("---" for _ in COLUMNS) + "|",
+        *table_lines(payload, smoke),
+        *peer_lines(payload),
     ]
-    for row in payload["results"]:
-        cells = [
-            "-" if smoke and key in MEASURED_SPEEDUPS else fmt(row[key]) if row.get(key) is not None else "n/a"
-            for key, _, fmt in COLUMNS
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    peer = payload.get("peer")
-    if peer:
-        memory = peer.get("peak_step_memory_mb")
-        lines += ["", (
-            f"Peer `{peer['name']}` (DPOTrainer.compute_loss with precomputed reference log-probs, backward, AdamW; same "
-            f"weights, tokens and batches): median step {peer['step_time_s']:.3f} s, "
-            f"step memory {'n/a' if memory is None else f'{memory:.0f} MiB'}, {peer['tokens_executed']:.0f} tokens "
-            "per step (its one forward); 'vs peer' = its median step time over each configuration's."
-        )]
     if payload.get("command"):
         lines += ["", f"Command: `{payload['command']}`"]
     return "\n".join(lines) + "\n"
+
+
+def table_lines(payload: dict[str, Any], smoke: bool) -> list[str]:
+    """The results' table: a row per configuration (a smoke test's measured speedups written "-")."""
+    cols = columns(payload)
+    lines = ["| " + " | ".join(title for _, title, _ in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in payload["results"]:
+        cells = [
+            "-" if smoke and _is_measured_speedup(key) else fmt(row[key]) if row.get(key) is not None else "n/a"
+            for key, _, fmt in cols
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def peak_lines(payload: dict[str, Any]) -> list[str]:
+    """How the peak the utilisations divide by was measured (nothing for a payload without one)."""
+    peak = payload.get("peak_measure")
+    if not peak:
+        return []
+    tokens, hidden, inner = peak["shape"]
+    return [
+        f"- utilisation: achieved FLOP/s (the cost model's FLOPs per step, pruned work excluded, over the median step "
+        f"time) over a peak of {peak['flops_per_s'] / 1e9:.3g} GFLOP/s measured in this run: the median of "
+        f"{len(peak['times_s'])} [{tokens} x {hidden}] @ [{hidden} x {inner}] {peak['dtype']} matmuls on "
+        f"{peak['device']}, {peak['threads']} torch thread(s)"
+    ]
+
+
+def peer_lines(payload: dict[str, Any]) -> list[str]:
+    """A paragraph per peer: its reference, time, memory, tokens and utilisation."""
+    lines = []
+    for peer in peers_of(payload):
+        memory = peer.get("peak_step_memory_mb")
+        reference = peer.get("reference", "a precomputed reference")
+        ref_tokens = peer.get("reference_tokens_executed") or 0
+        in_reference = f" and {ref_tokens:.0f} in its reference forward" if ref_tokens else ""
+        rate = (f", {peer['flops'] / 1e9:.3g} GFLOP per step, {peer['achieved_flops_per_s'] / 1e9:.3g} GFLOP/s"
+                + (f" ({peer['utilisation']:.1%} of the peak)" if peer.get("utilisation") is not None else "")
+                if peer.get("flops") is not None else "")
+        title = "peer" if not any(f"speedup_vs_{peer['name']}" in row for row in payload["results"]) else peer["name"]
+        lines += ["", (
+            f"Peer `{peer['name']}` (TRL DPOTrainer.compute_loss with {reference}, backward, AdamW; same weights, "
+            f"tokens and batches): median step {peer['step_time_s']:.3f} s, "
+            f"step memory {'n/a' if memory is None else f'{memory:.0f} MiB'}, {peer['tokens_executed']:.0f} tokens "
+            f"per step in its policy forward{in_reference} (padding included){rate}; 'vs {title}' = its median step "
+            "time over each configuration's."
+        )]
+    return lines
 
 
 def subject(payload: dict[str, Any]) -> str:

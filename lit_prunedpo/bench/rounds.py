@@ -22,7 +22,9 @@ peak and the peak above the step's starting point are recorded.
 The frozen reference model is the module's own copy of the policy's initial weights, shared by every online
 reference: the one of a ``chunked`` configuration scores with the chunked scorer too, otherwise its ``K x V``
 logits would set the peak. The cached reference is computed once, with the plain scorer, from that frozen model,
-for exactly the benchmark's batches (:func:`build_rounds`). TRL's peer trains another copy of those weights.
+for exactly the benchmark's batches (:func:`build_rounds`). Each TRL peer (:mod:`lit_prunedpo.bench.peer_trl`) trains
+another copy of those weights, after the configurations in every round, on the same batch; ``trl-online`` runs a
+further frozen copy as its reference.
 
 The policy is the preset's random Llama or ``--model``'s (:mod:`lit_prunedpo.bench.own_model`); the batches the
 preset's synthetic ones or ``--data``'s, the data module's own (:mod:`lit_prunedpo.bench.own_data`).
@@ -30,11 +32,10 @@ preset's synthetic ones or ``--data``'s, the data module's own (:mod:`lit_pruned
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -42,12 +43,13 @@ from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.batches import round_batches
-from lit_prunedpo.bench.peer_trl import TRLPeer
+from lit_prunedpo.bench.peer_trl import PEERS, TRLPeer, make_peers
 from lit_prunedpo.bench.presets import MODES, Preset
+from lit_prunedpo.bench.utilisation import peer_step_flops
 from lit_prunedpo.callbacks import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data import PAD, PreferenceDataModule
-from lit_prunedpo.execute import StepExecutor, layout_for
+from lit_prunedpo.execute import StepExecutor, StepForwards, layout_for
 from lit_prunedpo.layout import PairLengths
 from lit_prunedpo.models import FromConfig, ModelSource
 from lit_prunedpo.plan import plan_step
@@ -57,6 +59,7 @@ from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
 
 MiB = float(2**20)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class StepRecord:
     positions: list[int] = field(default_factory=list)
     flops: list[cost.StepFlops] = field(default_factory=list)
     vanilla_flops: list[cost.StepFlops] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
 
     def add(self, elapsed: float, reading: PeakReading | None) -> None:
         """One measured step's time and peak memory (MiB; absolute and above the step's start)."""
@@ -132,8 +136,29 @@ class Rounds:
     """Where the steps run."""
     baseline_prompt: str = "shared"
     """The prompt layout of the ``vanilla`` plan the ideal speedups compare with."""
-    peer: TRLPeer | None = None
-    """TRL's step, timed in every round too, or ``None``."""
+    peers: dict[str, TRLPeer] = field(default_factory=dict)
+    """TRL's steps (:data:`~lit_prunedpo.bench.peer_trl.PEERS`), timed in every round too, in this order."""
+
+    @property
+    def peer(self) -> TRLPeer | None:
+        """The ``trl`` peer (precomputed reference), else the first peer, else ``None``."""
+        return self.peers.get("trl", next(iter(self.peers.values()), None))
+
+
+def peer_names(peer: str | Sequence[str] | None) -> list[str]:
+    """The peers asked for: ``None``, a comma-separated string or names, de-duplicated in order.
+
+    Raises:
+        ValueError: on a name not in :data:`~lit_prunedpo.bench.peer_trl.PEERS`, naming the argument.
+    """
+    if peer is None:
+        return []
+    names = [p.strip() for p in peer.split(",")] if isinstance(peer, str) else list(peer)
+    names = list(dict.fromkeys(n for n in names if n))
+    bad = [n for n in names if n not in PEERS]
+    if bad:
+        raise ValueError(f"peer: unknown {bad}; choose from {list(PEERS)}")
+    return names
 
 
 def build_rounds(
@@ -147,14 +172,15 @@ def build_rounds(
     dev: torch.device,
     seed: int = 0,
     dtype: str | None = None,
-    peer: str | None = None,
+    peer: str | Sequence[str] | None = None,
     source: ModelSource | None = None,
     data: PreferenceDataModule | None = None,
 ) -> Rounds:
     """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
     are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured). The policy comes from
     ``source`` (``--model``), else the preset's random Llama; the batches from ``data`` (``--data``), else the
-    preset's synthetic ones, in the model's vocabulary."""
+    preset's synthetic ones, in the model's vocabulary; ``peer`` names TRL peers (:func:`peer_names`)."""
+    peers = peer_names(peer)
     module = PrunedDPO(
         policy=source if source is not None else FromConfig("llama", preset.model, seed=seed, dtype=dtype), beta=0.1,
         optimizer=partial(torch.optim.AdamW, lr=preset.lr),
@@ -165,13 +191,9 @@ def build_rounds(
     batches = [b.to(dev) for b in round_batches(preset, num_batches, seed, module.policy, data)]
     scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
     sources = _reference_sources(module, references, scorer_of["chunked"], batches)
-    trl = None
-    if peer is not None:
-        if peer != "trl":
-            raise ValueError(f"peer must be 'trl' or None, got {peer!r}")
-        # a copy of the policy before any step: the same initial weights, in the same dtype, on the same device
-        trl = TRLPeer(copy.deepcopy(module.policy), batches, beta=0.1, lr=preset.lr,
-                      pad_id=data.pad_token_id if data is not None else PAD)
+    # copies of the policy before any step: the same initial weights, in the same dtype, on the same device
+    trl = make_peers(peers, module.policy, batches, beta=0.1, lr=preset.lr,
+                     pad_id=data.pad_token_id if data is not None else PAD)
     configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
     samplers = {m: MODES[m]() for m in modes}
     return Rounds(
@@ -181,7 +203,7 @@ def build_rounds(
                for c in configs},
         rngs={c: SamplerRNG(seed=seed) for c in configs},
         meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=baseline_prompt(prompts),
-        peer=trl,
+        peers=trl,
     )
 
 
@@ -206,18 +228,16 @@ def run_rounds(
     rounds: Rounds,
     log: Callable[[str], None] | None = None,
     observe: Callable[[Config, StepOutput], None] | None = None,
-) -> tuple[dict[Config, StepRecord], StepRecord]:
-    """Round ``r``: one step of every configuration on batch ``r``; rounds before ``warmup`` are not recorded;
-    ``observe(config, output)`` is called after each recorded step's time and memory are read.
+) -> tuple[dict[Config, StepRecord], dict[str, StepRecord]]:
+    """Round ``r``: one step of every configuration, then of every peer, on batch ``r``; rounds before ``warmup``
+    are not recorded; ``observe(config, output)`` is called after each recorded step's time and memory are read.
 
     Returns:
-        Each configuration's record, and the peer's (empty without a peer).
+        Each configuration's record, and each peer's (none without peers).
     """
-    dev, meter = rounds.device, rounds.meter
     log = log or (lambda line: None)
     records = {c: StepRecord() for c in rounds.parts}
-    peer, peer_record = rounds.peer, StepRecord()
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    peer_records = {name: StepRecord() for name in rounds.peers}
     for r, batch in enumerate(rounds.batches):
         measured = r >= rounds.warmup
         # the baseline's plan (vanilla draws nothing) for the ideal speedups; with a shared prompt the module's
@@ -228,40 +248,59 @@ def run_rounds(
         vanilla = StepExecutor(layout_for(shared)).forwards(vanilla_plan.groups, PairLengths.of(batch))
         for c, parts in rounds.parts.items():
             generator = rounds.rngs[c].next()
-            meter.start()
-            sync()
-            start = time.perf_counter()
-            out = train_step(rounds.module, rounds.optimizer, batch, parts, generator)
-            stats = out.stats
-            sync()
-            elapsed = time.perf_counter() - start
-            reading = meter.stop()
-            if not measured:
-                continue
-            rec = records[c]
-            rec.add(elapsed, reading)
-            rec.tokens.append(stats.tokens_executed)
-            rec.reference_tokens.append(stats.reference_tokens_executed)
-            rec.positions.append(stats.positions_scored)
-            recompute = c.scorer == "chunked"
-            rec.flops.append(cost.step_flops(out.forwards, rounds.dims, c.reference, recompute_head=recompute))
-            rec.vanilla_flops.append(cost.step_flops(vanilla, rounds.dims, c.reference, recompute_head=recompute))
-            if observe is not None:
-                observe(c, out)
-        if peer is not None:
-            inputs = peer.inputs(r)
-            meter.start()
-            sync()
-            start = time.perf_counter()
-            peer.step(inputs)
-            sync()
-            elapsed = time.perf_counter() - start
-            reading = meter.stop()
+            out, elapsed, reading = _timed(rounds, lambda: train_step(rounds.module, rounds.optimizer, batch, parts,
+                                                                      generator))
             if measured:
-                peer_record.add(elapsed, reading)
-                peer_record.tokens.append(int(inputs["input_ids"].numel()))  # one forward: chosen + rejected rows
+                _record_config(records[c], c, out, vanilla, rounds.dims, elapsed, reading)
+                if observe is not None:
+                    observe(c, out)
+        for name, peer in rounds.peers.items():
+            inputs = peer.inputs(r)
+            loss, elapsed, reading = _timed(rounds, lambda: peer.step(inputs))
+            if measured:
+                _record_peer(peer_records[name], peer, loss, rounds.dims, elapsed, reading)
         log(f"round {r + 1}/{len(rounds.batches)} ({'measured' if measured else 'warm-up'}) done")
-    return records, peer_record
+    return records, peer_records
+
+
+def _timed(rounds: Rounds, step: Callable[[], T]) -> tuple[T, float, PeakReading | None]:
+    """``step()``'s result, its wall time (the device synchronised before and after) and its peak memory."""
+    dev = rounds.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    rounds.meter.start()
+    sync()
+    start = time.perf_counter()
+    result = step()
+    sync()
+    elapsed = time.perf_counter() - start
+    return result, elapsed, rounds.meter.stop()
+
+
+def _record_config(rec: StepRecord, c: Config, out: StepOutput, vanilla: StepForwards, dims: cost.ModelDims,
+                   elapsed: float, reading: PeakReading | None) -> None:
+    """A measured configuration step: time, memory, work counts and the FLOPs of the forwards it ran."""
+    stats = out.stats
+    rec.add(elapsed, reading)
+    rec.tokens.append(stats.tokens_executed)
+    rec.reference_tokens.append(stats.reference_tokens_executed)
+    rec.positions.append(stats.positions_scored)
+    recompute = c.scorer == "chunked"
+    rec.flops.append(cost.step_flops(out.forwards, dims, c.reference, recompute_head=recompute))
+    rec.vanilla_flops.append(cost.step_flops(vanilla, dims, c.reference, recompute_head=recompute))
+    rec.losses.append(float(out.estimate.objective.detach()))
+
+
+def _record_peer(rec: StepRecord, peer: TRLPeer, loss: float, dims: cost.ModelDims, elapsed: float,
+                 reading: PeakReading | None) -> None:
+    """A measured peer step: time, memory, the tokens of its policy and reference forwards (padding included, as
+    its hooks saw them) and their FLOPs."""
+    forwards = peer.forwards
+    rec.add(elapsed, reading)
+    rec.tokens.append(sum(f.rows * f.width for f in forwards if not f.reference))
+    rec.reference_tokens.append(sum(f.rows * f.width for f in forwards if f.reference))
+    rec.positions.append(sum(f.positions for f in forwards if not f.reference))
+    rec.flops.append(peer_step_flops(dims, forwards))
+    rec.losses.append(loss)
 
 
 def baseline_prompt(prompts: Sequence[str]) -> str:

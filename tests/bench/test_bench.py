@@ -125,6 +125,15 @@ def _check_payload(payload, modes, references, scorers, prompts=("shared",)):
         if row["mode"] == "branch" and row["prompt"] == "padded":  # equal-width rows: the design note's ratios
             assert row["ideal_speedup"] == pytest.approx(4 / 3 if row["reference"] == "online" else 1.5, rel=0.05)
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
+        assert row["flops"] == pytest.approx(row["flops_per_step"]) and row["flops"] > 0
+        assert row["achieved_flops_per_s"] == pytest.approx(row["flops"] / row["step_time_s"])
+        assert row["utilisation"] == pytest.approx(row["achieved_flops_per_s"] / payload["peak_flops_per_s"])
+        assert 0 < row["utilisation"]
+    assert payload["peak_measure"]["flops_per_s"] == payload["peak_flops_per_s"] > 0
+    flops = {(r["mode"], r["reference"], r["scorer"], r["prompt"]): r["flops"] for r in rows}
+    for (mode, *variant), value in flops.items():  # the same batches: one branch of each pair has no backward
+        if mode == "branch":
+            assert value < flops[("vanilla", *variant)], variant
 
 
 def test_cli_small_in_process(tmp_path, capsys):
@@ -288,10 +297,11 @@ def test_rounds_run_every_configuration_through_the_module_step(monkeypatch):
                           num_batches=2, warmup=1, dev=torch.device("cpu"))
     rounds.meter = PeakMemoryMeter(torch.device("cpu"))  # no garbage-collector pass per step: a faster test
     own = rounds.module.parts
-    records, peer = run_rounds(rounds)
+    records, peers = run_rounds(rounds)
     assert calls == [(rounds.module, parts) for parts in rounds.parts.values()] * 2
     assert all(getattr(rounds.module.parts, f.name) is getattr(own, f.name) for f in fields(StepParts))
-    assert all(len(r.times) == len(r.tokens) == 1 for r in records.values()) and not peer.times
+    assert all(len(r.times) == len(r.tokens) == len(r.flops) == len(r.losses) == 1 for r in records.values())
+    assert peers == {} and rounds.peer is None
     # each configuration drew from its own stream, once per round
     assert all(rng.step == 2 for rng in rounds.rngs.values()) and rounds.module.sampler_rng.step == 0
 
