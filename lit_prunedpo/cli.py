@@ -149,11 +149,22 @@ def main(args: list[str] | None = None) -> None:
 
 
 def command() -> None:
-    """The ``lit-prunedpo`` console command: :func:`main` on ``sys.argv``, an error of the package's own checks
-    printed as one line (``lit_prunedpo.user_errors``)."""
+    """The ``lit-prunedpo`` console command: :func:`main` on ``sys.argv`` through the runner every console command
+    goes through (:func:`lit_prunedpo.user_errors.run_command`: one line for the package's own errors, a full disk,
+    Ctrl-C and SIGTERM, with what was kept: :func:`kept_when_interrupted`)."""
     from lit_prunedpo.user_errors import run_command
 
-    run_command(main)
+    run_command(main, kept=kept_when_interrupted)
+
+
+def kept_when_interrupted() -> str | None:
+    """What an interrupted ``lit-prunedpo`` kept (a fit that had begun says above which checkpoint itself)."""
+    subcommand = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if subcommand == "fit":
+        return "the checkpoints already written are kept; the same command with --ckpt_path last resumes the last one"
+    if subcommand == "export":
+        return "--out is as it was (an export is written beside it and moved into place once complete)"
+    return None
 
 
 if __name__ == "__main__":

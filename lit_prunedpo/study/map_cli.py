@@ -264,19 +264,10 @@ def _run_cells(setup: MapSetup, budget: float, plan: dict[str, Any], args: argpa
             log(f"cell {i}/{len(jobs)} {job[0].name}")
             progress.finished(job[0], run_cell(*job))
     else:  # one process per cell at a time, each on one core (its own torch threads)
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            planned = plan["cells"]
-            longest_first = sorted(jobs, key=lambda job: -planned[job[0].name]["planned_s"])  # as the plan's makespan assumes
-            futures = {pool.submit(run_cell, *job): job[0] for job in longest_first}
-            try:
-                for future in as_completed(futures):
-                    progress.finished(futures[future], future.result())
-            except BaseException:  # a stopped map starts no more cells (the running ones finish)
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        planned = plan["cells"]
+        # longest planned first, as the plan's makespan assumes
+        longest_first = sorted(jobs, key=lambda job: -planned[job[0].name]["planned_s"])
+        _run_in_pool(longest_first, args.jobs, progress)
     for name in ("map.json", "map.md"):
         log(f"wrote {out / name}")
     print((out / "map.md").read_text())
@@ -285,6 +276,43 @@ def _run_cells(setup: MapSetup, budget: float, plan: dict[str, Any], args: argpa
               f"see {out / 'progress.jsonl'}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Any:
+    """Ctrl-C ignored for the block, in which the cells' processes start and inherit that: Ctrl-C at a terminal
+    signals every process of the map, and the map decides alone (:func:`_run_in_pool`) rather than each cell dying
+    with a traceback of its own, from its first import on."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _run_in_pool(jobs: list[tuple[Any, ...]], processes: int, progress: MapProgress) -> None:
+    """Run ``jobs`` (:func:`~lit_prunedpo.study.map_cells.run_cell`'s arguments) in that order, ``processes`` at once,
+    each in a process of its own, recording each cell as it finishes."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with _ctrl_c_ignored():  # the processes start at the first submits
+            futures = {pool.submit(run_cell, *job): job[0] for job in jobs}
+        try:
+            for future in as_completed(futures):
+                progress.finished(futures[future], future.result())
+        except Exception:  # a stopped map starts no more cells (the running ones finish)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        except BaseException:  # Ctrl-C or SIGTERM: stop now; the running cells are rerun by --resume (unfinished)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for child in multiprocessing.active_children():
+                child.terminate()
+                child.join()
+            raise
 
 
 class MapProgress:
