@@ -1,6 +1,6 @@
 """Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
 checkpoint with its run summary, the SIGTERM (preemption) checkpoint, greedy samples at each validation, a step
-progress bar, the prune-early schedule and the auto-pruning calibration; and, for the package's own harnesses, the
+progress bar, the prune-early schedule, the auto-pruning calibration and the logs under TRL's keys; and, for the package's own harnesses, the
 peak-memory meter those callbacks use.
 
 Each name is imported from its module on first use (PEP 562 ``__getattr__``): the callbacks import lightning, which
@@ -24,11 +24,12 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ impo
     from .progress_bar import StepProgressBar
     from .prune_early import PruneEarly
     from .step_time import StepTimeMonitor
+    from .trl_keys import TRLKeys
     from .validation_samples import ValidationSamples
 
 __all__ = [
     "AutoPruning", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
-    "ValidationSamples",
+    "TRLKeys", "ValidationSamples",
     # the unit the memory callbacks are built from, for harnesses that measure outside a Trainer (lit_prunedpo.bench,
     # lit_prunedpo.study): the peak-memory meter
     "PeakMemoryMeter", "PeakReading",
@@ -43,7 +44,7 @@ _LAZY = {
     "PeakMemoryMonitor": "peak_memory", "PreemptionCheckpoint": "preemption", "StepProgressBar": "progress_bar",
     "PruneEarly": "prune_early", "DEFAULT_MAX_SHARE": "auto_pruning", "calibrate": "auto_pruning",
     "skip_reason": "auto_pruning",
-    "StepTimeMonitor": "step_time", "ValidationSamples": "validation_samples",
+    "StepTimeMonitor": "step_time", "TRLKeys": "trl_keys", "ValidationSamples": "validation_samples",
 }
 
 

@@ -11,7 +11,8 @@ changes in LightningCLI:
   model's (:func:`route_optimizer_args`);
 * the trainer: Lightning's default logger, progress bar, model summary and checkpoint callback are replaced by the
   package's (:func:`replace_default_callbacks`), its checkpoint files are written atomically, and every run claims
-  a log version and checkpoint folder of its own (``lit_prunedpo.checkpoint``);
+  a log version and checkpoint folder of its own (``lit_prunedpo.checkpoint``), but a resume, which goes on in the
+  run folder of its checkpoint;
 * the commands: no ``predict`` (``PrunedDPO`` has no predict step); ``export`` and ``configs`` listed in ``--help``.
 """
 
@@ -37,8 +38,8 @@ from lit_prunedpo.callbacks.last_checkpoint import LastCheckpointAtValidation
 from lit_prunedpo.callbacks.model_summary import RichSummaryWithoutZeroFlops, SummaryWithoutZeroFlops
 from lit_prunedpo.callbacks.progress_bar import StepProgressBar
 from lit_prunedpo.checkpoint import (
-    checkpoint_problem, claim_checkpoint_folder, claim_log_version, install_atomic_io, lock_checkpoint_dirs,
-    release_empty_claims, resolve_resume,
+    checkpoint_problem, claim_checkpoint_folder, claim_log_version, continue_run_folder, install_atomic_io,
+    lock_checkpoint_dirs, release_empty_claims, resolve_resume,
 )
 from lit_prunedpo.cli_help import add_own_commands
 from lit_prunedpo.shipped_configs import overlay_error
@@ -147,6 +148,8 @@ class PrunedDPOCLI(LightningCLI):
         claim_checkpoint_folder(self.trainer)
         config = self.config_init["fit"]
         config["ckpt_path"] = resolve_resume(self.trainer, config.get("ckpt_path"))
+        # a resume logs into the run folder of its checkpoint, not the version just claimed (logged)
+        self._claimed = continue_run_folder(self.trainer, config["ckpt_path"], self._claimed)
 
     def before_validate(self) -> None:
         self._claimed = claim_log_version(self.trainer)

@@ -2,7 +2,8 @@
 
 * Every step's pair metrics (``loss``, ``rewards/*``, ``logps/*``) and pruning statistics (``pruning/*``,
   ``work/*``) go into a window (``metrics.MetricWindow``). A step whose logs Lightning writes (every
-  ``log_every_n_steps``, and the last) logs their means over the steps since the last log, as TRL's ``DPOTrainer``
+  ``log_every_n_steps``, and the last; under gradient accumulation the micro-batch that steps the optimizer) logs
+  their means over the (micro-batch) steps since the last log, as TRL's ``DPOTrainer``
   averages its metrics, with that step's own token metrics (``logits/*``, ``entropy``, ``mean_token_accuracy``) and
   the running ``num_tokens``; each value the mean over ranks.
 * Every optimizer step logs the learning rate and the gradient norm, as TRL (``transformers``) logs them.
@@ -24,9 +25,13 @@ from lit_prunedpo.step import StepOutput
 
 def logs_this_step(trainer: Any) -> bool:
     """Whether Lightning writes this training step's on-step logs (every ``log_every_n_steps``, and the last);
-    True outside a trainer."""
+    True outside a trainer. Under gradient accumulation only the micro-batch that steps the optimizer: Lightning
+    writes its row alone, and a window emptied by an earlier micro-batch would lose that one's values."""
     connector = getattr(trainer, "_logger_connector", None)
-    return bool(getattr(connector, "should_update_logs", True))
+    if not getattr(connector, "should_update_logs", True):
+        return False
+    loop = getattr(trainer, "fit_loop", None)
+    return not (loop is not None and trainer.lightning_module.automatic_optimization and loop._should_accumulate())
 
 
 def window_values(out: StepOutput, beta: float) -> dict[str, Tensor | float]:

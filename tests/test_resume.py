@@ -53,24 +53,27 @@ def test_resume_last_with_a_larger_max_steps_extends_the_schedule_and_trains(tmp
     first = _fit(tmp_path, "--trainer.max_steps=3")
     before = _weights(first)
     logs = tmp_path / "lightning_logs"
+    checkpoint = logs / "version_0/checkpoints/last.ckpt"
+    # read before the resume, which goes on in this folder and saves its own last.ckpt there
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["num_tokens"]
     assert _rates(logs / "version_0")[2] > 0
     # the finished schedule ended at rate 0: continuing it would train at 0, so the default resume is refused
     with pytest.raises(ValueError, match=r"had ended at rate 0 at step 3: continued, .*on_extension=stretch to re-fit"):
         _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last")
     resumed = _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last", "--model.scheduler.init_args.on_extension=stretch")
-    # the resumed run logs into a version of its own; it resumed from the previous run's checkpoint, and says so
-    checkpoint = logs / "version_0/checkpoints/last.ckpt"
+    # the resumed run goes on in the run folder of the checkpoint it resumed from, and says so
     assert f"resume (ckpt_path=last): resuming from {checkpoint}, the newest readable checkpoint" in caplog.text
-    assert resumed.trainer.global_step == 6 and sorted(p.name for p in logs.iterdir()) == ["version_0", "version_1", "version_2"]  # version_1: the refused resume
+    assert f"resume: this run logs into {logs / 'version_0'}, the run folder of {checkpoint}" in caplog.text
+    assert resumed.trainer.global_step == 6 and sorted(p.name for p in logs.iterdir()) == ["version_0"]
     assert "resume: WarmupCosineLR schedule extended from 3 to 6 steps (total_steps follows the trainer's max_steps): " \
            "the whole schedule re-fitted to 6 steps" in caplog.text
-    rates = _rates(logs / "version_2")
-    assert sorted(rates) == [3, 4, 5] and all(rate > 0 for rate in rates.values()), rates  # was 0.0 at every later step
+    rates = _rates(logs / "version_0")
+    assert sorted(rates) == [0, 1, 2, 3, 4, 5], rates  # both parts in one metrics.csv
+    assert all(rates[step] > 0 for step in (3, 4, 5)), rates  # was 0.0 at every later step
     assert rates[3] == pytest.approx(0.002 * 0.5)  # half-way through the cosine of 6 steps
     after = _weights(resumed)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # TRL's num_tokens goes on counting from the checkpoint's
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["num_tokens"]
     assert saved == first.model.num_tokens > 0 and resumed.model.num_tokens > saved
 
 
@@ -104,7 +107,7 @@ def test_changed_optimizer_and_scheduler_arguments_are_applied_on_resume(tmp_pat
     assert scheduler.min_lr_ratio == 0.5
     # the 2-step schedule ended at its floor, now 0.5 of the new rate 1e-5: the extension continues there (not at
     # the checkpoint's rate 0 and floor 0)
-    assert _rates(tmp_path / "lightning_logs/version_1")[2] == pytest.approx(1e-5 * 0.5)
+    assert _rates(tmp_path / "lightning_logs/version_0")[2] == pytest.approx(1e-5 * 0.5)  # the resumed part's
 
 
 def test_another_optimizer_class_on_resume_is_refused(tmp_path):

@@ -9,7 +9,9 @@ checkpoint is checked without loading it, which folders and files each run claim
   file) per run, so two runs never write into one;
 * :mod:`~lit_prunedpo.checkpoint.locks`: one run at a time in a fixed checkpoint folder;
 * :mod:`~lit_prunedpo.checkpoint.resume`: :func:`resolve_resume`, ``ckpt_path="last"`` as the newest readable
-  checkpoint of the previous runs (the search's answer is a :class:`ResumeSearch`).
+  checkpoint of the previous runs (the search's answer is a :class:`ResumeSearch`);
+* :mod:`~lit_prunedpo.checkpoint.run_folder`: :func:`continue_run_folder`, a resume logging into the run folder of
+  its checkpoint (one ``version_N``, one ``metrics.csv``).
 
 :class:`~lit_prunedpo.cli.PrunedDPOCLI` applies all of them. With a plain ``Trainer``, ``PrunedDPO`` puts
 :class:`AtomicCheckpointIO` in place itself when it saves (a ``CheckpointIO`` you chose is kept) and
@@ -37,6 +39,7 @@ from lit_prunedpo.checkpoint.io import (
 )
 from lit_prunedpo.checkpoint.locks import LOCK_NAME, lock_checkpoint_dirs
 from lit_prunedpo.checkpoint.resume import ResumeSearch, find_checkpoints, resolve_resume
+from lit_prunedpo.checkpoint.run_folder import continue_run_folder
 
 __all__ = [
     "DCP_METADATA",
@@ -51,6 +54,7 @@ __all__ = [
     "checkpoint_problem",
     "claim_checkpoint_folder",
     "claim_log_version",
+    "continue_run_folder",
     "find_checkpoints",
     "install_atomic_io",
     "launched_as_rank_zero",

@@ -95,7 +95,7 @@ class SaveRunConfig(SaveConfigCallback):
                 and trainer.is_global_zero):
             folder = Path(trainer.log_dir)
             if is_local(folder):
-                wanted, self.config_filename = self.config_filename, _claim_file(folder, Path(self.config_filename))
+                wanted, self.config_filename = self.config_filename, claim_file(folder, Path(self.config_filename))
                 if self.config_filename != wanted:
                     rank_zero_info(f"{folder / wanted} belongs to another run (logger: false): this run's config is "
                                    f"{folder / self.config_filename}")
@@ -110,7 +110,7 @@ def _numbered(name: str, n: int) -> str:
     return f"{path.stem}-{n}{path.suffix}"
 
 
-def _claim_file(folder: Path, name: Path) -> str:
+def claim_file(folder: Path, name: Path) -> str:
     """Create the first of ``name``, ``STEM-1SUFFIX``, ... that does not exist in ``folder``; its name."""
     folder.mkdir(parents=True, exist_ok=True)
     n = 0

@@ -35,7 +35,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _take_lock(folder: Path) -> None:
+def take_lock(folder: Path) -> None:
+    """Lock ``folder`` (made if missing) for this process until it exits; a lock of a dead process on this host is
+    taken over.
+
+    Raises:
+        RuntimeError: a live process (or one on another host) holds it, naming it and the lock file.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_NAME
     mine = f"{socket.gethostname()} {os.getpid()}"
@@ -83,7 +89,7 @@ def lock_checkpoint_dirs(trainer: "pl.Trainer") -> None:
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath and is_local(callback.dirpath):
             folder = Path(callback.dirpath)
-            _take_lock(folder)
+            take_lock(folder)
             if {p.name for p in folder.iterdir()} == {LOCK_NAME}:
                 # Lightning warns at set-up that a top-k folder "exists and is not empty": here it holds only the
                 # lock just taken (a first launch), which is no earlier run's checkpoint

@@ -127,11 +127,10 @@ def resolve_resume(trainer: "pl.Trainer", ckpt_path: str | None) -> str | None:
 
     ``"last"`` (``--ckpt_path last``) becomes the newest (by modification time) readable checkpoint of this
     run's checkpoint folders and of every previous run's under the root folder: each run claims a log version
-    (or a checkpoint folder) of its own, so this run's own folder is new and empty. The resumed run still logs
-    into a new ``version_N`` (and writes its checkpoints there), as every Lightning run with a default logger
-    does: the previous run's ``metrics.csv`` and ``config.yaml`` are left as they were, the step numbers continue
-    from the checkpoint's, and the next ``--ckpt_path last`` finds the resumed run's checkpoints, the newest.
-    Pin ``--trainer.logger.init_args.version`` to keep one folder across relaunches.
+    (or a checkpoint folder) of its own, so this run's own folder is new and empty. The CLI then logs the resumed
+    run into the run folder of the checkpoint chosen (:func:`~lit_prunedpo.checkpoint.run_folder.continue_run_folder`:
+    one ``version_N``, one ``metrics.csv``), where it also writes its checkpoints, so the next ``--ckpt_path last``
+    finds the resumed run's checkpoints, the newest; a checkpoint outside a run folder keeps the new version.
 
     ``None`` with an ``OnExceptionCheckpoint`` configured is Lightning's implicit ``"last"``: the same, but in
     this run's checkpoint folders only (a fixed ``dirpath``, as the DDP/FSDP configs have), and a first launch
