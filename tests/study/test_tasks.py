@@ -3,6 +3,8 @@ repository wherever the command runs, and a missing file is refused naming the p
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lit_prunedpo.study import tasks
@@ -40,3 +42,22 @@ def test_study_command_takes_the_data_path(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--task", "quickstart", "--data-path", str(missing), "--quiet"])
     assert "--data-path: task quickstart reads no data file" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_pretrained_task_reads_hh_as_chat_messages_with_the_models_own_tokenizer(tmp_path):
+    from lit_prunedpo.models import Pretrained
+    from lit_prunedpo.study.tasks import PretrainedHHTask, with_family
+
+    task = tasks.TASKS["smollm2-hh"]
+    assert isinstance(task, PretrainedHHTask) and task.model == str(tasks.SMOLLM2_GGUF)
+    dm = dataclasses.replace(task, max_rows=20).datamodule(tmp_path)
+    assert dm.dialogues == "messages" and len(dm.train_dataset) + len(dm.val_dataset) <= 20
+    assert len(dm.val_dataset) >= 3  # a fifth held out
+    prompt = dm.tokenizer.decode(dm.train_dataset[0]["prompt_ids"])
+    assert "<|im_start|>user" in prompt and "Human:" not in prompt  # SmolLM2's ChatML, not HH's raw turns
+    source = task.policy(seed=0)
+    assert isinstance(source, Pretrained) and source.name_or_path == task.model
+    with pytest.raises(ValueError, match="trains a pretrained model.*not 'qwen2'"):
+        with_family(task, "qwen2")
+    with pytest.raises(FileNotFoundError, match="smollm2-hh task: data file .*x.jsonl' not found"):
+        PretrainedHHTask(path=str(tmp_path / "x.jsonl")).datamodule(tmp_path)
