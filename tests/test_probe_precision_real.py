@@ -105,18 +105,24 @@ def _loss_and_gradient(module, batch, autocast):
     return float(out.estimate.objective), float(loss), ours, plain
 
 
-@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["32-true", "bf16-mixed"])
-def test_the_default_path_gives_plain_dpos_loss_and_gradient_on_smollm2(smollm2, autocast):
-    """The default path (automatic layout, online reference) against DPO from the plain forward of each response
-    alone, on the probe's pairs with the policy moved off the reference. In float32 to 1e-4 relative; in bf16-mixed
-    both run in bfloat16 and round differently, so the bound is the float32 one widened to bfloat16's rounding."""
-    module = PrunedDPO(policy=Built(smollm2))
+def moved_off_reference(model):
+    """The default ``PrunedDPO`` on ``model`` with its policy moved off the reference (or every loss is ln 2 whatever
+    computes it), in training mode, and the probe's pairs."""
+    module = PrunedDPO(policy=Built(model))
     with torch.no_grad():
         g = torch.Generator().manual_seed(1)
         for p in module.policy.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 1e-3)
     module.train()
-    batch = probe_batch(smollm2)
+    return module, probe_batch(model)
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["32-true", "bf16-mixed"])
+def test_the_default_path_gives_plain_dpos_loss_and_gradient_on_smollm2(smollm2, autocast):
+    """The default path (automatic layout, online reference) against DPO from the plain forward of each response
+    alone, on the probe's pairs with the policy moved off the reference. In float32 to 1e-4 relative; in bf16-mixed
+    both run in bfloat16 and round differently, so the bound is the float32 one widened to bfloat16's rounding."""
+    module, batch = moved_off_reference(smollm2)
     ours_loss, plain_loss, ours, plain = _loss_and_gradient(module, batch, autocast)
     relative = 1e-4 if autocast is None else 2e-2
     assert abs(ours_loss - plain_loss) <= relative * abs(plain_loss), (ours_loss, plain_loss)

@@ -16,10 +16,7 @@ import importlib.util
 import pytest
 import torch
 
-from helpers import Built
-from lit_prunedpo import PrunedDPO
-from lit_prunedpo.conformance import probe_batch
-from test_probe_precision_real import smollm2  # noqa: F401  (the module-scoped fixture)
+from test_probe_precision_real import moved_off_reference, smollm2  # noqa: F401  (smollm2: the module fixture)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the [peer] extra (trl)")]
@@ -59,13 +56,7 @@ def _trl_loss_and_gradient(policy, reference, batch, beta, autocast):
 def test_the_default_path_gives_trls_loss_and_gradient_on_smollm2(smollm2, autocast):  # noqa: F811
     """Bounds as against plain Hugging Face DPO (test_probe_precision_real.py): 1e-4 relative loss and 1e-3 relative
     gradient in float32; bf16-mixed rounds each side's bfloat16 matmuls differently, hence 2e-2 and 0.1."""
-    module = PrunedDPO(policy=Built(copy.deepcopy(smollm2)))
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for p in module.policy.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 1e-3)
-    module.train()
-    batch = probe_batch(smollm2)
+    module, batch = moved_off_reference(copy.deepcopy(smollm2))
     context = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
     module.policy.zero_grad()
     with context:
