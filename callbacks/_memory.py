@@ -6,6 +6,12 @@ CPU (Linux only): the kernel keeps a high-water mark of the resident set size, `
 to the current RSS, so "reset, run a step, read ``VmHWM``" measures the real peak RSS of the step.
 See ``man 5 proc``.
 
+CPU tensors (``"cpu_tensors"``, what a meter that settles picks on the CPU: the benchmark's and the study's): the
+peak bytes of tensor storage the work allocated and held, read from the CPU allocator's own events
+(:mod:`._tensor_peak`): the same quantity as CUDA's ``max_memory_allocated`` above the start, and blind to what RSS
+also holds (freed pages the C allocator keeps, libraries, other threads). It slows the measured work (the profiler
+records every operator): time steps without it.
+
 CUDA: the caching allocator's own counters (``torch.cuda.reset_peak_memory_stats`` /
 ``max_memory_allocated`` / ``max_memory_reserved``).
 """
@@ -19,6 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Optional, Union
 
 import torch
+
+from ._tensor_peak import TensorPeakTracker
 
 MB = float(2**20)  # "MB" in the logged keys means MiB: 2**20 bytes.
 
@@ -94,11 +102,13 @@ def malloc_trim() -> Callable[[], None]:
     return lambda: trim(0)
 
 
-Mode = Literal["cuda", "cpu", "cpu_lifetime", "off"]
+Mode = Literal["cuda", "cpu", "cpu_tensors", "cpu_lifetime", "off"]
 
-MEASURES: dict[str, str] = {  # what each mode measures, in words (the benchmark's report prints it)
+MEASURES: dict[str, str] = {  # what each mode measures, in words (the reports and records print it)
     "cuda": "cuda max_memory_allocated",
     "cpu": "peak RSS (VmHWM reset by clear_refs)",
+    "cpu_tensors": "peak CPU tensor storage allocated and held (the CPU allocator's events, as cuda "
+                   "max_memory_allocated)",
     "cpu_lifetime": "lifetime peak RSS (clear_refs not writable: not per step)",
     "off": "unavailable",
 }
@@ -109,11 +119,16 @@ class PeakReading:
     """What :meth:`PeakMemoryMeter.stop` read, in bytes."""
 
     peak: int
-    """CUDA ``max_memory_allocated``, or the peak RSS (``VmHWM``)."""
+    """CUDA ``max_memory_allocated``, the peak RSS (``VmHWM``), or (``"cpu_tensors"``) the peak of the tensor storage
+    allocated since the start."""
     start: int
-    """CUDA ``memory_allocated``, or the RSS, when the meter started (0 where unreadable)."""
+    """CUDA ``memory_allocated``, or the RSS, when the meter started (0 where unreadable, and for ``"cpu_tensors"``,
+    whose peak is above the start already)."""
     reserved: Optional[int] = None
     """CUDA ``max_memory_reserved``; ``None`` on the CPU."""
+    absolute: bool = True
+    """Whether :attr:`peak` is the process's (CUDA, RSS) or only above the start (``"cpu_tensors"``: the storage
+    live at the start is not known)."""
 
     @property
     def above_start(self) -> int:
@@ -124,16 +139,20 @@ class PeakMemoryMeter:
     """Peak memory between :meth:`start` and :meth:`stop` on one device.
 
     Modes: ``"cuda"`` (the caching allocator's counters, reset at start), ``"cpu"`` (``VmHWM`` reset through
-    ``clear_refs`` at start), ``"cpu_lifetime"`` (``VmHWM`` that cannot be reset: the process's peak so far, not
+    ``clear_refs`` at start), ``"cpu_tensors"`` (the CPU allocator's events between start and stop, replayed by
+    :class:`._tensor_peak.TensorPeakTracker`: the peak of live tensor storage above the start; :attr:`intrusive`),
+    ``"cpu_lifetime"`` (``VmHWM`` that cannot be reset: the process's peak so far, not
     the stretch's) and ``"off"`` (nothing readable: :meth:`stop` returns ``None``).
 
     Args:
         device: where the measured work runs.
-        mode: ``None`` picks what this machine allows (:func:`cpu_peak_rss_status` off CUDA); a caller whose
-            ranks must agree (the callback) passes the mode they agreed on.
+        mode: ``None`` picks ``"cuda"`` on CUDA; on the CPU ``"cpu_tensors"`` with ``settle``, else what this
+            machine allows of the RSS (:func:`cpu_peak_rss_status`); a caller whose ranks must agree (the callback)
+            passes the mode they agreed on.
         settle: before each reset, collect garbage and give freed memory back (``gc.collect()``, then CUDA
             ``synchronize`` or glibc's ``malloc_trim(0)``), so that memory an earlier stretch freed is not counted
-            again: for comparing steps of different configurations in one process (the benchmark). It costs a
+            again: for comparing steps of different configurations in one process (the benchmark, the study),
+            which on the CPU also picks the measure that compares them, ``"cpu_tensors"``. It costs a
             garbage-collector pass per start, so a training run's callback leaves it off.
     """
 
@@ -141,6 +160,8 @@ class PeakMemoryMeter:
         if mode is None:
             if device.type == "cuda":
                 mode = "cuda"
+            elif settle:
+                mode = "cpu_tensors"
             else:
                 mode = {"resettable": "cpu", "lifetime": "cpu_lifetime", "unavailable": "off"}[cpu_peak_rss_status()]
         if mode not in MEASURES:
@@ -148,13 +169,20 @@ class PeakMemoryMeter:
         self.device = device
         self.mode: Mode = mode
         self.settle = bool(settle)
-        self._trim = malloc_trim() if self.settle else (lambda: None)
+        self._trim = malloc_trim() if self.settle and mode in ("cpu", "cpu_lifetime") else (lambda: None)
+        self._tracker = TensorPeakTracker() if mode == "cpu_tensors" else None
         self._start = 0
 
     @property
     def measure(self) -> str:
         """What this meter measures, in words."""
         return MEASURES[self.mode]
+
+    @property
+    def intrusive(self) -> bool:
+        """Whether measuring slows the measured work (``"cpu_tensors"``: every operator is recorded), so that a
+        step must be timed without the meter and measured in a step of its own."""
+        return self.mode == "cpu_tensors"
 
     def start(self) -> None:
         if self.settle:
@@ -164,6 +192,10 @@ class PeakMemoryMeter:
                 torch.cuda.synchronize(self.device)
             reset_cuda_peak(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
+            return
+        if self._tracker is not None:
+            self._start = 0
+            self._tracker.start()
             return
         self._trim()
         if self.mode == "cpu":
@@ -177,5 +209,7 @@ class PeakMemoryMeter:
             return PeakReading(allocated, self._start, reserved)
         if self.mode == "off":
             return None
+        if self._tracker is not None:
+            return PeakReading(self._tracker.stop().peak, 0, absolute=False)
         peak = read_peak_rss_bytes()
         return None if peak is None else PeakReading(peak, self._start)

@@ -216,7 +216,7 @@ def test_cuda_allocator_peak():
 def test_meter_sees_a_known_allocation(settle):
     """The meter both the callback and the benchmark measure with: a 64 MiB buffer written and freed between
     start and stop shows in the peak above the start, not in the start."""
-    meter = _memory.PeakMemoryMeter(torch.device("cpu"), settle=settle)
+    meter = _memory.PeakMemoryMeter(torch.device("cpu"), mode="cpu", settle=settle)  # settle alone picks tensors
     assert meter.mode == "cpu" and meter.measure == "peak RSS (VmHWM reset by clear_refs)"
     meter.start()
     buf = torch.ones(64 * MiB // 4)  # torch.ones writes every page
