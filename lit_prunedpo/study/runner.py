@@ -14,8 +14,9 @@ Clocks. Only the training steps are timed (plan, execute, estimate, backward, op
 (``time.perf_counter``) and the process's CPU clock (``time.process_time``); evaluation is timed apart and
 never counts. With one torch thread, CPU seconds are the work the step did, and barely move when other
 processes share the cores, while wall seconds do: the budget is enforced on one of the two (``clock``), both
-are recorded. Runs advance in turns, one evaluation interval each, round-robin over arms and seeds, so that
-load drifting on a shared machine hits every arm alike.
+are recorded. Runs advance in turns of ``turn_steps`` steps (default 1), round-robin over arms and seeds, so that
+every arm is timed in the same minutes and load drifting on a shared machine hits every arm alike; each run keeps the
+load it was timed under (:mod:`lit_prunedpo.study.turns`).
 
 Evaluation is the module's exact, unpruned objective (every position of both whole responses) on every
 held-out pair, at fixed points of the training clock (``k * budget / evals``) and of the step count
@@ -55,6 +56,7 @@ from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.memory import accumulate
 from lit_prunedpo.study.tasks import StudyTask
+from lit_prunedpo.study.turns import events, load_record, round_robin
 from lit_prunedpo.study.warm_start import warm_start
 
 Clock = Literal["cpu", "wall"]
@@ -97,6 +99,8 @@ class Run:
     warm_start: dict[str, Any] | None = None  # the seed's warm-start record (its cost is not in this run's clocks)
     meter: PeakMemoryMeter | None = None  # measures each step's peak memory (the calibration's runs only)
     step_peak_mb: list[float] = field(default_factory=list)  # per step, MiB above the step's start
+    loadavg: list[float | None] = field(default_factory=list)  # the 1-minute load average at each of its turns
+    turn_steps: int | None = 1  # steps per turn of the schedule it ran in (:mod:`lit_prunedpo.study.turns`)
     _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
 
@@ -173,6 +177,7 @@ class Run:
             "initial_weights_checksum": self.initial_checksum,
             "warm_start": None if self.warm_start is None else {k: v for k, v in self.warm_start.items() if k not in ("losses", "trained_rows")},
             "points": [vars(p) for p in self.points],
+            "load": load_record(self.wall_s, self.cpu_s, self.loadavg, torch.get_num_threads(), self.turn_steps),
         }
 
 
@@ -250,38 +255,6 @@ def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list
     return kept
 
 
-def _events(budget_s: float | None, steps: int, evals: int) -> tuple[list[float], list[int]]:
-    times = [] if budget_s is None else [budget_s * k / evals for k in range(1, evals + 1)]
-    return times, [round(steps * k / evals) for k in range(1, evals + 1)]
-
-
-def advance(run: Run, time_grid: list[float], step_grid: list[int], clock: Clock, batches: Sequence[PreferenceBatch],
-            stop_on_nonfinite: bool = False) -> bool:
-    """Train ``run`` to its next grid point (of either grid), evaluate there; False once both grids are done,
-    or (with ``stop_on_nonfinite``) once a non-finite loss marked the run ``diverged``."""
-    if not time_grid and not step_grid:
-        return False
-    while (not time_grid or run.clock(clock) < time_grid[0]) and (not step_grid or run.step < step_grid[0]):
-        try:
-            run.train_step()
-        except FloatingPointError:
-            if not stop_on_nonfinite:
-                raise
-            run.diverged = True
-            time_grid.clear()
-            step_grid.clear()
-            return False
-    grids = []
-    while time_grid and run.clock(clock) >= time_grid[0]:
-        time_grid.pop(0)
-        grids.append("time")
-    while step_grid and run.step >= step_grid[0]:
-        step_grid.pop(0)
-        grids.append("steps")
-    run.evaluate(batches, grids)
-    return bool(time_grid or step_grid)
-
-
 def run_study(
     task: StudyTask,
     arms: Sequence[Arm],
@@ -297,6 +270,7 @@ def run_study(
     on_point: Callable[[Run, Point], None] | None = None,
     on_done: Callable[[Run], None] | None = None,
     stop_on_nonfinite: bool = False,
+    turn_steps: int | None = 1,
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
     and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. ``budget_s`` None:
@@ -307,6 +281,8 @@ def run_study(
     ``on_point(run, point)`` is called after every evaluation and ``on_done(run)`` when a run is finished.
     With ``stop_on_nonfinite`` a run whose training loss turns non-finite stops there, marked ``diverged``
     (the learning-rate sweep), instead of stopping the study with ``FloatingPointError``.
+    ``turn_steps``: steps each run trains per turn (None: a whole evaluation interval, the schedule before
+    :mod:`lit_prunedpo.study.turns`, whose ratios moved with the machine's load).
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count,
@@ -314,6 +290,8 @@ def run_study(
     """
     steps_of = steps if callable(steps) else (lambda arm: steps)
     _check_study(arms, seeds, budget_s, steps_of, evals, clock)
+    if turn_steps is not None and not (isinstance(turn_steps, int) and turn_steps >= 1):
+        raise ValueError(f"turn_steps must be an integer >= 1 (or None: a whole evaluation interval), got {turn_steps!r}")
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
@@ -324,13 +302,13 @@ def run_study(
             sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps, lr=task.warm_start_lr, log=log)
     runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed]) for seed in seeds for arm in arms]
     for run in runs:
-        run.warm_start = records[run.seed]
-    grids = {id(r): _events(budget_s, steps_of(r.arm), evals) for r in runs}
+        run.warm_start, run.turn_steps = records[run.seed], turn_steps
+    grids = {id(r): events(budget_s, steps_of(r.arm), evals) for r in runs}
     for run in runs:
         point = run.evaluate(batches, ["time", "steps"])
         if on_point is not None:
             on_point(run, point)
-    _round_robin(runs, grids, clock, batches, stop_on_nonfinite, log, on_point, on_done)
+    round_robin(runs, grids, clock, batches, stop_on_nonfinite, log, on_point, on_done, turn_steps)
     return runs
 
 
@@ -351,32 +329,3 @@ def _check_study(arms: Sequence[Arm], seeds: Sequence[int], budget_s: float | No
             raise ValueError(f"{name} must be > 0, got {value!r}")
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
-
-
-def _round_robin(runs: Sequence[Run], grids: dict[int, tuple[list[float], list[int]]], clock: Clock,
-                 batches: Sequence[PreferenceBatch], stop_on_nonfinite: bool, log: Callable[[str], None],
-                 on_point: Callable[[Run, Point], None] | None, on_done: Callable[[Run], None] | None) -> None:
-    """Turn after turn, advance every unfinished run to its next grid point (:func:`advance`), logging and handing
-    on each evaluation, until every run has passed both its grids (or diverged)."""
-    active = list(runs)
-    turn = 0
-    while active:
-        turn += 1
-        still = []
-        for run in active:
-            seen = len(run.points)
-            more = advance(run, *grids[id(run)], clock, batches, stop_on_nonfinite)
-            if len(run.points) > seen:
-                p = run.points[-1]
-                rate = "" if run.arm.lr is None else f" lr {run.arm.lr:.3g}"
-                log(f"turn {turn} {run.arm.name}{rate} seed {run.seed}: step {p.step} cpu {p.cpu_s:.1f}s wall {p.wall_s:.1f}s "
-                    f"val/loss {p.loss:.4f} acc {p.accuracy:.3f}")
-                if on_point is not None:
-                    on_point(run, p)
-            if run.diverged:
-                log(f"turn {turn} {run.arm.name} seed {run.seed}: non-finite training loss at step {run.step}: stopped")
-            if more:
-                still.append(run)
-            elif on_done is not None:
-                on_done(run)
-        active = still

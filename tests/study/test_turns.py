@@ -1,0 +1,135 @@
+"""The study's schedule: runs advance in short turns, round-robin, each keeping the load it was timed under, so that
+a neighbour that loads the machine for a stretch hits every arm alike (a test of the method: a busy process pinned to
+the same core for half of a tiny study, measured against the same study run quietly and against the old schedule)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lit_prunedpo.study.arms import Arm
+from lit_prunedpo.study.curves import bootstrap_interval, ratio_of_sums
+from lit_prunedpo.study.runner import run_study
+from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
+from lit_prunedpo.study.turns import load_record, under_load
+
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    task = EditedTask(name="tiny-turns", num_rows=200, batch_size=4, model=dict(TINY))
+    return task, task.datamodule(tmp_path_factory.mktemp("turns-data"))
+
+
+def _turns(monkeypatch) -> list[tuple[str, int]]:
+    """(arm, steps trained) for every turn of every run, in order."""
+    import lit_prunedpo.study.turns as turns
+
+    taken, real = [], turns.advance
+
+    def advance(run, *args, **kwargs):
+        before = run.step
+        more = real(run, *args, **kwargs)
+        taken.append((run.arm.mode, run.step - before))
+        return more
+    monkeypatch.setattr(turns, "advance", advance)
+    return taken
+
+
+def test_runs_take_turns_of_turn_steps_and_evaluate_only_at_their_grid_points(tiny, monkeypatch):
+    task, dm = tiny
+    torch.set_num_threads(1)
+    taken = _turns(monkeypatch)
+    arms = [Arm("vanilla", 4, schedule_steps=6), Arm("branch", 4, schedule_steps=4)]
+    runs = run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=2, dm=dm, turn_steps=2)
+    assert [r.step for r in runs] == [6, 4]
+    assert [[p.step for p in r.points] for r in runs] == [[0, 3, 6], [0, 2, 4]]
+    # a turn stops at a grid point (vanilla's at 3 and 6, branch's at 2 and 4): vanilla 2, 1, 2, 1; branch 2, 2
+    assert taken == [("vanilla", 2), ("branch", 2), ("vanilla", 1), ("branch", 2), ("vanilla", 2), ("vanilla", 1)]
+    for run in runs:
+        assert run.summary()["load"]["turn_steps"] == 2 and len(run.loadavg) == sum(1 for a, _ in taken if a == run.arm.mode)
+
+
+def test_one_step_turns_interleave_every_step_and_the_old_schedule_does_not(tiny, monkeypatch):
+    task, dm = tiny
+    torch.set_num_threads(1)
+    taken = _turns(monkeypatch)
+    arms = [Arm("vanilla", 4, schedule_steps=5), Arm("branch", 4, schedule_steps=5)]
+    run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=1, dm=dm)
+    assert taken == [("vanilla", 1), ("branch", 1)] * 5
+    taken.clear()
+    run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=1, dm=dm, turn_steps=None)
+    assert taken == [("vanilla", 5), ("branch", 5)]
+
+
+def test_turn_steps_is_checked(tiny):
+    task, dm = tiny
+    with pytest.raises(ValueError, match="turn_steps must be an integer >= 1"):
+        run_study(task, [Arm("vanilla", 4)], [0], None, 2, 1, dm=dm, turn_steps=0)
+
+
+def test_the_load_record_and_the_rule_that_says_under_load():
+    quiet = load_record(10.0, 9.9, [1.0, 1.1, None], threads=1, turn_steps=1)
+    assert quiet["wall_per_cpu"] == pytest.approx(10.0 / 9.9) and quiet["loadavg_mean"] == pytest.approx(1.05)
+    assert quiet["loadavg_max"] == 1.1 and quiet["cpus"] == os.cpu_count() and under_load(quiet) is None
+    waited = load_record(20.0, 10.0, [1.0], threads=1, turn_steps=1)
+    assert "wall 2.00x its CPU time" in under_load(waited)
+    crowded = load_record(10.0, 10.0, [3.5], threads=1, turn_steps=1)
+    assert "load average 3.5 beside its 1 thread(s)" in under_load(crowded)
+    assert under_load(None) is None and load_record(1.0, 0.0, [], 1, None)["loadavg_mean"] is None
+
+
+def _pinned_neighbour(cpu: int) -> subprocess.Popen:
+    code = f"import os, sys\nos.sched_setaffinity(0, {{{cpu}}})\nprint('ready', flush=True)\nwhile True:\n    pass\n"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _study_with_neighbour(task, dm, turn_steps, neighbour: bool) -> tuple[float, tuple[float, float]]:
+    """vanilla and branch, 40 steps each; with ``neighbour`` a busy process shares this process's core from the start
+    until the first run's half-way evaluation. The branch/vanilla ratio of wall seconds, with a bootstrap interval
+    over the paired steps."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    child = _pinned_neighbour(cpu) if neighbour else None
+
+    def on_point(run, point):
+        if child is not None and point.step > 0 and child.poll() is None:
+            child.kill()
+            child.wait()
+    arms = [Arm("vanilla", 4, schedule_steps=40), Arm("branch", 4, schedule_steps=40)]
+    try:
+        runs = run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=2, dm=dm,
+                         clock="wall", on_point=on_point, turn_steps=turn_steps)
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+    pairs = list(zip(runs[1].step_wall, runs[0].step_wall))
+    return ratio_of_sums(pairs), bootstrap_interval(pairs, ratio_of_sums, resamples=1000)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins processes to a core (Linux)")
+def test_a_busy_neighbour_for_half_the_study_leaves_the_interleaved_ratio_where_the_quiet_run_put_it(tiny):
+    task, dm = tiny
+    torch.set_num_threads(1)
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {sorted(saved)[0]})
+    try:
+        _study_with_neighbour(task, dm, 1, neighbour=False)  # warm-up: the first steps of a process are slower
+        quiet, (low, high) = _study_with_neighbour(task, dm, 1, neighbour=False)
+        loaded, (loaded_low, loaded_high) = _study_with_neighbour(task, dm, 1, neighbour=True)
+        old, _ = _study_with_neighbour(task, dm, None, neighbour=True)
+    finally:
+        os.sched_setaffinity(0, saved)
+    print(f"quiet {quiet:.3f} [{low:.3f}, {high:.3f}], neighbour {loaded:.3f} [{loaded_low:.3f}, {loaded_high:.3f}], "
+          f"old schedule with the neighbour {old:.3f}")
+    assert low <= loaded <= high and loaded_low <= quiet <= loaded_high, (quiet, low, high, loaded)
+    # the neighbour does bite: under the old schedule it slowed vanilla's first half only, and moved the ratio
+    assert not low <= old <= high, (quiet, low, high, old)
