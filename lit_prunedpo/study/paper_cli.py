@@ -6,14 +6,18 @@ Examples::
     lit-prunedpo-paper cell --task hh-rlhf --family gpt2 --max-rows 1024 --warm-start-steps 100 --pareto \\
         --out paper_results/hh-rlhf-gpt2
     lit-prunedpo-paper report paper_results/edited-llama paper_results/hh-rlhf-gpt2 --out docs/paper
+    lit-prunedpo-paper reproduce docs/paper-results/cells/hh-rlhf-llama --seeds 30,31,32,33,34 --designs branch \
+        --out paper_results/hh-rlhf-llama-again
 
 ``cell`` trains every design of one (task, model family) for the same number of epochs from each seed
 (:mod:`lit_prunedpo.study.epochs`) and writes ``records.jsonl`` (one line per finished design and seed, as they
 finish: a stopped cell keeps them, ``--resume`` reruns only the seeds missing some, and is refused, naming each,
 when the records ran with other settings: :func:`resume_refusal`) and ``cell.json``. ``report`` reads cells and
 writes ``paper.json``, ``paper.md`` and ``paper.png`` (:mod:`lit_prunedpo.study.paper_report`), naming the seeds
-a stopped cell lacks.
-Exit status: 0 done, 1 an error while running, 2 bad arguments or a folder it will not use as asked.
+a stopped cell lacks. ``reproduce`` re-runs a cell's stored command on other seeds and ``compare`` says, one line per
+figure, whether the new interval overlaps the published one (:mod:`lit_prunedpo.study.paper_reproduce`).
+Exit status: 0 done, 1 an error while running (or, for ``reproduce`` and ``compare``, a figure that did not
+reproduce), 2 bad arguments or a folder it will not use as asked.
 """
 
 from __future__ import annotations
@@ -93,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="the table, the frontier and the plot from cells")
     report.add_argument("cells", nargs="+", help="cell folders (each with cell.json and records.jsonl)")
     report.add_argument("--out", required=True, help="folder for paper.json, paper.md, paper.png")
+    again = commands.add_parser("reproduce", help="re-run a cell's stored command on other seeds and compare")
+    again.add_argument("cell", help="the published cell's folder (its cell.json holds the command)")
+    again.add_argument("--seeds", type=_seeds, required=True, help="comma-separated seeds, e.g. 30,31,32,33,34")
+    again.add_argument("--designs", default=None, help="only these designs beside vanilla (as cell's --designs; "
+                       "default: the stored command's)")
+    again.add_argument("--out", required=True, help="the new cell's folder (continued if it holds a stopped run)")
+    compare = commands.add_parser("compare", help="say which figures of a cell another cell reproduces")
+    compare.add_argument("published", help="the published cell's folder")
+    compare.add_argument("new", help="the new cell's folder")
     return parser
 
 
@@ -254,12 +267,37 @@ def run_report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_reproduce_command(args: argparse.Namespace) -> int:
+    from lit_prunedpo.study import paper_reproduce
+    from lit_prunedpo.study.outputs import Refused
+
+    out = Path(args.out)
+    try:
+        stored = paper_reproduce.stored_argv(Path(args.cell))
+    except (Refused, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if Path(out).resolve() == Path(args.cell).resolve():
+        print(f"error: --out {out} is the published cell itself: choose another folder", file=sys.stderr)
+        return 2
+    argv = paper_reproduce.reproduction_argv(stored, args.seeds, out, args.designs, (out / "cell.json").exists())
+    print(f"running: {shlex.join(['lit-prunedpo-paper', *argv])}", file=sys.stderr)
+    code = main(argv)
+    return code or paper_reproduce.compare_cells(Path(args.cell), out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.command == "cell":
         return run_cell_command(args, argv)
+    if args.command == "reproduce":
+        return run_reproduce_command(args)
+    if args.command == "compare":
+        from lit_prunedpo.study.paper_reproduce import compare_cells
+
+        return compare_cells(Path(args.published), Path(args.new))
     return run_report_command(args)
 
 

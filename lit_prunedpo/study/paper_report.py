@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from lit_prunedpo.study.curves import mean_interval
+from lit_prunedpo.study.turns import under_load
 
 #: What the paper reports for each dimension, and which of our designs it is compared with.
 PAPER = {
@@ -117,10 +118,42 @@ def summarise_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
     loss = {label: (times[label], rows[label]["loss"][0]) for label in times}
     return {"name": cell["name"], "task": cell["task"], "vanilla": vanilla_label, "rows": rows,
             "pareto_accuracy": sorted(pareto(accuracy, True), key=times.get),
-            "pareto_loss": sorted(pareto(loss, False), key=times.get), "provenance": cell.get("provenance", {})}
+            "pareto_loss": sorted(pareto(loss, False), key=times.get), "provenance": cell.get("provenance", {}),
+            "load": load_summary(cell["records"])}
 
 
-def _fmt(triple: Triple | None, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
+def load_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How a cell's clocks were taken: the schedule (steps per turn; ``None`` for records from before the
+    interleaved schedule, whose ratios move with the load), the median wall/CPU ratio and mean load average over
+    its records, and each record taken under load (:func:`lit_prunedpo.study.turns.under_load`)."""
+    loads = [r.get("load") for r in records]
+    kept = [load for load in loads if load]
+    ratios = sorted(load["wall_per_cpu"] for load in kept if load.get("wall_per_cpu") is not None)
+    means = [load["loadavg_mean"] for load in kept if load.get("loadavg_mean") is not None]
+    return {"turn_steps": sorted({load.get("turn_steps") for load in kept}, key=str) if kept else None,
+            "unrecorded": len(loads) - len(kept),
+            "wall_per_cpu_median": ratios[len(ratios) // 2] if ratios else None,
+            "loadavg_mean": sum(means) / len(means) if means else None,
+            "under_load": [f"{r['design']} seed {r['seed']}: {why}" for r in records if (why := under_load(r.get("load")))]}
+
+
+def load_text(load: Mapping[str, Any] | None) -> str:
+    """One sentence for the provenance list: the schedule and the load the cell's clocks were taken under."""
+    if not load or load.get("turn_steps") is None:
+        return "timed one design after another (before the interleaved schedule): its ratios move with the load"
+    text = f"timed in turns of {', '.join(str(t) for t in load['turn_steps'])} step(s), designs interleaved"
+    if load.get("wall_per_cpu_median") is not None:
+        text += f"; wall/CPU median {load['wall_per_cpu_median']:.2f}"
+    if load.get("loadavg_mean") is not None:
+        text += f", load average {load['loadavg_mean']:.1f}"
+    if load.get("unrecorded"):
+        text += f"; {load['unrecorded']} record(s) from before the interleaved schedule"
+    if load.get("under_load"):
+        text += f"; **taken under load** ({len(load['under_load'])} record(s), e.g. {load['under_load'][0]})"
+    return text
+
+
+def format_interval(triple: Triple | None, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
     if triple is None:
         return "n/a"
     mean, low, high = (x * scale for x in triple)
@@ -168,11 +201,11 @@ def table_markdown(cells: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> 
             paper = PAPER.get(DIMENSION.get(mode, ""), "" if vanilla else "not reported")
             lines.append(" | ".join([
                 f"| {cell['name']}", f"`{label}`",
-                "reference" if vanilla else _fmt(row["time_saved"], ".0f", 100, " %"),
-                "1" if vanilla else _fmt(row["step_speedup"], ".2f", suffix="x"),
-                "1" if vanilla else _fmt(row["memory_ratio"], ".2f", suffix="x"),
-                _fmt(row["accuracy"], ".3f") + ("" if vanilla else f" ({_fmt(row['accuracy_change'], '+.3f')})"),
-                _fmt(row["loss"], ".4f") + ("" if vanilla else f" ({_fmt(row['loss_change'], '+.4f')})"),
+                "reference" if vanilla else format_interval(row["time_saved"], ".0f", 100, " %"),
+                "1" if vanilla else format_interval(row["step_speedup"], ".2f", suffix="x"),
+                "1" if vanilla else format_interval(row["memory_ratio"], ".2f", suffix="x"),
+                format_interval(row["accuracy"], ".3f") + ("" if vanilla else f" ({format_interval(row['accuracy_change'], '+.3f')})"),
+                format_interval(row["loss"], ".4f") + ("" if vanilla else f" ({format_interval(row['loss_change'], '+.4f')})"),
                 paper, "" if vanilla else sentence(mode, row)]) + " |")
     return lines
 
@@ -183,8 +216,8 @@ def pareto_markdown(cell: Mapping[str, Any]) -> list[str]:
     rows = sorted(cell["rows"].items(), key=lambda item: item[1]["train_cpu_s"][0] if item[1]["train_cpu_s"] else 0)
     for label, row in rows:
         marks = [name for name, key in (("accuracy", "pareto_accuracy"), ("loss", "pareto_loss")) if label in cell[key]]
-        lines.append(f"| `{label}` | {_fmt(row['train_cpu_s'], '.1f')} | {_fmt(row['accuracy'], '.3f')} | "
-                     f"{_fmt(row['loss'], '.4f')} | {', '.join(marks) or '-'} |")
+        lines.append(f"| `{label}` | {format_interval(row['train_cpu_s'], '.1f')} | {format_interval(row['accuracy'], '.3f')} | "
+                     f"{format_interval(row['loss'], '.4f')} | {', '.join(marks) or '-'} |")
     return lines + [""]
 
 
@@ -203,7 +236,8 @@ def to_markdown(summary: Mapping[str, Any]) -> str:
         p = cell["provenance"]
         missing = f" (missing: {missing_text(p['missing'])}; a stopped cell)" if p.get("missing") else ""
         lines.append(f"- **{cell['name']}**: `{p.get('command', '?')}`; commit {p.get('commit', '?')}, "
-                     f"{p.get('date', '?')}, {p.get('machine', '?')}; seeds {p.get('seeds', '?')}{missing}")
+                     f"{p.get('date', '?')}, {p.get('machine', '?')}; seeds {p.get('seeds', '?')}{missing}; "
+                     f"{load_text(cell.get('load'))}")
     return "\n".join(lines) + "\n"
 
 
