@@ -37,6 +37,11 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 MEASURED_SPEEDUPS = ("speedup", "efficiency", "speedup_total_time", "speedup_vs_peer")
 
 
+def _above_start_only(payload: dict[str, Any]) -> bool:
+    """Whether the payload's memory measure reads the step's peak above its start only (the CPU tensor meter)."""
+    return "tensor storage" in str(payload.get("memory_measure", ""))
+
+
 def _is_measured_speedup(key: str) -> bool:
     return key in MEASURED_SPEEDUPS or key.startswith("speedup_vs_")
 
@@ -79,7 +84,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
             f"- {payload.get('steps', '?')} measured steps per configuration after {payload.get('warmup', '?')} "
             "warm-up round(s), configurations alternating on the same weights and batches"
         ),
-        f"- memory: {payload.get('memory_measure', '?')}; 'step mem' is the peak above the step's starting point",
+        f"- memory: {payload.get('memory_measure', '?')}; 'step mem' is the peak above the step's starting point"
+        + ("; 'peak mem' (the process's) is not part of this measure" if _above_start_only(payload) else ""),
         f"- LM head share of a vanilla forward (cost model): {payload.get('head_share', float('nan')):.1%}",
         (
             "- speedup: median step time of `vanilla` with the same reference and scorer (and the `padded` prompt "

@@ -12,12 +12,16 @@ Rounds (:func:`run_rounds`): round ``r`` runs one step of every configuration, i
 Lightning's ``Trainer``: a ``fit`` trains one configuration, and the rounds alternate every configuration step by
 step on one module; each step is nonetheless the module's own, reached through public names only.
 
-Memory per step: the meter of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor`
-(:class:`lit_prunedpo.callbacks.PeakMemoryMeter`): on CUDA ``torch.cuda.max_memory_allocated`` after
-``reset_peak_memory_stats``; on the CPU the kernel's peak RSS (``VmHWM``) after resetting it through
-``/proc/self/clear_refs``. The benchmark's meter settles first (``gc.collect()``, and glibc's ``malloc_trim(0)``)
-so that memory a previous configuration freed is given back to the OS and not counted again. Both the absolute
-peak and the peak above the step's starting point are recorded.
+Memory per step: :class:`lit_prunedpo.callbacks.PeakMemoryMeter`, settled (``gc.collect()`` first), the same for
+every configuration and every TRL peer: on CUDA ``torch.cuda.max_memory_allocated`` after
+``reset_peak_memory_stats``; on the CPU the peak of live tensor storage above the step's start (``"cpu_tensors"``:
+the CPU allocator's events, the same quantity as CUDA's), not the RSS, which also holds freed pages the C
+allocator keeps and moves with what ran before. That CPU meter records every operator, so it would slow the step it
+measures: the rounds are then timed without it, and **memory rounds** follow them (:func:`memory_rounds`), untimed:
+every measured round again, each configuration on the same batch with its sampler stream rewound to the same step
+(the same draws), each peer on the same batch. Where the meter reads the process's peak (CUDA, or a meter given the
+RSS mode) the measured steps themselves are metered, and both the absolute peak and the peak above the step's start
+are recorded; the CPU tensor meter records the peak above the start only.
 
 The frozen reference model is the module's own copy of the policy's initial weights, shared by every online
 reference: the one of a ``chunked`` configuration scores with the chunked scorer too, otherwise its ``K x V``
@@ -89,8 +93,13 @@ class StepRecord:
     def add(self, elapsed: float, reading: PeakReading | None) -> None:
         """One measured step's time and peak memory (MiB; absolute and above the step's start)."""
         self.times.append(elapsed)
+        self.add_memory(reading)
+
+    def add_memory(self, reading: PeakReading | None) -> None:
+        """One step's peak memory: above the step's start, and the absolute peak where the meter reads one."""
         if reading is not None:
-            self.peaks.append(reading.peak / MiB)
+            if reading.absolute:
+                self.peaks.append(reading.peak / MiB)
             self.step_peaks.append(reading.above_start / MiB)
 
 
@@ -238,6 +247,7 @@ def run_rounds(
     log = log or (lambda line: None)
     records = {c: StepRecord() for c in rounds.parts}
     peer_records = {name: StepRecord() for name in rounds.peers}
+    draws = {c: rng.step + rounds.warmup for c, rng in rounds.rngs.items()}  # each stream's first measured step
     for r, batch in enumerate(rounds.batches):
         measured = r >= rounds.warmup
         # the baseline's plan (vanilla draws nothing) for the ideal speedups; with a shared prompt the module's
@@ -260,20 +270,54 @@ def run_rounds(
             if measured:
                 _record_peer(peer_records[name], peer, loss, rounds.dims, elapsed, reading)
         log(f"round {r + 1}/{len(rounds.batches)} ({'measured' if measured else 'warm-up'}) done")
+    if rounds.meter.intrusive:
+        memory_rounds(rounds, records, peer_records, draws, log)
     return records, peer_records
 
 
+def memory_rounds(rounds: Rounds, records: dict[Config, StepRecord], peer_records: dict[str, StepRecord],
+                  draws: dict[Config, int], log: Callable[[str], None]) -> None:
+    """The measured rounds again, metered and untimed, for a meter that slows what it measures: round ``r`` runs
+    every configuration on batch ``r`` with its sampler stream at the step it drew in the timed round ``r``
+    (``draws``: each stream's first measured step), then every peer on batch ``r``. The streams end where the timed
+    rounds left them."""
+    ends = {c: rng.step for c, rng in rounds.rngs.items()}
+    for i, r in enumerate(range(rounds.warmup, len(rounds.batches))):
+        batch = rounds.batches[r]
+        for c, parts in rounds.parts.items():
+            rounds.rngs[c].step = draws[c] + i
+            generator = rounds.rngs[c].next()
+            records[c].add_memory(_metered(rounds, lambda: train_step(rounds.module, rounds.optimizer, batch, parts,
+                                                                       generator)))
+        for name, peer in rounds.peers.items():
+            inputs = peer.inputs(r)
+            peer_records[name].add_memory(_metered(rounds, lambda: peer.step(inputs)))
+        log(f"memory round {i + 1}/{len(rounds.batches) - rounds.warmup} done")
+    for c, rng in rounds.rngs.items():
+        rng.step = ends[c]
+
+
+def _metered(rounds: Rounds, step: Callable[[], object]) -> PeakReading | None:
+    """The peak memory of ``step()``, untimed."""
+    rounds.meter.start()
+    step()
+    return rounds.meter.stop()
+
+
 def _timed(rounds: Rounds, step: Callable[[], T]) -> tuple[T, float, PeakReading | None]:
-    """``step()``'s result, its wall time (the device synchronised before and after) and its peak memory."""
+    """``step()``'s result, its wall time (the device synchronised before and after) and its peak memory (``None``
+    for a meter that slows what it measures: :func:`memory_rounds` measures it)."""
     dev = rounds.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    rounds.meter.start()
+    meter = None if rounds.meter.intrusive else rounds.meter
+    if meter is not None:
+        meter.start()
     sync()
     start = time.perf_counter()
     result = step()
     sync()
     elapsed = time.perf_counter() - start
-    return result, elapsed, rounds.meter.stop()
+    return result, elapsed, meter.stop() if meter is not None else None
 
 
 def _record_config(rec: StepRecord, c: Config, out: StepOutput, vanilla: StepForwards, dims: cost.ModelDims,
