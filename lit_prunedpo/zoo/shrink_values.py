@@ -123,6 +123,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # Sizes the generic pass gets wrong.
     "mamba2": {"num_heads": 8},  # num_heads * head_dim == expand * hidden_size
+    "ergo": {"first_dense_intermediate_size": 128},  # its dense first layer's MLP (32768 wide: 4.3M parameters)
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},  # at 64 wide the native mLSTM kernel fails (qk 8, v 16)
     "dots3_note": {"vision_config": {"adapter_out_dim": 64}, "audio_config": {"adapter_out_dim": 64}},  # = hidden
     "dots3_note_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 32,
@@ -143,6 +144,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         kind: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}
         for kind in ("sliding_attention", "full_attention")}},
     "xmod": {"default_language": "en_XX"},
+    # Its indexer reads the first index_num_heads query heads of key head 0 (the default, 12, is more than tiny has);
+    # a budget (top-k, sink and local tokens) shorter than the test sequences, so that the sparse selection bites.
+    "kolibri1_1": {"index_num_heads": 2, "index_topk": 4, "index_pool_size": 8, "index_compression": 2,
+                   "index_num_local_tokens": 2, "index_num_sink_tokens": 1, "mlp_only_layers": [0],
+                   "mlp_only_intermediate_size": 128},
 }
 
 
