@@ -15,8 +15,10 @@ hook of the loop inside them.
   cost model's answer, ``round(B / ideal_speedup)``, is recorded beside it as a cross-check
   (:func:`flop_matched_batch`).
 * **Peak memory** (``measure_step_costs(memory=True)``): each measured step's peak memory above its start
-  (:class:`~lit_prunedpo.callbacks.PeakMemoryMeter`, settled before each step, outside the timed work); an arm's
-  peak is the largest over its measured steps. A memory budget fits arms with it (:mod:`lit_prunedpo.study.memory`).
+  (:class:`~lit_prunedpo.callbacks.PeakMemoryMeter`, settled before each step, outside the timed work: on the CPU the
+  peak of live tensor storage, on CUDA ``max_memory_allocated``); an arm's peak is the largest over its measured
+  steps. The CPU meter slows the step it measures (it records every operator), so there the timed steps run
+  unmetered and ``steps`` more steps per arm, round-robin and untimed, are metered instead. A memory budget fits arms with it (:mod:`lit_prunedpo.study.memory`).
 * **Schedule length** (:func:`schedule_steps`): a run lasts until it has passed both the time budget and the
   step budget, so its learning-rate schedule spans ``max(steps, ceil(budget / cost per step))`` steps: the
   measured cost on the study's clock, for a prune-early arm the pruned cost for its share of the budget and
@@ -70,14 +72,24 @@ def measure_step_costs(task: StudyTask, arms: Sequence[Arm], dm: PreferenceDataM
     if steps < 1 or warmup < 0:
         raise ValueError(f"calibration needs steps >= 1 and warmup >= 0, got {steps!r} and {warmup!r}")
     runs = {arm: make_run(task, arm, seed, dm) for arm in dict.fromkeys(arms)}
-    if memory:
-        for run in runs.values():
-            run.meter = PeakMemoryMeter(next(run.module.policy.parameters()).device, settle=True)
+    meters = {arm: PeakMemoryMeter(next(run.module.policy.parameters()).device, settle=True) for arm, run in
+              runs.items()} if memory else {}
+    apart = any(m.intrusive for m in meters.values())  # a meter that slows the step: metered steps of their own
+    for arm, run in runs.items():
+        run.meter = None if apart else meters.get(arm)
     for _ in range(warmup + steps):
         for run in runs.values():
             run.train_step()
-    return {arm: StepCost(_median(run.step_cpu[warmup:]), _median(run.step_wall[warmup:]), steps,
-                          max(run.step_peak_mb[warmup:]) if run.step_peak_mb[warmup:] else None)
+    if apart:
+        for arm, run in runs.items():
+            run.meter, run.step_peak_mb = meters[arm], []
+        for _ in range(steps):
+            for run in runs.values():
+                run.train_step()
+    last = warmup + steps
+    peaks = {arm: run.step_peak_mb if apart else run.step_peak_mb[warmup:] for arm, run in runs.items()}
+    return {arm: StepCost(_median(run.step_cpu[warmup:last]), _median(run.step_wall[warmup:last]), steps,
+                          max(peaks[arm]) if peaks[arm] else None)
             for arm, run in runs.items()}
 
 

@@ -127,6 +127,28 @@ def test_the_calibration_measures_peak_step_memory(tmp_path):
     assert measure_step_costs(task, [plain], dm, steps=1)[plain].peak_mb is None  # memory not asked for
 
 
+def test_the_cpu_calibration_times_its_steps_unmetered(tmp_path, monkeypatch):
+    """The CPU meter (live tensor storage) slows the step it measures: the timed steps run without it and as many
+    metered steps follow, whose peaks are the arm's."""
+    from lit_prunedpo.study import runner
+
+    task = EditedTask(name="tiny-mem", num_rows=64, batch_size=4, model={**TINY, "vocab_size": 8192})
+    dm = task.datamodule(tmp_path)
+    seen = []
+    step = runner.Run.train_step
+
+    def watched(run):
+        seen.append((run.arm.name, run.meter is not None and run.meter.mode))
+        step(run)
+
+    monkeypatch.setattr(runner.Run, "train_step", watched)
+    plain, branch = Arm("vanilla", 4), Arm("branch", 4)
+    costs = measure_step_costs(task, [plain, branch], dm, steps=2, warmup=1, memory=True)
+    assert [m for _, m in seen] == [False] * 6 + ["cpu_tensors"] * 4
+    assert all(costs[a].steps == 2 and costs[a].peak_mb > 0 for a in (plain, branch))
+    assert costs[branch].peak_mb < costs[plain].peak_mb
+
+
 def _fake_cost(arm: Arm) -> StepCost:
     """A hand-made calibration: the plain head's logits are most of vanilla@8's 134 MB; the chunked scorer drops them
     at +10 % cost, accumulation divides the rest by the micro-batches at +20 % per extra one, checkpointing saves 10 %
