@@ -124,6 +124,13 @@ def main(args: list[str] | None = None) -> None:
         return export_main(given[1:])
     if given[:1] == ["configs"]:
         return configs_main(given[1:])
+    from lit_prunedpo.fit_help import brief_help, full_help_args, wants_brief_help
+
+    if wants_brief_help(given):
+        print(brief_help())
+        return None
+    if "--help-all" in given:
+        args = given = full_help_args(given)
     if not given or given[0] in ("-h", "--help"):
         # the command's help, or the error that no subcommand was given: the same words as LightningCLI's, without
         # importing lightning
