@@ -8,7 +8,7 @@ the preset's random model or ``--model``, and summarises each configuration: med
 tokens executed, FLOPs, utilisation of a peak measured right before the rounds (:mod:`lit_prunedpo.bench.utilisation`),
 and speedups against ``vanilla`` and each TRL peer; the payload names the model and data measured.
 
-Sharing one module keeps the process's resident memory that of a single training run (so peak RSS compares across
+Sharing one module keeps the process's memory that of a single training run (so peak memory compares across
 modes) and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
 change any shape or cost. Alternating spreads machine noise (other processes, frequency changes) evenly over the
 configurations; medians and p90 summarise it.

@@ -28,8 +28,9 @@ float32 (plain scorer; the chunked one keeps one log-sum-exp per row), the input
 and weights.
 
 Checked against live tensor bytes (the CPU profiler's allocations, one step of every mode on Llamas of 1-42M
-parameters, float32 and bfloat16): within 4%. Not counted: allocator rounding, caching and fragmentation (the CPU
-meter reads RSS, which also holds freed heap memory glibc keeps), the backward's activation gradients (a few
+parameters, float32 and bfloat16): within 4%; that is what the benchmark's CPU meter reads since it counts live tensor
+storage. Not counted: allocator rounding, caching and fragmentation (an RSS meter also holds freed heap memory glibc
+keeps), the backward's activation gradients (a few
 ``tokens x d`` at a time), other architectures' extra norms (Gemma's four per layer, q/k norms); the CUDA kernels'
 saved tensors are assumed to be the CPU's (memory-efficient attention keeps the same q, k, v, output and mask).
 Gemma 3's sliding-window layers are counted as full attention (the mask term assumes it).

@@ -40,7 +40,7 @@ QUICK = dict(sizes="2xs,xs", lengths="16,32", length_size="2xs", size_length=16,
 CPU_FLOPS_PER_S = 6e10
 #: The grid options of the random Llamas, refused with --model.
 MODEL_EXCLUDES = ("sizes", "vocab", "length_size", "size_length", "size_batch")
-STEP_OVERHEAD_S = 0.05  # per step: the memory meter's garbage-collector pass and malloc_trim
+STEP_OVERHEAD_S = 0.05  # per step: the memory meter's garbage-collector pass, and on the CPU its memory round
 
 
 def _csv(text: str) -> list[str]:

@@ -84,15 +84,21 @@ def context_lines(payload: dict[str, Any]) -> list[str]:
     return lines
 
 
-def definitions() -> list[str]:
+def definitions(measure: str = "") -> list[str]:
+    """What the tables' columns mean; the last sentence says what the run's memory ``measure`` (its words) holds."""
+    if "RSS" in measure:
+        meter = ("On the CPU the meter reads the process's RSS, which also holds freed heap memory glibc has not "
+                 "returned (up to its trim threshold, 64 MiB once its mmap threshold has grown to 32 MiB): the memory "
+                 "model counts live tensors only, so small steps read above it.")
+    else:
+        meter = ("On the CPU the meter reads live tensor storage (the CPU allocator's events), the quantity the "
+                 "memory model predicts; allocator caching is in neither.")
     return [
         "Time ratio: median step time of the mode over `vanilla`'s (same reference and scorer; below 1 is faster). "
         "Predicted: the cost model's FLOP ratio on the shapes the steps executed (`1 / ideal_speedup`). Step memory: "
         "the step's peak above its start; predicted by `lit_prunedpo/bench/memory_model.py` (tensors alive: saved "
         "activations, head buffers, gradients, optimizer temporaries) on the same shapes. Error = measured / "
-        "predicted - 1. On the CPU the meter reads the process's RSS, which also holds freed heap memory glibc has "
-        "not returned (up to its trim threshold, 64 MiB once its mmap threshold has grown to 32 MiB): the memory "
-        "model counts live tensors only, so small steps read above it.",
+        "predicted - 1. " + meter,
     ]
 
 
@@ -159,7 +165,8 @@ def to_markdown(payload: dict[str, Any]) -> str:
     lines = ["# lit-prunedpo scaling: per-step time and memory of each mode against model size and response length",
              "", *context_lines(payload), ""]
     if payload.get("rows"):
-        lines += [*definitions(), "", "## Prediction error", "", *summary_table(payload), ""]
+        measure = str(payload["context"].get("memory_measure", ""))
+        lines += [*definitions(measure), "", "## Prediction error", "", *summary_table(payload), ""]
         for sweep in dict.fromkeys(r["sweep"] for r in payload["rows"]):
             lines += [sweep_heading(payload, sweep), "", *sweep_table(payload, sweep), ""]
     if payload.get("real_shapes"):

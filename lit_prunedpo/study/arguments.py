@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--quick", action="store_true", help="a minutes-long study with fewer seeds: "
       + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + " unless given")
     a("--memory-budget-mb", type=real(0.0), default=None, metavar="MB",
-      help="cap on each arm's measured peak step memory (MiB above the step's start: CPU peak RSS, CUDA allocator "
-           "peak); arms over it are fitted their fastest exact way (chunked scorer, checkpointing, gradient accumulation) "
+      help="cap on each arm's measured peak step memory (MiB above the step's start: peak live tensor storage, "
+           "CUDA's max_memory_allocated); arms over it are fitted their fastest exact way (chunked scorer, checkpointing, gradient accumulation) "
            "and vanilla so fitted joins the controls (default: no budget; peaks are still measured and reported)")
     a("--threads", type=count(1), default=1, help="torch threads (default 1: CPU seconds then measure work)")
     a("--out", default=None, help="folder for progress.jsonl (written as the study goes), study.json, study.md, "

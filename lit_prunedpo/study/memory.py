@@ -2,8 +2,8 @@
 fastest exact way.
 
 **What is measured.** The peak memory of one training step above the memory in use when the step starts
-(:class:`~lit_prunedpo.callbacks.PeakMemoryMeter`, settled before each step: on the CPU the peak RSS, ``VmHWM``
-reset through ``/proc/self/clear_refs``; on CUDA the allocator's ``max_memory_allocated``): the activations,
+(:class:`~lit_prunedpo.callbacks.PeakMemoryMeter`, settled before each step: on the CPU the peak of live tensor
+storage, from the CPU allocator's events; on CUDA the allocator's ``max_memory_allocated``): the activations,
 logits, gradients and optimizer work a step adds on top of the weights, the share that pruning changes. The
 calibration (:func:`lit_prunedpo.study.calibrate.measure_step_costs`) measures it next to the step cost; an arm's
 peak is the largest over its measured steps.
@@ -166,7 +166,7 @@ def fit_to_budget(budget_mb: float, vanilla: Arm, pruned: Sequence[Arm], control
         measured.update(measure(missing))
     if any(peak(a) is None for a in everyone):
         raise ValueError(f"memory budget {budget_mb:g} MB: this machine cannot measure a step's peak memory "
-                         "(no resettable /proc/self/status VmHWM and no CUDA device), so no arm can be fitted to it")
+                         "(its meter read nothing), so no arm can be fitted to it")
     over = [a for a in [vanilla, *pruned] if peak(a) > budget_mb]
     variants = {a: fit_candidates(a) for a in over}
     fitted, tables = {}, {}
