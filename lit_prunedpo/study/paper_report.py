@@ -17,6 +17,7 @@ intervals say how firm that is).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from lit_prunedpo.study.curves import mean_interval
@@ -119,38 +120,61 @@ def summarise_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": cell["name"], "task": cell["task"], "vanilla": vanilla_label, "rows": rows,
             "pareto_accuracy": sorted(pareto(accuracy, True), key=times.get),
             "pareto_loss": sorted(pareto(loss, False), key=times.get), "provenance": cell.get("provenance", {}),
-            "load": load_summary(cell["records"])}
+            "load": load_summary(cell["records"], _threads(cell.get("provenance", {})))}
 
 
-def load_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """How a cell's clocks were taken: the schedule (steps per turn; ``None`` for records from before the
-    interleaved schedule, whose ratios move with the load), the median wall/CPU ratio and mean load average over
-    its records, and each record taken under load (:func:`lit_prunedpo.study.turns.under_load`)."""
-    loads = [r.get("load") for r in records]
+def record_load(record: Mapping[str, Any], threads: int | None) -> dict[str, Any] | None:
+    """The load ``record`` was timed under: its own, or for a record from before the interleaved schedule the
+    wall/CPU ratio of its training clocks (``threads``: the torch threads its cell's provenance names; None when
+    unknown, then nothing)."""
+    if record.get("load"):
+        return dict(record["load"])
+    wall, cpu = record.get("train_wall_s"), record.get("train_cpu_s")
+    if threads is None or not wall or not cpu:
+        return None
+    return {"wall_per_cpu": wall / cpu, "torch_threads": threads, "turn_steps": None}
+
+
+def load_summary(records: Sequence[Mapping[str, Any]], threads: int | None = None) -> dict[str, Any]:
+    """How a cell's clocks were taken: the schedules (steps per turn; ``None`` stands for records from before the
+    interleaved schedule, whose ratios move with the load), how many records predate it, the median wall/CPU ratio
+    and mean load average over its records, and each record taken under load
+    (:func:`lit_prunedpo.study.turns.under_load`)."""
+    loads = [record_load(r, threads) for r in records]
     kept = [load for load in loads if load]
     ratios = sorted(load["wall_per_cpu"] for load in kept if load.get("wall_per_cpu") is not None)
     means = [load["loadavg_mean"] for load in kept if load.get("loadavg_mean") is not None]
-    return {"turn_steps": sorted({load.get("turn_steps") for load in kept}, key=str) if kept else None,
-            "unrecorded": len(loads) - len(kept),
+    return {"turn_steps": sorted({load.get("turn_steps") for load in kept}, key=str),
+            "before_interleaving": sum(1 for r in records if not r.get("load")),
             "wall_per_cpu_median": ratios[len(ratios) // 2] if ratios else None,
             "loadavg_mean": sum(means) / len(means) if means else None,
-            "under_load": [f"{r['design']} seed {r['seed']}: {why}" for r in records if (why := under_load(r.get("load")))]}
+            "under_load": [f"{r['design']} seed {r['seed']}: {why}" for r, load in zip(records, loads)
+                           if (why := under_load(load))]}
+
+
+def _threads(provenance: Mapping[str, Any]) -> int | None:
+    found = re.search(r"(\d+) torch thread", str(provenance.get("machine", "")))
+    return int(found.group(1)) if found else None
 
 
 def load_text(load: Mapping[str, Any] | None) -> str:
     """One sentence for the provenance list: the schedule and the load the cell's clocks were taken under."""
-    if not load or load.get("turn_steps") is None:
-        return "timed one design after another (before the interleaved schedule): its ratios move with the load"
-    text = f"timed in turns of {', '.join(str(t) for t in load['turn_steps'])} step(s), designs interleaved"
+    if not load:
+        return "load not recorded"
+    old, parts = load.get("before_interleaving", 0), []
+    interleaved = [t for t in load.get("turn_steps", []) if t is not None]
+    if interleaved:
+        parts.append(f"timed in turns of {', '.join(str(t) for t in interleaved)} step(s), designs interleaved")
+    if old:
+        parts.append(f"{old} record(s) timed one design after another (before the interleaved schedule): their "
+                     "ratios move with the load")
     if load.get("wall_per_cpu_median") is not None:
-        text += f"; wall/CPU median {load['wall_per_cpu_median']:.2f}"
+        parts.append(f"wall/CPU median {load['wall_per_cpu_median']:.2f}")
     if load.get("loadavg_mean") is not None:
-        text += f", load average {load['loadavg_mean']:.1f}"
-    if load.get("unrecorded"):
-        text += f"; {load['unrecorded']} record(s) from before the interleaved schedule"
+        parts.append(f"load average {load['loadavg_mean']:.1f}")
     if load.get("under_load"):
-        text += f"; **taken under load** ({len(load['under_load'])} record(s), e.g. {load['under_load'][0]})"
-    return text
+        parts.append(f"**taken under load**: {len(load['under_load'])} record(s), e.g. {load['under_load'][0]}")
+    return "; ".join(parts)
 
 
 def format_interval(triple: Triple | None, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
