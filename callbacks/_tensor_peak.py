@@ -21,8 +21,11 @@ without the tracker and measure its memory in a separate step, as the benchmark 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -67,6 +70,25 @@ def _allocator_events(result: object, device_type: str) -> list[tuple[int, int, 
     return found
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to ``/dev/null`` for the block: Kineto prints a ``profiler_start`` / ``profiler_stop`` line
+    to it at every enable and disable, which no setting turns off (two lines for every metered step otherwise)."""
+    sys.stderr.flush()
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no file descriptor 2 to redirect
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 class TensorPeakTracker:
     """The peak bytes of CPU tensor storage allocated and held between :meth:`start` and :meth:`stop`.
 
@@ -80,13 +102,15 @@ class TensorPeakTracker:
         if self._profile is not None or torch.autograd._profiler_enabled():
             raise RuntimeError("TensorPeakTracker: a profiler is already running; memory cannot be traced under it")
         self._profile = torch.autograd.profiler.profile(profile_memory=True, record_shapes=False, with_stack=False)
-        self._profile.__enter__()
+        with _quiet_stderr():
+            self._profile.__enter__()
 
     def stop(self) -> TensorPeak:
         if self._profile is None:
             raise RuntimeError("TensorPeakTracker.stop() without start()")
         profile, self._profile = self._profile, None
-        profile.__exit__(None, None, None)
+        with _quiet_stderr():
+            profile.__exit__(None, None, None)
         events = _allocator_events(profile.kineto_results, "cpu")
         peak, held = replay(events)
         return TensorPeak(peak, held, len(events))

@@ -4,6 +4,8 @@ byte on a real training step and larger for a larger batch."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from helpers import TINY_LLAMA, make_batch
@@ -132,3 +134,15 @@ def test_rss_stays_its_own_mode():
     assert PeakMemoryMeter(torch.device("cpu"), mode="cpu_tensors").mode == "cpu_tensors"
     rss = PeakMemoryMeter(torch.device("cpu"))  # no settle: the callback's choice, the RSS where readable
     assert rss.mode in ("cpu", "cpu_lifetime", "off") and not rss.intrusive
+
+
+def test_the_profiler_prints_nothing(capfd):
+    """Kineto's profiler_start / profiler_stop lines would be two lines of stderr per metered step."""
+    tracker = TensorPeakTracker()
+    tracker.start()
+    kept = _bytes(MiB)
+    tracker.stop()
+    print("after", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "profiler_stop" not in err and "after" in err
+    del kept
