@@ -139,7 +139,9 @@ class PrunedDPOCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            release_empty_claims(self._claimed)  # a run that failed before writing anything leaves no version_N
+            # a run that failed before its first step (bad data, a stale cache, a refused resume) leaves no version_N
+            trainer = getattr(self, "trainer", None)
+            release_empty_claims(self._claimed, trained=getattr(trainer, "global_step", 0) > 0)
             raise
 
     def before_fit(self) -> None:

@@ -53,6 +53,7 @@ def claim_log_version(trainer: "pl.Trainer") -> list[Path]:
         if getattr(logger, "_version", 0) is not None or not hasattr(logger, "_get_next_version"):
             continue
         root = Path(logger.root_dir)
+        made = [folder for folder in (root, *root.parents) if not folder.exists()]  # deepest first
         root.mkdir(parents=True, exist_ok=True)
         version = logger._get_next_version()
         while True:
@@ -64,14 +65,24 @@ def claim_log_version(trainer: "pl.Trainer") -> list[Path]:
         # Loggers read their version lazily from this attribute; set before anything asked for it.
         logger._version = version
         claimed.append(root / f"version_{version}")
+        claimed.extend(made)  # after the version: released, when left empty, once the version is
     return claimed
 
 
-def release_empty_claims(claimed: list[Path]) -> None:
-    """Remove the ``version_N`` folders :func:`claim_log_version` created that are still empty: a run that failed
-    before writing anything (bad data, a refused resume) leaves no empty folder, and the next run takes its number."""
+#: What a run writes into its log version at set-up, before its first step: its config (and hyperparameters).
+SET_UP_FILES = ("config.yaml", "hparams.yaml")
+
+
+def release_empty_claims(claimed: list[Path], trained: bool = True) -> None:
+    """Remove the folders :func:`claim_log_version` created (``version_N``, and the log root it made) that hold
+    nothing of a run: empty ones, and, for a run that failed before its first step (``trained`` False), those that
+    hold only the config it saved at set-up (:data:`SET_UP_FILES`). A run that failed before training (bad data, a
+    refused resume, a stale reference cache) leaves no ``version_N`` behind, and the next run takes its number."""
     for folder in claimed:
         try:
+            if not trained and folder.is_dir() and all(f.name in SET_UP_FILES and f.is_file() for f in folder.iterdir()):
+                for file in folder.iterdir():
+                    file.unlink()
             folder.rmdir()  # only an empty folder goes
         except OSError:
             pass

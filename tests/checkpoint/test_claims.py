@@ -66,3 +66,26 @@ def test_runs_without_a_logger_in_one_folder_keep_their_own_config(tmp_path, cap
     assert seeds == ["seed_everything: 1", "seed_everything: 2"]
     assert f"{tmp_path} holds other runs' outputs (logger: false): this run's checkpoints go to " \
            f"{tmp_path / 'checkpoints-1'} and its config is {tmp_path / 'config-1.yaml'}" in caplog.text
+
+
+def test_a_run_refused_at_set_up_leaves_no_version_holding_only_its_config(tmp_path):
+    import pytest
+
+    from lit_prunedpo.cli import build_cli
+
+    def fit(root, *extra):  # the quickstart with a cached reference (configs/cached.yaml), into root
+        build_cli(["fit", *QUICK, "--config", str(REPO / "configs/cached.yaml"), "--trainer.max_steps=1",
+                   f"--trainer.default_root_dir={root}", f"--model.reference.init_args.path={tmp_path / 'ref'}",
+                   *extra])
+
+    fit(tmp_path / "run")
+    root = tmp_path / "run/lightning_logs"
+    assert sorted(p.name for p in root.iterdir()) == ["version_0"]
+    # the cache was built for max_length 64: refused at set-up, after the run's config.yaml was saved
+    with pytest.raises(ValueError, match=r"reference cache .* is stale"):
+        fit(tmp_path / "run", "--data.init_args.max_length=60")
+    assert sorted(p.name for p in root.iterdir()) == ["version_0"]  # no version_1 with a lone config.yaml
+    # nor the folders made for a run refused before its first step
+    with pytest.raises(ValueError, match=r"reference cache .* is stale"):
+        fit(tmp_path / "other/run", "--data.init_args.max_length=60")
+    assert not (tmp_path / "other").exists()
