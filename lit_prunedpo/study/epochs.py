@@ -11,12 +11,14 @@ and accuracy at the end (and half-way), then measures each design's peak step me
 
 Departures from the time-to-quality study (:mod:`lit_prunedpo.study.cli`), on purpose: no learning-rate sweep
 (the paper compares at equal hyperparameters), no cost-matched control (that is the study's question, not the
-paper's), and a design's seeds run one after another, the designs of one seed round-robin.
+paper's), and a design's seeds run one after another, the designs of one seed round-robin, one step each per turn.
 
-Clocks: the runner's, per timed step (CPU seconds of this process, and wall seconds). Memory: each design's
-median over ``probe_steps`` extra steps, taken after its final evaluation so that the meter's settling (a
-``gc.collect`` and ``malloc_trim`` before each step, which makes the next step page memory in again) never
-touches a timed step; CPU: peak RSS above the step's start; CUDA: ``max_memory_allocated`` above it.
+Clocks: the runner's, per timed step (CPU seconds of this process, and wall seconds), the designs of a seed
+interleaved one step per turn (:mod:`lit_prunedpo.study.turns`). Memory: each design's median over ``probe_steps``
+extra steps, taken after its final evaluation so that the meter (which slows what it measures on the CPU, and
+settles memory before each step) never touches a timed step; CPU: peak live tensor storage above the step's start
+(the tensor meter, ``PeakMemoryMeter(settle=True)``; cells before 2026-12-06 read peak RSS); CUDA:
+``max_memory_allocated`` above it.
 """
 
 from __future__ import annotations

@@ -218,24 +218,6 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def load_cell(folder: Path) -> dict[str, Any]:
-    from lit_prunedpo.study.outputs import read_journal, read_json
-    from lit_prunedpo.study.paper_report import missing_text, seed_coverage
-
-    cell = read_json(folder / "cell.json", "rerun the cell (lit-prunedpo-paper cell ... --overwrite)")
-    records, bad = read_journal(folder / "records.jsonl")
-    if bad:
-        print(f"{folder / 'records.jsonl'}: {bad} line(s) cut off (a stopped run) skipped", file=sys.stderr)
-    wanted = set(cell["designs"])
-    cell["records"] = [r for r in records if r.get("design") in wanted]
-    present, missing = seed_coverage(cell)
-    cell["provenance"] = {**cell.get("provenance", {}), "seeds": present, "missing": missing}
-    if missing:
-        print(f"{folder}: no records of {missing_text(missing)} (a stopped cell; the same lit-prunedpo-paper cell "
-              "command with --resume runs them): its figures pair only the seeds present", file=sys.stderr)
-    return cell
-
-
 def run_report_command(args: argparse.Namespace) -> int:
     from lit_prunedpo.study import paper_report
     from lit_prunedpo.study.outputs import Refused, write_atomic
@@ -246,7 +228,7 @@ def run_report_command(args: argparse.Namespace) -> int:
         print(f"error: not a cell folder (no cell.json): {', '.join(missing)}", file=sys.stderr)
         return 2
     try:
-        cells = [paper_report.summarise_cell(load_cell(f)) for f in folders]
+        cells = [paper_report.summarise_cell(paper_report.load_cell(f)) for f in folders]
     except (Refused, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -18,10 +18,12 @@ intervals say how firm that is).
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from lit_prunedpo.study.curves import mean_interval
-from lit_prunedpo.study.turns import under_load
+from lit_prunedpo.study.turns import load_summary, load_text
 
 #: What the paper reports for each dimension, and which of our designs it is compared with.
 PAPER = {
@@ -67,6 +69,25 @@ def missing_text(missing: Mapping[str, Sequence[int]]) -> str:
         groups.setdefault(tuple(seeds), []).append(label)
     return "; ".join(f"seed{'s' if len(seeds) > 1 else ''} {list(seeds) if len(seeds) > 1 else seeds[0]} of "
                      + ", ".join(labels) for seeds, labels in groups.items())
+
+
+def load_cell(folder: Path) -> dict[str, Any]:
+    """``folder``'s ``cell.json`` with its records (of the cell's designs), the seeds present and missing in its
+    provenance; a stopped cell's missing seeds and cut-off lines are said on stderr."""
+    from lit_prunedpo.study.outputs import read_journal, read_json
+
+    cell = read_json(folder / "cell.json", "rerun the cell (lit-prunedpo-paper cell ... --overwrite)")
+    records, bad = read_journal(folder / "records.jsonl")
+    if bad:
+        print(f"{folder / 'records.jsonl'}: {bad} line(s) cut off (a stopped run) skipped", file=sys.stderr)
+    wanted = set(cell["designs"])
+    cell["records"] = [r for r in records if r.get("design") in wanted]
+    present, missing = seed_coverage(cell)
+    cell["provenance"] = {**cell.get("provenance", {}), "seeds": present, "missing": missing}
+    if missing:
+        print(f"{folder}: no records of {missing_text(missing)} (a stopped cell; the same lit-prunedpo-paper cell "
+              "command with --resume runs them): its figures pair only the seeds present", file=sys.stderr)
+    return cell
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -123,58 +144,9 @@ def summarise_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
             "load": load_summary(cell["records"], _threads(cell.get("provenance", {})))}
 
 
-def record_load(record: Mapping[str, Any], threads: int | None) -> dict[str, Any] | None:
-    """The load ``record`` was timed under: its own, or for a record from before the interleaved schedule the
-    wall/CPU ratio of its training clocks (``threads``: the torch threads its cell's provenance names; None when
-    unknown, then nothing)."""
-    if record.get("load"):
-        return dict(record["load"])
-    wall, cpu = record.get("train_wall_s"), record.get("train_cpu_s")
-    if threads is None or not wall or not cpu:
-        return None
-    return {"wall_per_cpu": wall / cpu, "torch_threads": threads, "turn_steps": None}
-
-
-def load_summary(records: Sequence[Mapping[str, Any]], threads: int | None = None) -> dict[str, Any]:
-    """How a cell's clocks were taken: the schedules (steps per turn; ``None`` stands for records from before the
-    interleaved schedule, whose ratios move with the load), how many records predate it, the median wall/CPU ratio
-    and mean load average over its records, and each record taken under load
-    (:func:`lit_prunedpo.study.turns.under_load`)."""
-    loads = [record_load(r, threads) for r in records]
-    kept = [load for load in loads if load]
-    ratios = sorted(load["wall_per_cpu"] for load in kept if load.get("wall_per_cpu") is not None)
-    means = [load["loadavg_mean"] for load in kept if load.get("loadavg_mean") is not None]
-    return {"turn_steps": sorted({load.get("turn_steps") for load in kept}, key=str),
-            "before_interleaving": sum(1 for r in records if not r.get("load")),
-            "wall_per_cpu_median": ratios[len(ratios) // 2] if ratios else None,
-            "loadavg_mean": sum(means) / len(means) if means else None,
-            "under_load": [f"{r['design']} seed {r['seed']}: {why}" for r, load in zip(records, loads)
-                           if (why := under_load(load))]}
-
-
 def _threads(provenance: Mapping[str, Any]) -> int | None:
     found = re.search(r"(\d+) torch thread", str(provenance.get("machine", "")))
     return int(found.group(1)) if found else None
-
-
-def load_text(load: Mapping[str, Any] | None) -> str:
-    """One sentence for the provenance list: the schedule and the load the cell's clocks were taken under."""
-    if not load:
-        return "load not recorded"
-    old, parts = load.get("before_interleaving", 0), []
-    interleaved = [t for t in load.get("turn_steps", []) if t is not None]
-    if interleaved:
-        parts.append(f"timed in turns of {', '.join(str(t) for t in interleaved)} step(s), designs interleaved")
-    if old:
-        parts.append(f"{old} record(s) timed one design after another (before the interleaved schedule): their "
-                     "ratios move with the load")
-    if load.get("wall_per_cpu_median") is not None:
-        parts.append(f"wall/CPU median {load['wall_per_cpu_median']:.2f}")
-    if load.get("loadavg_mean") is not None:
-        parts.append(f"load average {load['loadavg_mean']:.1f}")
-    if load.get("under_load"):
-        parts.append(f"**taken under load**: {len(load['under_load'])} record(s), e.g. {load['under_load'][0]}")
-    return "; ".join(parts)
 
 
 def format_interval(triple: Triple | None, fmt: str, scale: float = 1.0, suffix: str = "") -> str:

@@ -85,8 +85,7 @@ def figure_lines(published: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[
 def compare_cells(published: Path, new: Path) -> int:
     """Print the figure lines of two cell folders; 1 if a figure did not reproduce (or none is shared), 2 when a
     folder is not a readable cell, else 0."""
-    from lit_prunedpo.study.paper_cli import load_cell
-    from lit_prunedpo.study.paper_report import summarise_cell
+    from lit_prunedpo.study.paper_report import load_cell, summarise_cell
 
     from lit_prunedpo.study.outputs import Refused
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from lit_prunedpo.study.memory import budget_binds, not_binding_text
+from lit_prunedpo.study.turns import load_summary, load_text
 
 #: What a study at one pair per step cannot conclude (logged and in study.md).
 ONE_PAIR_NOTE = ("batch 1: no vanilla batch is smaller, so no cost-matched control exists (each pruned arm is judged "
@@ -57,8 +58,15 @@ def to_markdown(payload: dict[str, Any]) -> str:
     warm = payload.get("warm_start")
     if warm:
         lines += ["", _warm_start_text(warm, payload["task"])]
+    lines += ["", f"Clocks: {load_text(load_summary(payload.get('runs', []), _threads(payload)))}."]
     lines += ["", "![study](study.png)", ""]
     return "\n".join(lines)
+
+
+def _threads(payload: Mapping[str, Any]) -> int | None:
+    """The torch threads the study ran with, where its payload says (``torch_threads``)."""
+    threads = payload.get("torch_threads")
+    return int(threads) if isinstance(threads, int) else None
 
 
 def _table(payload: Mapping[str, Any]) -> list[str]:

@@ -56,10 +56,9 @@ from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.memory import accumulate
 from lit_prunedpo.study.tasks import StudyTask
-from lit_prunedpo.study.turns import events, load_record, round_robin
+from lit_prunedpo.study.turns import Clock, events, load_record, round_robin
 from lit_prunedpo.study.warm_start import warm_start
 
-Clock = Literal["cpu", "wall"]
 
 
 @dataclass

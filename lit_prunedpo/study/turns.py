@@ -18,12 +18,28 @@ core raises it). :func:`under_load` is the rule the reports use to say a figure 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 from lit_prunedpo.batch import PreferenceBatch
 
-if TYPE_CHECKING:
-    from lit_prunedpo.study.runner import Clock, Point, Run
+Clock = Literal["cpu", "wall"]
+
+
+class Run(Protocol):
+    """What the schedule needs of a run (:class:`lit_prunedpo.study.runner.Run`, which imports this module)."""
+
+    arm: Any
+    seed: int
+    step: int
+    diverged: bool
+    points: list[Any]
+    loadavg: list[float | None]
+
+    def clock(self, which: Clock) -> float: ...
+
+    def train_step(self) -> None: ...
+
+    def evaluate(self, batches: Sequence[PreferenceBatch], grids: list[str]) -> Any: ...
 
 #: A run timed with one torch thread whose wall seconds exceed its CPU seconds by more than this waited for the core.
 WAITED = 1.2
@@ -71,7 +87,7 @@ def advance(run: Run, time_grid: list[float], step_grid: list[int], clock: Clock
 
 def round_robin(runs: Sequence[Run], grids: dict[int, tuple[list[float], list[int]]], clock: Clock,
                 batches: Sequence[PreferenceBatch], stop_on_nonfinite: bool, log: Callable[[str], None],
-                on_point: Callable[[Run, Point], None] | None, on_done: Callable[[Run], None] | None,
+                on_point: Callable[[Run, Any], None] | None, on_done: Callable[[Run], None] | None,
                 turn_steps: int | None = 1) -> None:
     """Turn after turn, advance every unfinished run by ``turn_steps`` steps (:func:`advance`), sampling the load
     for each, logging and handing on each evaluation, until every run has passed both its grids (or diverged)."""
@@ -129,3 +145,52 @@ def under_load(load: dict[str, Any] | None) -> str | None:
     if mean is not None and mean - threads > NEIGHBOURS:
         reasons.append(f"load average {mean:.1f} beside its {threads} thread(s) on {load.get('cpus')} CPUs")
     return "; ".join(reasons) or None
+
+
+def record_load(record: Mapping[str, Any], threads: int | None) -> dict[str, Any] | None:
+    """The load ``record`` was timed under: its own, or for a record from before the interleaved schedule the
+    wall/CPU ratio of its training clocks (``threads``: the torch threads its cell's provenance names; None when
+    unknown, then nothing)."""
+    if record.get("load"):
+        return dict(record["load"])
+    wall, cpu = record.get("train_wall_s"), record.get("train_cpu_s")
+    if threads is None or not wall or not cpu:
+        return None
+    return {"wall_per_cpu": wall / cpu, "torch_threads": threads, "turn_steps": None}
+
+
+def load_summary(records: Sequence[Mapping[str, Any]], threads: int | None = None) -> dict[str, Any]:
+    """How a cell's clocks were taken: the schedules (steps per turn; ``None`` stands for records from before the
+    interleaved schedule, whose ratios move with the load), how many records predate it, the median wall/CPU ratio
+    and mean load average over its records, and each record taken under load
+    (:func:`under_load`)."""
+    loads = [record_load(r, threads) for r in records]
+    kept = [load for load in loads if load]
+    ratios = sorted(load["wall_per_cpu"] for load in kept if load.get("wall_per_cpu") is not None)
+    means = [load["loadavg_mean"] for load in kept if load.get("loadavg_mean") is not None]
+    return {"turn_steps": sorted({load.get("turn_steps") for load in kept}, key=str),
+            "before_interleaving": sum(1 for r in records if not r.get("load")),
+            "wall_per_cpu_median": ratios[len(ratios) // 2] if ratios else None,
+            "loadavg_mean": sum(means) / len(means) if means else None,
+            "under_load": [f"{r.get('design') or r.get('arm')} seed {r['seed']}: {why}" for r, load in zip(records, loads)
+                           if (why := under_load(load))]}
+
+
+def load_text(load: Mapping[str, Any] | None) -> str:
+    """One sentence for the provenance list: the schedule and the load the cell's clocks were taken under."""
+    if not load:
+        return "load not recorded"
+    old, parts = load.get("before_interleaving", 0), []
+    interleaved = [t for t in load.get("turn_steps", []) if t is not None]
+    if interleaved:
+        parts.append(f"timed in turns of {', '.join(str(t) for t in interleaved)} step(s), designs interleaved")
+    if old:
+        parts.append(f"{old} record(s) timed one design after another (before the interleaved schedule): their "
+                     "ratios move with the load")
+    if load.get("wall_per_cpu_median") is not None:
+        parts.append(f"wall/CPU median {load['wall_per_cpu_median']:.2f}")
+    if load.get("loadavg_mean") is not None:
+        parts.append(f"load average {load['loadavg_mean']:.1f}")
+    if load.get("under_load"):
+        parts.append(f"**taken under load**: {len(load['under_load'])} record(s), e.g. {load['under_load'][0]}")
+    return "; ".join(parts)
