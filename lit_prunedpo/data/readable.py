@@ -292,8 +292,8 @@ def readable_copy(path: Path, on_bad_row: str, digest: str) -> Path:
     if on_bad_row != "skip":
         more = f"; {len(bad) - 1} more unreadable lines follow" if len(bad) > 1 else ""
         raise ValueError(
-            f"{where}{more}. Fix the file, or pass on_bad_row='skip' to skip unreadable rows (they are counted in "
-            "stats)"
+            f"{where}{more}. Fix the file, or pass on_bad_row='skip' (--data.init_args.on_bad_row skip) to skip "
+            "unreadable rows (they are counted in stats)"
         )
     if len(bad) == rows:
         raise ValueError(f"{where}, and so is every other line: no row of the file can be read")

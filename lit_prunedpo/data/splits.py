@@ -178,8 +178,11 @@ class SplitBuilder:
     def _hold_out(self, num_rows: int, source: str) -> tuple[np.ndarray, np.ndarray]:
         """``(training rows, validation rows)``, both sorted: ``val_fraction`` of ``num_rows`` held out, seeded (at
         least one row, and one left to train on, unless the fraction is 0)."""
-        if num_rows < 2:
-            raise ValueError(f"{source}: {num_rows} row cannot be split into training and validation")
+        if num_rows < 2 and self.val_fraction > 0:
+            raise ValueError(
+                f"{source}: {num_rows} row cannot be split into training and validation (val_fraction "
+                f"{self.val_fraction} holds out at least one row and leaves one to train on): add rows, or train on "
+                "it without validation: val_fraction=0 (--data.init_args.val_fraction 0)")
         order = np.random.default_rng(self.seed).permutation(num_rows)
         n_val = 0 if self.val_fraction == 0 else min(max(1, round(num_rows * self.val_fraction)), num_rows - 1)
         return np.sort(order[n_val:]), np.sort(order[:n_val])
@@ -251,7 +254,8 @@ class SplitBuilder:
         raise ValueError(
             f"{source}: row {row['index']} ({where}): field {row['bad_field']!r} "
             f"{BAD_ROW_KINDS[row['bad_kind']]} (kind '{row['bad_kind']}'){detail}{more}. "
-            "Fix the data, or pass on_bad_row='skip' to drop such rows (they are counted in stats)"
+            "Fix the data, or pass on_bad_row='skip' (--data.init_args.on_bad_row skip) to drop such rows (they are "
+            "counted in stats)"
         )
 
 

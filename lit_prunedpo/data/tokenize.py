@@ -332,7 +332,8 @@ class PairEncoder:
                 # to the same tokens. Such a pair has zero margin and zero gradient forever: a bad row.
                 out["bad_kind"][position] = "identical_tokens"
                 out["bad_field"][position] = self.columns.rejected
-                cut = f"truncation to max_length {self.max_length}" if pair.response_truncated else "tokenization"
+                cut = (f"truncation to max_length {self.max_length} (a larger data.init_args.max_length keeps more "
+                       "of them)" if pair.response_truncated else "tokenization")
                 out["bad_detail"][position] = f"both responses are the same {len(pair.chosen_ids)} tokens after {cut}"
                 continue
             for name in ("prompt_ids", "chosen_ids", "rejected_ids", "prompt_truncated", "response_truncated",

@@ -32,3 +32,14 @@ def test_no_validation_and_names() -> None:
     assert len(splits.train) == 30 and len(splits.val) == 0
     with pytest.raises(ValueError, match="holds a single split, so val_split='test' cannot be read"):
         _builder(val_split="test").build()
+
+
+def test_one_row_says_how_to_train_on_it_and_trains_without_validation() -> None:
+    with pytest.raises(ValueError) as caught:
+        _builder(max_rows=1).build()
+    assert str(caught.value) == (
+        "the generated task: 1 row cannot be split into training and validation (val_fraction 0.2 holds out at least "
+        "one row and leaves one to train on): add rows, or train on it without validation: val_fraction=0 "
+        "(--data.init_args.val_fraction 0)")
+    splits = _builder(max_rows=1, val_fraction=0.0).build()  # the way it names
+    assert (len(splits.train), len(splits.val)) == (1, 0)

@@ -24,7 +24,9 @@ def test_ddp_with_too_few_rows_ends_with_the_clear_error_on_every_rank(tmp_path)
            "--trainer.enable_progress_bar=false"]
     out = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
     log = out.stdout + out.stderr
-    message = "error: one.jsonl: 1 row cannot be split into training and validation"
+    message = ("error: one.jsonl: 1 row cannot be split into training and validation (val_fraction 0.05 holds out "
+               "at least one row and leaves one to train on): add rows, or train on it without validation: "
+               "val_fraction=0 (--data.init_args.val_fraction 0)")
     assert out.returncode != 0 and "Connection closed" not in log, log[-3000:]
     assert out.stderr.strip().splitlines()[-1].endswith(message), log[-3000:]
     assert log.count(message) == 2, log[-3000:]  # rank 0 and rank 1
