@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-__all__ = ["load_policy", "policy_metadata", "read_checkpoint"]
+__all__ = ["check_resumed_policy", "load_policy", "policy_metadata", "read_checkpoint"]
 
 _POLICY_PREFIX = "policy."
 
@@ -210,3 +210,66 @@ def _replace_base(spec: dict[str, Any] | None, base_model: str) -> dict[str, Any
         return {**spec, "init_args": {**args, "name_or_path": base_model}}
     return {"class_path": "lit_prunedpo.models.Pretrained",
             "init_args": {"name_or_path": base_model, "dtype": args.get("dtype")}}
+
+
+# transformers config fields that describe no weight: left out of the fields a refused resume names
+_NOT_WEIGHTS = {"transformers_version", "torch_dtype", "dtype", "architectures", "use_cache", "output_attentions",
+                "output_hidden_states", "return_dict", "id2label", "label2id"}
+
+
+def check_resumed_policy(checkpoint: dict[str, Any], policy: nn.Module, path: str | None) -> None:
+    """Refuse, before Lightning loads its weights, a checkpoint (read from ``path``) whose policy is not the one
+    this run built: LoRA adapters into a full model or the reverse, another ``model_type``, or weights of other names
+    or shapes (another size), where Lightning would print torch's lists of missing and unexpected keys. A checkpoint
+    without the ``"policy"`` record, or without a ``state_dict`` (FSDP2's shards, checked by their loader), is left
+    to Lightning.
+
+    Raises:
+        ValueError: one line naming the checkpoint, what differs and what to do.
+    """
+    from lit_prunedpo.lora import is_peft_model
+
+    saved, where = checkpoint.get("policy"), f"checkpoint {path}" if path else "the checkpoint resumed"
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        return
+    lora, fix = is_peft_model(policy), ("resume with the config it was trained with (config.yaml in its run folder), "
+                                        "or leave --ckpt_path out to start afresh")
+    if bool(saved.get("peft")) != lora:
+        held = "LoRA adapters" if saved.get("peft") else "a full model's weights (trained without LoRA)"
+        export = f"lit-prunedpo export --ckpt_path {path or 'CKPT'} --out DIR"
+        base = f"; to train adapters on the model it holds, export it ({export}) and give DIR as the LoRA's base"
+        raise ValueError(f"{where} holds {held}, but this run's model.policy is "
+                         f"{'a LoRA' if lora else 'a full model (no LoRA)'}: {fix}{base if lora else ''}")
+    now = (policy.get_base_model() if lora else policy).config.to_dict()
+    if saved["config"].get("model_type") != now.get("model_type"):
+        raise ValueError(f"{where} holds a {saved['config'].get('model_type')} model, but this run's model.policy is "
+                         f"a {now.get('model_type')} model: {fix}")
+    mismatch = _weights_mismatch(checkpoint.get("state_dict"), policy, lora)
+    if mismatch is not None:
+        fields = [f"{k} {saved['config'].get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved["config"]) | set(now))
+                  if not k.startswith("_") and k not in _NOT_WEIGHTS and saved["config"].get(k) != now.get(k)]
+        said = f"; config fields that differ: {', '.join(fields[:6])}" if fields else ""
+        raise ValueError(f"{where}: its policy's weights do not fit this run's model.policy ({mismatch}{said}): {fix}")
+
+
+def _weights_mismatch(state_dict: Any, policy: nn.Module, lora: bool) -> str | None:
+    """How the policy's weights in a checkpoint's ``state_dict`` differ from ``policy``'s (names, shapes), or None.
+    A LoRA checkpoint leaves out the frozen base: its keys are not missing."""
+    from lit_prunedpo.lora import frozen_keys
+
+    if not isinstance(state_dict, dict):
+        return None
+    saved = {k[len(_POLICY_PREFIX):]: v for k, v in state_dict.items() if k.startswith(_POLICY_PREFIX)}
+    current = policy.state_dict()
+    missing = sorted(set(current) - set(saved) - (frozen_keys(policy, "") if lora else set()))
+    extra = sorted(set(saved) - set(current))
+    shapes = sorted(k for k in set(saved) & set(current) if tuple(saved[k].shape) != tuple(current[k].shape))
+    said = []
+    if shapes:
+        said.append(f"{len(shapes)} of other shapes, e.g. {shapes[0]} {tuple(saved[shapes[0]].shape)} in the "
+                    f"checkpoint, {tuple(current[shapes[0]].shape)} now")
+    if missing:
+        said.append(f"{len(missing)} of this run's weights not in it, e.g. {missing[0]}")
+    if extra:
+        said.append(f"{len(extra)} of its weights not in this run's model, e.g. {extra[0]}")
+    return "; ".join(said) or None

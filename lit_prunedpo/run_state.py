@@ -43,8 +43,12 @@ def load_run_state(module: Any, checkpoint: dict[str, Any]) -> None:
     restarts their draws, with a warning; a sampler seed that differs from the configured one is the checkpoint's,
     said in one line."""
     from lit_prunedpo.lora import restore_base
+    from lit_prunedpo.policy_checkpoint import check_resumed_policy
 
-    restore_base(checkpoint, module.policy, module.policy_source, where=getattr(module._trainer, "ckpt_path", None))
+    where = getattr(module._trainer, "ckpt_path", None)
+    # another model_type, LoRA against a full model, another size: one line before Lightning's lists of keys
+    check_resumed_policy(checkpoint, module.policy, where)
+    restore_base(checkpoint, module.policy, module.policy_source, where=where)
     module.nonfinite.load_state_dict(checkpoint)
     module.num_tokens = int(checkpoint.get("num_tokens", 0))
     unrecorded = "unrecorded" if "optimizer_states" in checkpoint else None

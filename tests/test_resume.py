@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import errno
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,29 @@ def test_runs_without_a_logger_never_share_a_checkpoint_folder(tmp_path, caplog)
                  logger=False)  # the 2-step schedule ended at rate 0: continuing it is refused
     assert f"resuming from {tmp_path / 'checkpoints-1/last.ckpt'}, the newest readable checkpoint" in caplog.text
     assert third.model.sampler_rng.step == 3 and (tmp_path / "checkpoints-2/last.ckpt").is_file()
+
+
+def test_a_checkpoint_of_another_policy_is_refused_in_one_line_before_its_weights_load(tmp_path):
+    _fit(tmp_path, "--trainer.max_steps=1")
+    checkpoint = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
+    fix = "resume with the config it was trained with (config.yaml in its run folder), or leave --ckpt_path out"
+    with pytest.raises(ValueError, match=rf"^checkpoint {checkpoint} holds a llama model, but this run's model.policy "
+                                         rf"is a qwen2 model: {re.escape(fix)}"):
+        _fit(tmp_path, "--trainer.max_steps=2", f"--ckpt_path={checkpoint}",
+             "--model.policy.init_args.model_type=qwen2")
+    with pytest.raises(ValueError, match=rf"^checkpoint {checkpoint}: its policy's weights do not fit this run's "
+                                         r"model.policy \(\d+ of other shapes, e.g. .* config fields that differ: "
+                                         r"head_dim 16 -> 8, hidden_size 64 -> 32\): " + re.escape(fix)):
+        _fit(tmp_path, "--trainer.max_steps=2", f"--ckpt_path={checkpoint}",
+             "--model.policy.init_args.config.hidden_size=32")
+    lora = ["--config", str(REPO / "configs/lora.yaml"), f"--trainer.default_root_dir={tmp_path}"]
+    with pytest.raises(ValueError, match=rf"^checkpoint {checkpoint} holds a full model's weights \(trained without "
+                                         rf"LoRA\), but this run's model.policy is a LoRA: {re.escape(fix)}.*; to "
+                                         rf"train adapters on the model it holds, export it \(lit-prunedpo export "
+                                         rf"--ckpt_path {checkpoint} --out DIR\)"):
+        _fit(tmp_path, *lora, "--trainer.max_steps=2", f"--ckpt_path={checkpoint}")
+    _fit(tmp_path / "lora", *lora[:2], f"--trainer.default_root_dir={tmp_path / 'lora'}", "--trainer.max_steps=1")
+    adapters = tmp_path / "lora/lightning_logs/version_0/checkpoints/last.ckpt"
+    with pytest.raises(ValueError, match=rf"^checkpoint {adapters} holds LoRA adapters, but this run's model.policy "
+                                         rf"is a full model \(no LoRA\): {re.escape(fix)}"):
+        _fit(tmp_path, "--trainer.max_steps=2", f"--ckpt_path={adapters}")
