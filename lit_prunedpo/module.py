@@ -139,6 +139,7 @@ class PrunedDPO(L.LightningModule):
         # a TRL loss_type name, or a list of them, as a TRL user writes it
         self.loss = trl_loss(loss) if isinstance(loss, (str, list)) else (loss if loss is not None else SigmoidLoss())
         given = (prefix_sampler, position_sampler, branch_sampler)
+        check_sampler_kinds(type(self).__name__, *given)  # a sampler's class, or another kind, refused at once
         self._samplers = tuple(s if s is not None else exact for s, exact in zip(given, exact_samplers()))
         self._set_up = False  # from set-up on, use_samplers checks a new position sampler as setup() does
         self._position_given: PositionSampler | None = None  # as given, before a fallback (use_samplers)
@@ -164,8 +165,7 @@ class PrunedDPO(L.LightningModule):
         self._grad_norm: Tensor | None = None  # this optimizer step's, checked before the update, then logged
         self._sharded = False  # set by configure_model under FSDP2
         self.num_tokens = 0  # TRL's num_tokens: input tokens of every rank's training batches so far
-        self.val_metrics = epoch_means()
-        self.test_metrics = epoch_means()
+        self.val_metrics, self.test_metrics = epoch_means(), epoch_means()
 
     # ------------------------------------------------------------------------------------- the samplers
     @property

@@ -122,3 +122,12 @@ def test_a_cached_reference_with_log_sum_exps_runs_reference_lse(tiny_source):
     module.setup("fit")
     module.use_samplers(position=ReferenceLogSumExp())
     assert isinstance(module.position_sampler, ReferenceLogSumExp)
+
+
+@pytest.mark.parametrize("argument", ["prefix_sampler", "position_sampler", "branch_sampler"])
+def test_a_sampler_class_given_to_the_constructor_is_refused_at_once(tiny_source, argument):
+    name = argument.removesuffix("_sampler")
+    kind = {"prefix": "PrefixSampler", "position": "PositionSampler", "branch": "BranchSampler"}[name]
+    message = f"PrunedDPO: {name} must be a {kind}, got the class BernoulliPositions itself"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        PrunedDPO(policy=tiny_source, **{argument: BernoulliPositions})
