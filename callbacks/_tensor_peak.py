@@ -21,6 +21,7 @@ without the tracker and measure its memory in a separate step, as the benchmark 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -89,10 +90,24 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(null)
 
 
+#: The trackers started and not yet stopped (held until then): a process that exits with one running stops it first.
+_RUNNING: "set[TensorPeakTracker]" = set()
+
+
+@atexit.register
+def _stop_running_trackers() -> None:
+    """Stop the profiler of a stretch the process exits in (Ctrl-C in a metered step: ``sys.exit(130)``): torch
+    crashes with SIGSEGV (exit status 139, not 130) when the interpreter ends with memory profiling on."""
+    for tracker in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            tracker.stop()
+
+
 class TensorPeakTracker:
     """The peak bytes of CPU tensor storage allocated and held between :meth:`start` and :meth:`stop`.
 
-    Not re-entrant, and not while another profiler runs (:meth:`start` raises ``RuntimeError``).
+    Not re-entrant, and not while another profiler runs (:meth:`start` raises ``RuntimeError``). A tracker still
+    running when the process exits is stopped then (torch would crash at exit with the profiler on).
     """
 
     def __init__(self) -> None:
@@ -104,11 +119,13 @@ class TensorPeakTracker:
         self._profile = torch.autograd.profiler.profile(profile_memory=True, record_shapes=False, with_stack=False)
         with _quiet_stderr():
             self._profile.__enter__()
+        _RUNNING.add(self)
 
     def stop(self) -> TensorPeak:
         if self._profile is None:
             raise RuntimeError("TensorPeakTracker.stop() without start()")
         profile, self._profile = self._profile, None
+        _RUNNING.discard(self)
         with _quiet_stderr():
             profile.__exit__(None, None, None)
         events = _allocator_events(profile.kineto_results, "cpu")

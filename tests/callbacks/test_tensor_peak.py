@@ -146,3 +146,14 @@ def test_the_profiler_prints_nothing(capfd):
     err = capfd.readouterr().err
     assert "profiler_start" not in err and "profiler_stop" not in err and "after" in err
     del kept
+
+
+def test_a_process_that_exits_while_tracing_ends_with_its_own_status():
+    # Ctrl-C in a metered step ends the command with sys.exit(130) while the profiler runs: torch crashed at exit
+    # (SIGSEGV, status 139 / -11) until the tracker was stopped first
+    import subprocess
+
+    code = ("import sys, torch\nfrom lit_prunedpo.callbacks._tensor_peak import TensorPeakTracker\n"
+            "TensorPeakTracker().start()\ntorch.randn(64, 64) @ torch.randn(64, 64)\nsys.exit(130)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done.stderr[-2000:]
