@@ -247,7 +247,8 @@ def _report(written: dict[str, Any], switches: list[str], out_dir: Path, leftove
     """The export's closing lines: the base written beside an adapter, how prompts are to be tokenized, partial
     exports that interrupted runs left, and what was exported."""
     if written["base"] is not None:
-        print(f"the LoRA base has no hub name or folder: written to {written['base']} (adapter_config.json names it)")
+        print(f"the LoRA base has no hub name or folder: written to {written['base']} (adapter_config.json names it by "
+              "this path: after moving the export, set base_model_name_or_path there to its new base/ folder)")
     inputs = written["prompt_ids"]
     if inputs is not None and inputs["plain_call"]:
         if switches:

@@ -126,6 +126,8 @@ class Pretrained(ModelSource):
             # a folder that is gone (moved or deleted): the hub client would call it a malformed repo id
             raise FileNotFoundError(f"model folder {self.name_or_path} does not exist (moved or deleted?): give the "
                                     "folder's new path, or a hub name")
+        if looks_local:
+            check_adapter_base(Path(self.name_or_path).expanduser())
         if self.gguf_file is not None:
             if looks_local:
                 check_gguf_file(Path(self.name_or_path).expanduser() / self.gguf_file, "Pretrained gguf_file")
@@ -325,3 +327,31 @@ def fill_vocab_size(policy: Any, data: Any) -> str | None:
     if given > size:
         return f"{where}: vocab_size {given} kept, larger than the data's {size} ({origin}): {given - size} unused rows"
     return None
+
+
+def check_adapter_base(folder: Path) -> None:
+    """Refuse a peft adapter folder (``adapter_config.json``) whose base model, named by a path, is gone: transformers
+    would hand the path to the hub client ("Repo id must be in the form ..."). An adapter export moved with its
+    ``base/`` folder (``lit-prunedpo export --adapter adapter`` of a base without a hub name) says where its base is.
+
+    Raises:
+        FileNotFoundError: naming the adapter folder, the recorded base and what to set.
+    """
+    import json
+
+    from lit_prunedpo.hub import written_as_path
+
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        return
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return  # not readable here: the loader says why
+    if not isinstance(base, str) or not written_as_path(base) or Path(base).expanduser().exists():
+        return
+    beside = folder / "base"
+    fix = (f"the folder was moved with its base: set it to {beside.resolve()}" if (beside / "config.json").is_file()
+           else "set it to the base model's new folder, or its hub name")
+    raise FileNotFoundError(f"LoRA adapter folder {folder}: its base model {base} (base_model_name_or_path in "
+                            f"{config}) does not exist (moved or deleted?): {fix}")

@@ -130,3 +130,20 @@ def test_a_truncated_safetensors_file_is_named_as_incomplete(tmp_path, tiny_sour
                                          r"\(SafetensorError: .*\): save the model again with save_pretrained, or copy "
                                          r"or download it again$"):
         Pretrained(str(folder)).build()
+
+
+def test_a_moved_adapter_export_names_its_gone_base_and_where_it_is_now(tmp_path):
+    # what `lit-prunedpo export --adapter adapter` writes for a base without a hub name, moved since: transformers
+    # handed the recorded path to the hub client ("Repo id must be in the form ...")
+    import json
+
+    moved = tmp_path / "moved"
+    (moved / "base").mkdir(parents=True)
+    (moved / "base/config.json").write_text("{}")
+    gone = tmp_path / "adapter/base"
+    (moved / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(gone)}))
+    with pytest.raises(FileNotFoundError) as refused:
+        Pretrained(str(moved)).build()
+    assert str(refused.value) == (
+        f"LoRA adapter folder {moved}: its base model {gone} (base_model_name_or_path in {moved / 'adapter_config.json'}"
+        f") does not exist (moved or deleted?): the folder was moved with its base: set it to {moved / 'base'}")
