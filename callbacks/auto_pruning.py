@@ -20,7 +20,12 @@ Departures from the noise model, stated: the step times leave out the optimizer 
 The model compares variances, which decide the pace only while gradient noise dominates; where it does not,
 cheaper steps pay more than the model says and the rule errs towards vanilla. The calibration's passes are not
 training steps (no optimizer step follows them) and cost about ``1 + pairs / B + draws (1 + sum 1/k)`` vanilla
-steps once per run (the logged ``auto/calibration_s``).
+steps once per run (the logged ``auto/calibration_s``): on the quickstart about a second, on a model whose step
+takes seconds about a minute. ``budget_s`` bounds the rounds of timed passes in wall seconds (at least one round
+runs; the decision names the rounds run). The per-pair gradients are folded into ``between`` one at a time
+(:class:`~lit_prunedpo.gradient_noise.RunningBetween`), so the calibration holds about three gradients, not
+``pairs`` of them in double precision. No timed pass runs under a profiler (the CPU tensor meter is one): it would
+time the profiler's records, and the calibration warns if one is running.
 
 A calibration is worth running only if the run is long enough to repay it: with ``max_share`` (default 0.02) the
 callback first bounds the calibration's work by :func:`calibration_steps` (in vanilla steps, counting every pass as
@@ -45,12 +50,12 @@ from typing import Any, Sequence
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.gradient_noise import (
-    between_variance,
+    RunningBetween,
     gradient,
     pair,
     relative_inefficiency,
@@ -151,26 +156,30 @@ def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, 
 
 
 def calibrate(module: Any, batch: PreferenceBatch, candidates: dict[str, Sequence[Any]], pairs: int = 8, draws: int = 4,
-              min_gain: float = 0.1, seed: int = 0) -> AutoDecision:
+              min_gain: float = 0.1, seed: int = 0, budget_s: float | None = None) -> AutoDecision:
     """Measure ``between``, each arm's step time and each candidate's ``within`` on ``batch`` through ``module``'s
     own step, and choose (module docstring). ``candidates`` maps a mode name to its three samplers. The module's
     gradients are cleared afterwards; its weights, samplers and sampler stream are not touched (the draws use a
-    generator of their own, seeded by ``seed``).
+    generator of their own, seeded by ``seed``). With ``budget_s``, no further round of timed passes starts once
+    the calibration has run that many seconds (one round always runs); the decision's ``draws`` is the rounds run.
 
     Raises:
-        ValueError: on a batch of fewer than 2 pairs, ``pairs`` < 2 or ``draws`` < 1.
+        ValueError: on a batch of fewer than 2 pairs, ``pairs`` < 2, ``draws`` < 1 or a ``budget_s`` that is not > 0.
     """
     if batch.num_pairs < 2:
-        raise ValueError(f"AutoPruning needs a first batch of >= 2 pairs to measure the batch's own noise, got {batch.num_pairs}")
-    if pairs < 2 or draws < 1:
-        raise ValueError(f"AutoPruning needs pairs >= 2 and draws >= 1, got pairs={pairs!r}, draws={draws!r}")
+        raise ValueError(f"AutoPruning needs a first batch of >= 2 pairs to measure the batch's own noise, "
+                         f"got {batch.num_pairs}")
+    check_counts(pairs, draws, budget_s)
+    if torch.autograd._profiler_enabled():  # a profiler (a CPU tensor meter too) slows what it would time
+        rank_zero_warn("AutoPruning: calibrating under a running torch profiler: every timed pass is slowed by "
+                       "its records, so k is not the run's; calibrate without a profiler or memory tracer")
     start = time.perf_counter()
     g = torch.Generator().manual_seed(seed)
     exact = exact_samplers()
     exact_gradient = gradient(module, batch, exact, g)  # also the untimed warm-up
-    per_pair = torch.stack([gradient(module, pair(batch, i), exact, g) for i in range(min(pairs, batch.num_pairs))])
-    between = between_variance(per_pair)
-    del per_pair
+    running = RunningBetween()  # one pair's gradient at a time: no stack of them in memory
+    for i in range(min(pairs, batch.num_pairs)):
+        running.add(gradient(module, pair(batch, i), exact, g))
     times: dict[str, list[float]] = {VANILLA: [], **{m: [] for m in candidates}}
     distances: dict[str, list[float]] = {m: [] for m in candidates}
     for _ in range(draws):  # interleaved, so that a slow spell of a shared machine hits every arm alike
@@ -179,10 +188,24 @@ def calibrate(module: Any, batch: PreferenceBatch, candidates: dict[str, Sequenc
             estimate, seconds = timed_gradient(module, batch, tuple(samplers), g)
             times[mode].append(seconds)
             distances[mode].append(squared_distance(estimate, exact_gradient))
+            del estimate
+        if budget_s is not None and time.perf_counter() - start >= budget_s:
+            break
     module.zero_grad(set_to_none=True)
+    rounds = len(times[VANILLA])
     measured = {m: (statistics.median(times[m]), within_variance(distances[m], batch.num_pairs)) for m in candidates}
-    choice, reason, arms = decide(between, statistics.median(times[VANILLA]), measured, min_gain)
-    return AutoDecision(choice, reason, between, arms, min(pairs, batch.num_pairs), draws, time.perf_counter() - start)
+    choice, reason, arms = decide(running.value, statistics.median(times[VANILLA]), measured, min_gain)
+    if rounds < draws:
+        reason += f"; budget_s {budget_s:g} reached after {rounds} of {draws} draws"
+    return AutoDecision(choice, reason, running.value, arms, running.n, rounds, time.perf_counter() - start)
+
+
+def check_counts(pairs: int, draws: int, budget_s: float | None) -> None:
+    """Refuse ``pairs`` < 2, ``draws`` < 1 and a ``budget_s`` that is not a finite number > 0 (``None``: no budget)."""
+    if pairs < 2 or draws < 1:
+        raise ValueError(f"AutoPruning needs pairs >= 2 and draws >= 1, got pairs={pairs!r}, draws={draws!r}")
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"AutoPruning: budget_s must be a number of seconds > 0 or null, got {budget_s!r}")
 
 
 class AutoPruning(Callback):
@@ -197,6 +220,8 @@ class AutoPruning(Callback):
         seed: seed of the calibration's own sampler draws.
         max_share: skip the calibration (and train vanilla) when its work, bounded by :func:`calibration_steps`,
             exceeds this share of the run's optimizer steps; ``None``: always calibrate.
+        budget_s: wall seconds after which the calibration starts no further round of timed passes and decides on
+            the rounds run (at least one); ``None`` (the default): all ``draws`` rounds.
 
     Raises:
         ValueError: on an unknown or repeated mode, ``vanilla`` among the candidates, a bad count or gain; at fit
@@ -212,7 +237,8 @@ class AutoPruning(Callback):
     """
 
     def __init__(self, candidates: Sequence[str] = DEFAULT_CANDIDATES, pairs: int = 8, draws: int = 4,
-                 min_gain: float = 0.1, seed: int = 0, max_share: float | None = DEFAULT_MAX_SHARE) -> None:
+                 min_gain: float = 0.1, seed: int = 0, max_share: float | None = DEFAULT_MAX_SHARE,
+                 budget_s: float | None = None) -> None:
         candidates = list(candidates)
         known = mode_names()
         unknown = [m for m in candidates if m not in known]
@@ -222,13 +248,13 @@ class AutoPruning(Callback):
             raise ValueError("AutoPruning: 'vanilla' is always measured; list only pruning modes as candidates")
         if len(set(candidates)) != len(candidates):
             raise ValueError(f"AutoPruning: candidates repeat a mode: {candidates}")
-        if pairs < 2 or draws < 1:
-            raise ValueError(f"AutoPruning needs pairs >= 2 and draws >= 1, got pairs={pairs!r}, draws={draws!r}")
+        check_counts(pairs, draws, budget_s)
         if not 0.0 <= min_gain < 1.0:
             raise ValueError(f"AutoPruning: min_gain must be in [0, 1), got {min_gain!r}")
         if max_share is not None and not 0.0 < max_share <= 1.0:
             raise ValueError(f"AutoPruning: max_share must be in (0, 1] or null, got {max_share!r}")
         self.max_share = None if max_share is None else float(max_share)
+        self.budget_s = None if budget_s is None else float(budget_s)
         self.candidates = candidates
         self.pairs, self.draws, self.min_gain, self.seed = int(pairs), int(draws), float(min_gain), int(seed)
         self.decision: AutoDecision | None = None
@@ -261,7 +287,8 @@ class AutoPruning(Callback):
                 rank_zero_info(f"AutoPruning: {skipped}")
             else:
                 modes = {m: load_mode(m).samplers for m in self.candidates}
-                self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed)
+                self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed,
+                                          self.budget_s)
                 rank_zero_info(f"AutoPruning: chose {self.decision.choice} in {self.decision.calibration_s:.1f} s of "
                                f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: {self.decision.reason}")
         elif not self.decision.skipped:
