@@ -4,6 +4,7 @@ Examples::
 
     lit-prunedpo-bench --preset small --out bench_results/small
     lit-prunedpo-bench --preset hh-body --modes vanilla,branch,all --prompts shared,padded --scorers plain
+    lit-prunedpo-bench --preset quickstart --precision bf16-mixed --peer trl
     lit-prunedpo-bench --preset medium --modes vanilla,branch --references online,cached --scorers plain,chunked \\
         --out bench_results/medium
     python -m lit_prunedpo.bench.cli --preset head-heavy --modes vanilla,position --scorers plain,chunked
@@ -23,6 +24,7 @@ import sys
 from typing import Any, Sequence
 
 from lit_prunedpo.bench.peer_trl import PEERS
+from lit_prunedpo.bench.precision import PRECISIONS, TRUE_PRECISION, resolve_precision
 from lit_prunedpo.bench.presets import MODES, OWN_MODEL, PRESETS, PROMPTS, REFERENCES, SCORERS, Preset, get_preset
 
 #: The options that describe ``--data`` (refused without it).
@@ -56,9 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: the preset's)")
     parser.add_argument("--chunk-size", type=int, default=None, help="the chunked scorer's chunk_size (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                        help="parameter dtype of the policy, its reference and the TRL peer, for a preset and --model "
-                             "alike (default: float32; --model's checkpoint dtype is not kept unless named)")
+    parser.add_argument("--precision", default=None, choices=list(PRECISIONS),
+                        help="as Lightning's Trainer(precision=...), for every configuration and TRL peer: 32-true "
+                             "(default), bf16-mixed / 16-mixed (float32 parameters, each step's forward under "
+                             "torch.autocast to bfloat16 / float16, backward and optimizer outside it; 16-mixed with "
+                             "a loss scaler), bf16-true / 16-true (16-bit parameters)")
+    parser.add_argument("--dtype", default=None, choices=list(TRUE_PRECISION),
+                        help="the older spelling of the parameters' dtype (policy, reference, TRL peer; --model's "
+                             "checkpoint dtype is not kept unless named): alone, --dtype bfloat16 is --precision "
+                             "bf16-true; with --precision it must be that precision's parameter dtype")
     parser.add_argument("--peer", type=_csv, default=[],
                         help="comma-separated: trl (precomputed reference), trl-online (TRL's reference model forward "
                              "in every step): also time TRL's DPO step on the same weights and batches "
@@ -151,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad_peers:
         parser.error(f"--peer: unknown {bad_peers}; choose from {','.join(PEERS)}")
     try:
+        precision = resolve_precision(args.precision, args.dtype)
+        precision.stepper(torch.device(args.device))  # an autocast torch does not run here is refused now
+        args.dtype = precision.weights  # --model's parameters
         preset, source, data = own_run(args)
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
@@ -169,8 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         payload = run_benchmark(
             preset, modes=args.modes, references=args.references, scorers=args.scorers, prompts=args.prompts,
-            steps=args.steps, warmup=args.warmup, device=args.device, seed=args.seed, log=log, dtype=args.dtype,
-            peer=args.peer or None, source=source, data=data,
+            steps=args.steps, warmup=args.warmup, device=args.device, seed=args.seed, log=log,
+            precision=precision.name, peer=args.peer or None, source=source, data=data,
         )
     except (ValueError, OSError) as err:
         if source is None or os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1":

@@ -51,6 +51,13 @@ def _check_choice(name: str, values: Sequence[str], allowed: Sequence[str]) -> l
     return values
 
 
+def _check_configs(modes: Sequence[str], references: Sequence[str], scorers: Sequence[str],
+                   prompts: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The configurations' names, each checked and de-duplicated (:func:`_check_choice`)."""
+    return (_check_choice("modes", modes, tuple(MODES)), _check_choice("references", references, REFERENCES),
+            _check_choice("scorers", scorers, SCORERS), _check_choice("prompts", prompts, PROMPTS))
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -73,6 +80,7 @@ def run_benchmark(
     observe: Callable[[Config, StepOutput], None] | None = None,
     source: ModelSource | None = None,
     data: DataSpec | None = None,
+    precision: str | None = None,
 ) -> dict[str, Any]:
     """Run every ``(mode, reference, scorer)`` configuration, alternating, and summarise each.
 
@@ -88,7 +96,7 @@ def run_benchmark(
         device: ``cpu`` or a CUDA device.
         seed: seed of the data and of every configuration's sampler generator.
         log: called with a progress line after every round; ``None`` is silent.
-        dtype: parameter dtype of the policy and reference (``bfloat16``, ...); ``None`` is float32.
+        dtype, precision: parameter dtype (older) or Lightning's precision (:mod:`~lit_prunedpo.bench.precision`).
         peer: TRL peers (names, or comma-separated): ``trl`` (precomputed reference), ``trl-online`` (online), each
             timed in every round on a copy of the same initial weights (:mod:`~lit_prunedpo.bench.peer_trl`); results
             then carry ``speedup_vs_<peer>`` (``speedup_vs_peer``: against ``trl``).
@@ -102,30 +110,32 @@ def run_benchmark(
         The report payload: ``preset``, ``device``, ``results``, ``peers``, ``peak_flops_per_s``, ``model``, context.
 
     Raises:
-        ValueError: on an unknown mode, reference, scorer or peer, a step count out of range, data that does not fit
-            the model, or ``--model`` that does not run the shared prompt exactly while ``shared`` is asked for.
+        ValueError: an unknown mode, reference, scorer, peer or precision (or a ``dtype`` unlike it), a step count
+            out of range, data not fitting the model, ``--model`` not running the shared prompt exactly if asked.
     """
-    modes, references = _check_choice("modes", modes, tuple(MODES)), _check_choice("references", references, REFERENCES)
-    scorers, prompts = _check_choice("scorers", scorers, SCORERS), _check_choice("prompts", prompts, PROMPTS)
+    modes, references, scorers, prompts = _check_configs(modes, references, scorers, prompts)
     peers, (steps, warmup) = peer_names(peer), _step_counts(preset, steps, warmup)
     module = data.data_module() if data is not None else None
     rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, torch.device(device),
-                          seed, dtype, peers, source=source, data=module)
+                          seed, dtype, peers, source=source, data=module, precision=precision)
     measured = _measured(preset, seed, rounds, prompts, source, data, module)  # before any step: the initial weights
     peak = _peak(rounds)  # right before the rounds, on the machine as they find it
     records, peer_records = _run_frozen(rounds, log, observe)
     results = _summarise(list(rounds.parts), records, peak["flops_per_s"])
     peer_rows = [_peer_row(name, rec, results, peak["flops_per_s"]) for name, rec in peer_records.items()]
-    return {**_payload(preset, rounds, steps, warmup, dtype, results, peer_rows, peak), **measured}
+    return {**_payload(preset, rounds, steps, warmup, results, peer_rows, peak), **measured}
 
 
 def _peak(rounds: Rounds) -> dict[str, Any]:
-    """The peak FLOP/s of this run: a matmul of the policy's MLP shape on a typical batch's tokens, in its dtype
-    and on its device (:func:`~lit_prunedpo.bench.utilisation.measure_peak`)."""
+    """The peak FLOP/s of this run: a matmul of the policy's MLP shape on a typical batch's tokens, on its device,
+    in the dtype the steps' matmuls run in (the autocast's under ``*-mixed``, else the parameters')
+    (:func:`~lit_prunedpo.bench.utilisation.measure_peak`)."""
     policy = rounds.module.policy
     hidden = rounds.dims.hidden_size
-    return measure_peak(typical_tokens(rounds.batches), hidden, intermediate_size(policy, hidden),
-                        next(policy.parameters()).dtype, rounds.device)
+    autocast = rounds.precision.autocast is not None
+    dtype = rounds.precision.compute_dtype if autocast else next(policy.parameters()).dtype
+    return measure_peak(typical_tokens(rounds.batches), hidden, intermediate_size(policy, hidden), dtype,
+                        rounds.device)
 
 
 def _measured(preset: Preset, seed: int, rounds: Rounds, prompts: Sequence[str], source: ModelSource | None,
@@ -204,7 +214,7 @@ def _peer_row(name: str, rec: StepRecord, results: list[dict[str, Any]], peak: f
     return peer_row
 
 
-def _payload(preset: Preset, rounds: Rounds, steps: int, warmup: int, dtype: str | None, results: list[dict[str, Any]],
+def _payload(preset: Preset, rounds: Rounds, steps: int, warmup: int, results: list[dict[str, Any]],
              peer_rows: list[dict[str, Any]], peak: dict[str, Any]) -> dict[str, Any]:
     """The report payload: the results, the peers' rows (``trl``'s also as ``peer``), the peak their utilisations
     divide by and the context they were measured in."""
@@ -217,7 +227,9 @@ def _payload(preset: Preset, rounds: Rounds, steps: int, warmup: int, dtype: str
         "preset": preset.name,
         "device": dev.type,
         "device_name": _device_name(dev),
-        "dtype": dtype or "float32",
+        "dtype": rounds.precision.weights,
+        "precision": rounds.precision.name,
+        "autocast_dtype": rounds.precision.autocast,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),

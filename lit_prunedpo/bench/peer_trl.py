@@ -20,7 +20,13 @@ only), the rows are padded with the batches' pad id (TRL's collator given it: th
 tokenizer, or the synthetic batches'), which the masks leave out of every sum either way, and ``bf16=False``:
 ``DPOConfig`` defaults to bf16 mixed precision, under which accelerate wraps the reference (the precompute, and
 ``trl-online``'s ``ref_model``) in a bf16 autocast while the timed policy forward, called outside ``Trainer.train``,
-runs without one; off, every forward runs in the parameters' dtype (``--dtype``), as this project's do.
+runs without one. Off, the bench's ``--precision`` (:mod:`lit_prunedpo.bench.precision`) applies to the peer
+exactly as to this project's steps: parameters in its dtype; under ``bf16-mixed`` / ``16-mixed`` the peer's
+``compute_loss`` (the policy's forward, ``trl-online``'s reference forward and the loss) runs under the same
+``torch.autocast`` as this project's ``training_step``, backward and AdamW outside it (``16-mixed`` through a loss
+scaler of the peer's own), and ``DPOTrainer.__init__`` (the ``trl`` peer's precompute) runs under that autocast
+too, as this project's cached reference is built. ``Trainer.train`` would also cast the policy's outputs to float32
+(accelerate's ``convert_outputs_to_fp32``); Lightning does not, and neither does the bench, on either side.
 
 Every forward TRL runs in a step is recorded by a hook on its policy and reference (:class:`PeerForward`: the
 ``input_ids`` shape, padding included, and the positions its fused LM head scores), for the FLOP count of
@@ -36,6 +42,7 @@ from typing import Any, Sequence
 import torch
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.bench.precision import Precision, resolve_precision
 
 #: The peers ``--peer`` names, and what each one's reference is (the report says it).
 PEERS: dict[str, str] = {
@@ -88,13 +95,16 @@ class TRLPeer:
         reference: a frozen model TRL runs online as its ``ref_model``; ``None`` precomputes the reference
             log-probs (from ``model``, before any step).
         name: the peer's name (:data:`PEERS`), for errors.
+        precision: the bench's precision (``None``: ``32-true``); ``model`` and ``reference`` are in its parameter
+            dtype already.
 
     Raises:
         RuntimeError: if ``trl`` is not installed, naming the extra that installs it.
     """
 
     def __init__(self, model: torch.nn.Module, batches: Sequence[PreferenceBatch], beta: float, lr: float,
-                 pad_id: int, reference: torch.nn.Module | None = None, name: str = "trl") -> None:
+                 pad_id: int, reference: torch.nn.Module | None = None, name: str = "trl",
+                 precision: Precision | None = None) -> None:
         try:
             import datasets
             import transformers
@@ -113,6 +123,10 @@ class TRLPeer:
             self.offsets.append(self.offsets[-1] + batch.num_pairs)
         tokenizer = transformers.ByT5Tokenizer()  # needs no files; never runs (the rows are token ids already)
         device = next(model.parameters()).device
+        self.stepper = (precision or resolve_precision(None, None)).stepper(device)
+        # the precompute's cache file is named by the rows and the weights: the precision names it too
+        dataset = datasets.Dataset.from_list(rows)
+        dataset = datasets.Dataset(dataset.data, fingerprint=f"{dataset._fingerprint}-{self.stepper.precision.name}")
         args = DPOConfig(
             output_dir="/tmp/lit-prunedpo-bench-trl", per_device_train_batch_size=batches[0].num_pairs, beta=beta,
             precompute_ref_log_probs=reference is None, max_length=None, learning_rate=lr, report_to=[],
@@ -121,9 +135,9 @@ class TRLPeer:
         )
         if reference is not None:
             reference.requires_grad_(False).eval()
-        self.trainer = PreTokenized(model=model, ref_model=reference, args=args,
-                                    train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-                                    data_collator=DataCollatorForPreference(pad_id))
+        with self.stepper.forward():  # the precompute under the step's autocast
+            self.trainer = PreTokenized(model=model, ref_model=reference, args=args, train_dataset=dataset,
+                                        processing_class=tokenizer, data_collator=DataCollatorForPreference(pad_id))
         self.dataset = self.trainer.train_dataset  # with the precomputed peer's reference log-probs, from __init__
         self.model = model.train()
         self.reference = self.trainer.ref_model  # None for the precomputed reference
@@ -156,19 +170,20 @@ class TRLPeer:
         return {k: v.to(self.device) for k, v in self.trainer.data_collator(examples).items()}
 
     def step(self, inputs: dict[str, torch.Tensor]) -> float:
-        """One step (loss, backward, AdamW) on ``inputs``; returns its loss. :attr:`forwards` holds its forwards."""
+        """One step (loss under the precision's autocast, then backward and AdamW outside it) on ``inputs``;
+        returns its loss. :attr:`forwards` holds its forwards."""
         self._seen = []
-        loss = self.trainer.compute_loss(self.model, inputs)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.stepper.forward():  # as Lightning's precision plugin wraps training_step
+            loss = self.trainer.compute_loss(self.model, inputs)
+        self.stepper.backward(loss)
+        self.stepper.step(self.optimizer)
         return float(loss.detach())
 
 
 def make_peers(names: Sequence[str], policy: torch.nn.Module, batches: Sequence[PreferenceBatch], beta: float,
-               lr: float, pad_id: int) -> dict[str, TRLPeer]:
-    """Each named peer, on its own copy of ``policy`` as it is now (the initial weights, dtype and device);
-    ``trl-online``'s reference is one more frozen copy.
+               lr: float, pad_id: int, precision: Precision | None = None) -> dict[str, TRLPeer]:
+    """Each named peer, on its own copy of ``policy`` as it is now (the initial weights, dtype and device), its
+    steps at ``precision`` (``None``: ``32-true``); ``trl-online``'s reference is one more frozen copy.
 
     Raises:
         ValueError: on a name not in :data:`PEERS`, naming the argument.
@@ -177,7 +192,7 @@ def make_peers(names: Sequence[str], policy: torch.nn.Module, batches: Sequence[
     if bad:
         raise ValueError(f"peer: unknown {bad}; choose from {list(PEERS)}")
     return {
-        name: TRLPeer(copy.deepcopy(policy), batches, beta, lr, pad_id, name=name,
+        name: TRLPeer(copy.deepcopy(policy), batches, beta, lr, pad_id, name=name, precision=precision,
                       reference=copy.deepcopy(policy) if name == "trl-online" else None)
         for name in names
     }

@@ -79,7 +79,7 @@ def to_markdown(payload: dict[str, Any]) -> str:
         "",
         *identity_lines(payload),
         f"- device: {payload['device']} ({payload.get('device_name', '?')}), torch {payload.get('torch', '?')}, "
-        f"parameters in {payload.get('dtype', 'float32')}",
+        f"{precision_text(payload)}",
         (
             f"- {payload.get('steps', '?')} measured steps per configuration after {payload.get('warmup', '?')} "
             "warm-up round(s), configurations alternating on the same weights and batches"
@@ -107,6 +107,18 @@ def to_markdown(payload: dict[str, Any]) -> str:
     if payload.get("command"):
         lines += ["", f"Command: `{payload['command']}`"]
     return "\n".join(lines) + "\n"
+
+
+def precision_text(payload: dict[str, Any]) -> str:
+    """e.g. ``precision bf16-mixed (parameters in float32, every step's forward under bfloat16 autocast)``;
+    ``parameters in float32`` for a payload from before ``--precision``."""
+    weights = f"parameters in {payload.get('dtype', 'float32')}"
+    if "precision" not in payload:
+        return weights
+    autocast = payload.get("autocast_dtype")
+    how = f"{weights}, every step's forward under {autocast} autocast" if autocast else weights
+    peers = "; TRL peers alike" if payload.get("peers") else ""
+    return f"precision {payload['precision']} ({how}{peers})"
 
 
 def table_lines(payload: dict[str, Any], smoke: bool) -> list[str]:

@@ -30,6 +30,11 @@ for exactly the benchmark's batches (:func:`build_rounds`). Each TRL peer (:mod:
 another copy of those weights, after the configurations in every round, on the same batch; ``trl-online`` runs a
 further frozen copy as its reference.
 
+Precision (``--precision``, :mod:`lit_prunedpo.bench.precision`): every configuration's step and every peer's runs
+its forward, up to the loss, under the same autocast (``*-mixed``), backward and the optimizer outside it, as
+Lightning's precision plugin runs ``training_step``, in the timed and the memory rounds alike; the cached reference
+is built under it too, as training builds it under the trainer's precision context.
+
 The policy is the preset's random Llama or ``--model``'s (:mod:`lit_prunedpo.bench.own_model`); the batches the
 preset's synthetic ones or ``--data``'s, the data module's own (:mod:`lit_prunedpo.bench.own_data`).
 """
@@ -48,6 +53,7 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.batches import round_batches
 from lit_prunedpo.bench.peer_trl import PEERS, TRLPeer, make_peers
+from lit_prunedpo.bench.precision import Precision, Stepper, resolve_precision
 from lit_prunedpo.bench.presets import MODES, Preset
 from lit_prunedpo.bench.utilisation import peer_step_flops
 from lit_prunedpo.callbacks import PeakMemoryMeter, PeakReading
@@ -64,6 +70,7 @@ from lit_prunedpo.step import StepOutput, StepParts
 
 MiB = float(2**20)
 T = TypeVar("T")
+FLOAT32 = resolve_precision(None, None)
 
 
 @dataclass(frozen=True)
@@ -105,20 +112,23 @@ class StepRecord:
 
 def train_step(
     module: PrunedDPO, optimizer: torch.optim.Optimizer, batch: PreferenceBatch, parts: StepParts,
-    generator: torch.Generator,
+    generator: torch.Generator, stepper: Stepper | None = None,
 ) -> StepOutput:
-    """One real training step of one configuration: the module's own step with the configuration's parts, then
-    backward and the optimizer."""
-    out = module.step(batch, parts, generator)
-    out.estimate.objective.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    """One real training step of one configuration: the module's own step with the configuration's parts (under
+    ``stepper``'s autocast, as Lightning runs ``training_step``), then backward and the optimizer outside it
+    (``None``: float32's plain backward and step)."""
+    stepper = stepper or FLOAT32.stepper(torch.device("cpu"))
+    with stepper.forward():
+        out = module.step(batch, parts, generator)
+    stepper.backward(out.estimate.objective)
+    stepper.step(optimizer)
     return out
 
 
-def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch]) -> ReferenceSource:
-    """The reference log-probs of ``model`` on exactly ``batches``, computed once."""
-    return CachedReference.from_store(compute_reference_logps(model, batches))
+def _cached_reference(model: torch.nn.Module, batches: Sequence[PreferenceBatch], stepper: Stepper) -> ReferenceSource:
+    """The reference log-probs of ``model`` on exactly ``batches``, computed once, under the step's autocast (as
+    the cache's build runs under the trainer's precision context)."""
+    return CachedReference.from_store(compute_reference_logps(model, batches, forward_context=stepper.forward))
 
 
 @dataclass
@@ -147,6 +157,10 @@ class Rounds:
     """The prompt layout of the ``vanilla`` plan the ideal speedups compare with."""
     peers: dict[str, TRLPeer] = field(default_factory=dict)
     """TRL's steps (:data:`~lit_prunedpo.bench.peer_trl.PEERS`), timed in every round too, in this order."""
+    precision: Precision = FLOAT32
+    """Every step's precision (:mod:`~lit_prunedpo.bench.precision`), each peer's too."""
+    stepper: Stepper | None = None
+    """How the module's steps run at :attr:`precision` (``None``: float32)."""
 
     @property
     def peer(self) -> TRLPeer | None:
@@ -184,25 +198,33 @@ def build_rounds(
     peer: str | Sequence[str] | None = None,
     source: ModelSource | None = None,
     data: PreferenceDataModule | None = None,
+    precision: str | None = None,
 ) -> Rounds:
     """The module, optimizer, batches and every configuration's parts that :func:`run_rounds` runs (the arguments
     are :func:`run_benchmark`'s, checked; one batch per round, ``warmup`` rounds un-measured). The policy comes from
-    ``source`` (``--model``), else the preset's random Llama; the batches from ``data`` (``--data``), else the
-    preset's synthetic ones, in the model's vocabulary; ``peer`` names TRL peers (:func:`peer_names`)."""
-    peers = peer_names(peer)
+    ``source`` (``--model``, built in ``precision``'s parameter dtype by the caller), else the preset's random
+    Llama; the batches from ``data`` (``--data``), else the preset's synthetic ones, in the model's vocabulary;
+    ``peer`` names TRL peers (:func:`peer_names`); ``precision`` and ``dtype`` are
+    :func:`~lit_prunedpo.bench.precision.resolve_precision`'s."""
+    peers, prec = peer_names(peer), resolve_precision(precision, dtype)
+    stepper = prec.stepper(dev)
     module = PrunedDPO(
-        policy=source if source is not None else FromConfig("llama", preset.model, seed=seed, dtype=dtype), beta=0.1,
+        policy=source if source is not None else FromConfig("llama", preset.model, seed=seed, dtype=prec.weights),
+        beta=0.1,
         optimizer=partial(torch.optim.AdamW, lr=preset.lr),
     ).to(dev)
     module.train()
+    weights = next(module.policy.parameters()).dtype
+    if weights != getattr(torch, prec.weights):
+        raise ValueError(f"--precision {prec.name} runs {prec.weights} parameters; the model's are {weights}")
     optimizer = module.configure_optimizers()
     dims = cost.ModelDims.from_model(module.policy)
     batches = [b.to(dev) for b in round_batches(preset, num_batches, seed, module.policy, data)]
     scorer_of = {"plain": TokenScorer(), "chunked": ChunkedScorer(preset.chunk_size)}
-    sources = _reference_sources(module, references, scorer_of["chunked"], batches)
+    sources = _reference_sources(module, references, scorer_of["chunked"], batches, stepper)
     # copies of the policy before any step: the same initial weights, in the same dtype, on the same device
     trl = make_peers(peers, module.policy, batches, beta=0.1, lr=preset.lr,
-                     pad_id=data.pad_token_id if data is not None else PAD)
+                     pad_id=data.pad_token_id if data is not None else PAD, precision=prec)
     configs = [Config(m, r, s, p) for r in references for s in scorers for p in prompts for m in modes]
     samplers = {m: MODES[m]() for m in modes}
     return Rounds(
@@ -212,12 +234,13 @@ def build_rounds(
                for c in configs},
         rngs={c: SamplerRNG(seed=seed) for c in configs},
         meter=PeakMemoryMeter(dev, settle=True), dims=dims, device=dev, baseline_prompt=baseline_prompt(prompts),
-        peers=trl,
+        peers=trl, precision=prec, stepper=stepper,
     )
 
 
 def _reference_sources(module: PrunedDPO, references: Sequence[str], chunked: ChunkedScorer,
-                       batches: Sequence[PreferenceBatch]) -> dict[tuple[str, str], ReferenceSource]:
+                       batches: Sequence[PreferenceBatch], stepper: Stepper,
+                       ) -> dict[tuple[str, str], ReferenceSource]:
     """Each ``(reference, scorer)``'s reference: the module's own frozen copy of the initial policy, one copy for
     every online reference (the chunked scorer's runs the same weights through it); a cache of that model's log-probs
     on exactly ``batches``."""
@@ -228,7 +251,7 @@ def _reference_sources(module: PrunedDPO, references: Sequence[str], chunked: Ch
         sources["online", "chunked"] = online.with_scorer(chunked)  # same frozen weights, chunked head
     if "cached" in references:
         (frozen,) = online.models()
-        cached = _cached_reference(frozen, batches)
+        cached = _cached_reference(frozen, batches, stepper)
         sources["cached", "plain"] = sources["cached", "chunked"] = cached
     return sources
 
@@ -259,7 +282,7 @@ def run_rounds(
         for c, parts in rounds.parts.items():
             generator = rounds.rngs[c].next()
             out, elapsed, reading = _timed(rounds, lambda: train_step(rounds.module, rounds.optimizer, batch, parts,
-                                                                      generator))
+                                                                      generator, rounds.stepper))
             if measured:
                 _record_config(records[c], c, out, vanilla, rounds.dims, elapsed, reading)
                 if observe is not None:
@@ -288,7 +311,7 @@ def memory_rounds(rounds: Rounds, records: dict[Config, StepRecord], peer_record
             rounds.rngs[c].step = draws[c] + i
             generator = rounds.rngs[c].next()
             records[c].add_memory(_metered(rounds, lambda: train_step(rounds.module, rounds.optimizer, batch, parts,
-                                                                       generator)))
+                                                                       generator, rounds.stepper)))
         for name, peer in rounds.peers.items():
             inputs = peer.inputs(r)
             peer_records[name].add_memory(_metered(rounds, lambda: peer.step(inputs)))

@@ -21,9 +21,9 @@ def test_cpu_rounds_are_timed_unmetered_and_replayed_metered(monkeypatch):
     calls = []
     step = rounds_module.train_step
 
-    def seen(module, optimizer, batch, parts, generator):
+    def seen(module, optimizer, batch, parts, generator, stepper=None):
         calls.append((parts, id(batch), generator.initial_seed(), torch.autograd._profiler_enabled()))
-        return step(module, optimizer, batch, parts, generator)
+        return step(module, optimizer, batch, parts, generator, stepper)
 
     monkeypatch.setattr(rounds_module, "train_step", seen)
     records, peers = run_rounds(rounds)
