@@ -21,6 +21,7 @@ Ctrl-C (SIGINT) is handled like a preemption: the first one finishes the current
 prints the summary and ends the process with status 130 (128 + SIGINT, what a shell reports for a program Ctrl-C
 stopped, so that ``fit && export`` does not go on); every rank stops at the same step. A second Ctrl-C stops at
 once (Lightning's own handling) and the log says which checkpoint was kept, and of which step, or that none was.
+SIGINTs within :data:`CTRL_C_BURST_S` of the first (a burst), or once the stop is saving, are that same Ctrl-C.
 After a SIGTERM stop, further SIGTERMs (a scheduler's burst) are ignored while the process exits, so that its exit
 status stays the clean stop's 0 instead of a kill's 143.
 
@@ -36,6 +37,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -44,6 +46,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
+
+
+#: The line the last fit stopped at once by Ctrl-C ended with (what it kept), for the command's closing line.
+KEPT_AFTER_INTERRUPT: Optional[str] = None
+
+#: Seconds after a Ctrl-C within which another SIGINT is the same Ctrl-C (a burst), not a second one.
+CTRL_C_BURST_S = 0.5
 
 
 class StoppedByCtrlC(SystemExit):
@@ -107,7 +116,8 @@ class FinalCheckpoint(Callback):
         self._checkpointing = True  # False under trainer.enable_checkpointing=False (set-up): nothing is saved
         self._saving = False
         self._finished = False
-        self._interrupt_requested = False
+        self._interrupt_requested = self._stopping = False
+        self._interrupted_at = 0.0
         self._previous_sigint: Any = None
 
     @override
@@ -155,7 +165,9 @@ class FinalCheckpoint(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore_sigint()
         if isinstance(exception, KeyboardInterrupt):
-            rank_zero_info(self._kept_after_interrupt(trainer))
+            global KEPT_AFTER_INTERRUPT
+            KEPT_AFTER_INTERRUPT = self._kept_after_interrupt(trainer)
+            rank_zero_info(KEPT_AFTER_INTERRUPT)
             return
         # Only Lightning's SIGTERM path: after other errors the ranks may be out of step and the state half-updated.
         if not isinstance(exception, SIGTERMException) or trainer.sanity_checking:
@@ -167,16 +179,20 @@ class FinalCheckpoint(Callback):
     # ------------------------------------------------------------------------------------ Ctrl-C
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._interrupt_requested = False
+        self._interrupt_requested = self._stopping = False
         # only over Python's own handler: a handler the user installed stays theirs
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
+        # one Ctrl-C: SIGINTs within CTRL_C_BURST_S of the first are the same one (a burst: whether it was one or two
+        # depended on whether a step ended between them), and so are those once the stop is saving
+        if self._interrupt_requested and (self._stopping or time.monotonic() - self._interrupted_at < CTRL_C_BURST_S):
+            return
         if self._interrupt_requested:  # the second Ctrl-C: stop at once
             self._restore_sigint()
             raise KeyboardInterrupt
-        self._interrupt_requested = True
+        self._interrupt_requested, self._interrupted_at = True, time.monotonic()
         sys.stderr.write("\nCtrl-C: stopping after this step and saving it (Ctrl-C again stops at once, keeping only "
                          "the checkpoints already written)\n")
 
@@ -193,9 +209,9 @@ class FinalCheckpoint(Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
         if not requested:
             return
+        self._stopping = True  # a Ctrl-C from here on is the one being handled (on_exception restores the handler)
         self._save(trainer)
         self._summary(trainer, reason="stopped by Ctrl-C")
-        self._restore_sigint()
         raise StoppedByCtrlC()
 
     def _kept_after_interrupt(self, trainer: pl.Trainer) -> str:

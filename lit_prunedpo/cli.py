@@ -167,6 +167,10 @@ def command() -> None:
 def kept_when_interrupted() -> str | None:
     """What an interrupted ``lit-prunedpo`` kept (a fit that had begun says above which checkpoint itself)."""
     subcommand = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    # a fit stopped at once said what it kept (FinalCheckpoint): said again, not contradicted
+    said = getattr(sys.modules.get("lit_prunedpo.callbacks.final_checkpoint"), "KEPT_AFTER_INTERRUPT", None)
+    if subcommand == "fit" and said:
+        return said.split("; ", 1)[1] if "; " in said else said.split(": ", 1)[-1]
     if subcommand == "fit":
         return "the checkpoints already written are kept; the same command with --ckpt_path last resumes the last one"
     if subcommand == "export":

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -106,12 +107,22 @@ def _interrupt_behind(stop: SystemExit) -> BaseException | None:
     return cause if stop.code == 1 and isinstance(cause, (KeyboardInterrupt, Terminated)) else None
 
 
+def _ignore_signals_at_exit() -> None:
+    """Ignore SIGINT and SIGTERM while the interpreter ends (an ``atexit`` function): Python puts their default
+    action back as it finishes, so a second Ctrl-C during torch's teardown killed the process (status -2, not 130)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def _interrupted(err: BaseException, kept: Kept) -> None:
     """Say that ``err`` (Ctrl-C or SIGTERM) interrupted the command and what it kept; exit 130 or 143."""
     if threading.current_thread() is threading.main_thread():
-        # more of the same signal while the line is written (a burst, a user's second Ctrl-C): no traceback of it
+        # more of the same signal while the line is written (a burst, a user's second Ctrl-C): no traceback of it,
+        # and none kills the process while it exits (the handlers of the command's caller are put back meanwhile)
         signal.signal(signal.SIGINT, _ignore)
         signal.signal(signal.SIGTERM, _ignore)
+        atexit.unregister(_ignore_signals_at_exit)
+        atexit.register(_ignore_signals_at_exit)
     said = kept() if callable(kept) else kept
     what, status = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(err, Terminated) else ("Ctrl-C", 128 + signal.SIGINT)
     print(f"interrupted ({what})" + (f": {said}" if said else ""), file=sys.stderr, flush=True)
@@ -151,6 +162,9 @@ def run_command(main: Callable[[], object], kept: Kept = None) -> object:
             _interrupted(err, kept)
         except SystemExit as stop:
             interrupt = _interrupt_behind(stop)
+            if stop.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # a fit stopped by Ctrl-C, saved
+                atexit.unregister(_ignore_signals_at_exit)
+                atexit.register(_ignore_signals_at_exit)
             if interrupt is None or tracebacks:
                 raise
             _interrupted(interrupt, kept)

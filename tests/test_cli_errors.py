@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from lit_prunedpo.cli import main
@@ -94,3 +96,19 @@ def test_ctrl_c_outside_a_fit_ends_with_one_line_and_status_130(capsys, monkeypa
 
     with pytest.raises(ValueError, match="outside the package"):  # not the package's own check: its traceback stays
         run_command(bug)
+
+
+def test_an_interrupted_fit_closes_with_what_the_fit_said_it_kept(monkeypatch):
+    # the closing line said "the checkpoints already written are kept" under the fit's "no checkpoint was written"
+    from lit_prunedpo.callbacks import final_checkpoint
+    from lit_prunedpo.cli import kept_when_interrupted
+
+    monkeypatch.setattr(sys, "argv", ["lit-prunedpo", "fit", "--config", "quickstart"])
+    monkeypatch.setattr(final_checkpoint, "KEPT_AFTER_INTERRUPT", "interrupted by Ctrl-C at step 16, without saving "
+                        "it; no checkpoint was written before: the 16 steps trained are lost")
+    assert kept_when_interrupted() == "no checkpoint was written before: the 16 steps trained are lost"
+    monkeypatch.setattr(final_checkpoint, "KEPT_AFTER_INTERRUPT", "interrupted by Ctrl-C before training started: "
+                        "nothing was trained, nothing saved")
+    assert kept_when_interrupted() == "nothing was trained, nothing saved"
+    monkeypatch.setattr(final_checkpoint, "KEPT_AFTER_INTERRUPT", None)
+    assert kept_when_interrupted().startswith("the checkpoints already written are kept")

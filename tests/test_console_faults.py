@@ -399,3 +399,16 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_half_file(command
     assert _whole_or_absent(target), target.read_bytes()[:200]
     left = [p.name for p in (tmp_path / "out").rglob("*") if ".partial-" in p.name or ".tmp" in p.name]
     assert not left, f"half-written files left: {left}"
+
+
+def test_a_signal_while_an_interrupted_command_exits_does_not_kill_it():
+    # a second Ctrl-C that comes while the interpreter ends (torch's teardown takes a while) ended the process by
+    # SIGINT's default action (status -2) or with a KeyboardInterrupt traceback, instead of the first one's 130
+    code = ("import atexit, os, signal, time\nfrom lit_prunedpo.user_errors import run_command\n"
+            "def late():\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.2)\n    print('survived')\n"
+            "atexit.register(late)\n"
+            "def main():\n    raise KeyboardInterrupt\n"
+            "run_command(main, kept='nothing')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (done.returncode, done.stdout, done.stderr) == (130, "survived\n", "interrupted (Ctrl-C): nothing\n")

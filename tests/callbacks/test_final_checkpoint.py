@@ -15,6 +15,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_prunedpo.callbacks import FinalCheckpoint
+from lit_prunedpo.callbacks.final_checkpoint import CTRL_C_BURST_S
 from lit_prunedpo.cli import build_cli
 
 from helpers import REPO, config_args
@@ -94,13 +95,17 @@ def test_arguments_are_checked():
 
 # ------------------------------------------------------------------------------------------------ Ctrl-C
 class _Interrupted(BoringModel):
-    def __init__(self, at: int, times: int = 1):
+    def __init__(self, at: int, times: int = 1, gap: float | None = None):
         super().__init__()
+        # two Ctrl-Cs: the second a moment after the first (a burst of SIGINTs is one Ctrl-C)
         self.at, self.times = at, times
+        self.gap = CTRL_C_BURST_S + 0.1 if gap is None else gap
 
     def training_step(self, batch, batch_idx):
         if self.global_step == self.at:
-            for _ in range(self.times):
+            for i in range(self.times):
+                if i:
+                    time.sleep(self.gap)
                 os.kill(os.getpid(), signal.SIGINT)  # handled here, at the next bytecode
         return super().training_step(batch, batch_idx)
 
@@ -144,6 +149,16 @@ def test_a_second_ctrl_c_stops_at_once_and_says_what_was_kept(tmp_path, caplog, 
     path = tmp_path / "kept/last.ckpt"
     assert f"interrupted by Ctrl-C at step 3, without saving it; kept: {path} (step 3)" in caplog.text
     assert _step_of(path) == 3
+
+
+def test_a_burst_of_sigints_is_one_ctrl_c_whenever_the_step_ends(tmp_path, caplog, restores_sigint):
+    # two SIGINTs 50 ms apart acted as one Ctrl-C (saved) when the step ended between them, else as two (not saved)
+    for at in (2, 4):
+        trainer, final = _trainer(tmp_path / str(at), max_steps=50)
+        with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as stopped:
+            trainer.fit(_Interrupted(at=at, times=3, gap=0.05))
+        assert stopped.value.code == 130 and _step_of(final.saved_path) == trainer.global_step == at + 1
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_user_sigint_handler_is_left_alone(tmp_path):
