@@ -152,8 +152,16 @@ def design_record(design: Design, run: Any, probe_steps: int) -> dict[str, Any]:
     final = run.points[-1]
     record.update(design=design.label, mode=design.arm.mode, settings=dict(design.arm.settings), epochs=design.epochs,
                   final_loss=final.loss, final_accuracy=final.accuracy,
-                  peak_step_mb=probe_memory(run, probe_steps) if probe_steps > 0 else None)
+                  peak_step_mb=probe_memory(run, probe_steps) if probe_steps > 0 else None,
+                  memory_measure=memory_measure(run) if probe_steps > 0 else None)
     return record
+
+
+def memory_measure(run: Any) -> str:
+    """What :func:`probe_memory` reads for ``run``, in words (the meter's ``measure``)."""
+    from lit_prunedpo.callbacks import PeakMemoryMeter
+
+    return PeakMemoryMeter(next(run.module.policy.parameters()).device, settle=True).measure
 
 
 def probe_memory(run: Any, steps: int) -> float | None:

@@ -62,8 +62,24 @@ def reproduction_argv(argv: Sequence[str], seeds: Sequence[int], out: Path, desi
     return kept + (["--resume"] if resume else [])
 
 
-def figure_lines(published: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], int]:
-    """One line per figure both summarised cells hold, and how many did not overlap."""
+#: what the epoch cells' memory probe read on the CPU before the interleaved schedule (records without ``load``)
+OLD_MEASURE = "peak RSS (VmHWM reset by clear_refs)"
+#: ... and after it (the tensor meter came with the same commits), until records named their measure (2026-12-06)
+TENSOR_MEASURE = ("peak CPU tensor storage allocated and held (the CPU allocator's events, as cuda "
+                  "max_memory_allocated)")
+
+
+def memory_measures(cell: Mapping[str, Any]) -> set[str]:
+    """The memory measures a cell's records hold; a record that does not name its own was measured on the CPU by
+    :data:`OLD_MEASURE` without a ``load`` (before the interleaved schedule), else by :data:`TENSOR_MEASURE`."""
+    return {r.get("memory_measure") or (TENSOR_MEASURE if r.get("load") else OLD_MEASURE)
+            for r in cell["records"] if r.get("peak_step_mb") is not None}
+
+
+def figure_lines(published: Mapping[str, Any], new: Mapping[str, Any],
+                 measures: tuple[set[str], set[str]] = (set(), set())) -> tuple[list[str], int]:
+    """One line per figure both summarised cells hold, and how many did not overlap. Peak-memory figures of
+    cells whose ``measures`` differ are shown as not comparable and not counted."""
     from lit_prunedpo.study.paper_report import format_interval
 
     lines, misses = [], 0
@@ -76,9 +92,14 @@ def figure_lines(published: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[
             if a is None or b is None:
                 continue
             overlap = b[1] <= a[2] and a[1] <= b[2]
-            misses += not overlap
+            verdict = "overlaps" if overlap else "DOES NOT OVERLAP"
+            if key == "memory_ratio" and measures[0] != measures[1]:
+                verdict = (f"not comparable (published: {', '.join(sorted(measures[0]))}; now: "
+                           f"{', '.join(sorted(measures[1]))})")
+            else:
+                misses += not overlap
             lines.append(f"{new['name']} {label} {words}: published {format_interval(a, fmt, scale, suffix)}, now "
-                         f"{format_interval(b, fmt, scale, suffix)}: {'overlaps' if overlap else 'DOES NOT OVERLAP'}")
+                         f"{format_interval(b, fmt, scale, suffix)}: {verdict}")
     return lines, misses
 
 
@@ -94,16 +115,18 @@ def compare_cells(published: Path, new: Path) -> int:
         print(f"error: not a cell folder (no cell.json): {', '.join(missing)}", file=sys.stderr)
         return 2
     try:
-        summaries = [summarise_cell(load_cell(folder)) for folder in (published, new)]
+        cells = [load_cell(folder) for folder in (published, new)]
+        summaries = [summarise_cell(cell) for cell in cells]
     except (Refused, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    lines, misses = figure_lines(*summaries)
+    lines, misses = figure_lines(*summaries, measures=(memory_measures(cells[0]), memory_measures(cells[1])))
     for line in lines:
         print(line)
     if not lines:
         print(f"error: {published} and {new} hold no figure in common (no design of both beside vanilla)",
               file=sys.stderr)
         return 1
-    print(f"{len(lines) - misses} of {len(lines)} figures overlap their published interval", file=sys.stderr)
+    compared = sum(1 for line in lines if ": not comparable (" not in line)
+    print(f"{compared - misses} of {compared} comparable figures overlap their published interval", file=sys.stderr)
     return 1 if misses else 0

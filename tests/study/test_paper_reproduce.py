@@ -55,10 +55,18 @@ def test_compare_says_for_each_figure_whether_the_intervals_overlap(tmp_path, ca
     assert main(["compare", str(published), str(same)]) == 0
     out = capsys.readouterr()
     assert "c branch@8 time saved: published 30 % [" in out.out and out.out.count("overlaps") == 5
-    assert "5 of 5 figures overlap" in out.err
+    assert "5 of 5 comparable figures overlap" in out.err
     assert main(["compare", str(published), str(moved)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(": ")[-1] for line in lines[:2]] == ["DOES NOT OVERLAP"] * 2  # time saved, step speedup
+    tensors = [{**r, "memory_measure": "peak CPU tensor storage", "peak_step_mb": 50.0 if "branch" in r["design"] else
+                100.0} for r in _records(7.05)]
+    old = _cell(tmp_path / "old", _records(7.0, load=None))  # before the interleaved schedule: peak RSS
+    assert main(["compare", str(old), str(_cell(tmp_path / "tensors", tensors))]) == 0
+    out = capsys.readouterr()
+    assert ("peak memory: published 1.00x [1.00, 1.00], now 0.50x [0.50, 0.50]: not comparable (published: peak RSS "
+            "(VmHWM reset by clear_refs); now: peak CPU tensor storage)") in out.out
+    assert "4 of 4 comparable figures overlap" in out.err
     assert main(["compare", str(published), str(tmp_path)]) == 2
     assert "not a cell folder (no cell.json)" in capsys.readouterr().err
 
