@@ -9,7 +9,9 @@ without ever loading the reference model::
     lit-prunedpo-cache --config configs/cached.yaml
     lit-prunedpo fit --config configs/cached.yaml
 
-A cache that is already up to date is left alone; a stale one is refused, naming the fields that differ,
+The file is the one ``fit`` chooses: a path template (``runs/cache/ref-{model}-{fingerprint}.safetensors``, as the
+shipped configs name it) or a folder is filled in from the run's fingerprint, so the command prints the same path
+the following ``fit`` loads. A cache that is already up to date is left alone; a stale one is refused, naming the fields that differ,
 unless ``--model.reference.init_args.recompute=true``. The build runs in this one process (one device);
 multi-device builds happen inside ``fit``, sharded over its ranks. It logs its progress (every tenth of the pairs,
 at most a line every 10 s) and holds one chunk of logits at a time, not a batch's
@@ -55,13 +57,14 @@ def main(args: list[str] | None = None) -> None:
     datamodule.prepare_data()
     datamodule.setup("fit")
     runtime = ReferenceRuntime.of(cli.trainer)
-    path = reference.resolve_path(runtime.root_dir)
     start = time.perf_counter()
     try:
         reference.prepare(cli.model.policy, datamodule, runtime)
     except DiskFull as err:  # a user's problem with one cause: the message alone, no traceback
         raise SystemExit(f"lit-prunedpo-cache: {err}") from None
-    store = reference.store
+    store, path = reference.store, reference.cache_path  # a template's name is known once prepare hashed the run
+    template, derived = reference.path_template(runtime.root_dir)
+    named = f"; named by the run's fingerprint from {template}" if derived else ""
     action = "built" if reference.builds else "up to date, reused"
     # a file written before the log-sum-exps were cached serves every sampler but ReferenceLogSumExp: say so here
     old = "" if store.lse is not None else (
@@ -69,7 +72,7 @@ def main(args: list[str] | None = None) -> None:
         "--model.reference.init_args.recompute=true")
     print(
         f"lit-prunedpo-cache: {path} {action}: {store.num_rows} pairs, {store.num_tokens} response tokens, "
-        f"{path.stat().st_size} bytes, {time.perf_counter() - start:.1f}s{old}"
+        f"{path.stat().st_size} bytes, {time.perf_counter() - start:.1f}s{named}{old}"
     )
 
 

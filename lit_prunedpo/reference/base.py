@@ -50,6 +50,18 @@ def _no_barrier(name: str) -> None:
     """One process has no peers to wait for."""
 
 
+def _one_process(obj: Any) -> list[Any]:
+    """One process's objects are its own."""
+    return [obj]
+
+
+def _all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``torch.distributed.all_gather_object`` on the default group)."""
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
 @dataclass
 class ReferenceRuntime:
     """Where a source's set-up runs: device, peers and precision. The defaults are one process on the CPU in
@@ -63,6 +75,7 @@ class ReferenceRuntime:
         world_size: processes in the run.
         rank: this process's global rank.
         barrier: waits until every process calls it with the same name.
+        gather: every process's (picklable) object, in rank order; every process calls it.
     """
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -72,6 +85,7 @@ class ReferenceRuntime:
     world_size: int = 1
     rank: int = 0
     barrier: Callable[[str], None] = _no_barrier
+    gather: Callable[[Any], list[Any]] = _one_process
 
     @classmethod
     def of(cls, trainer: Any | None) -> "ReferenceRuntime":
@@ -88,6 +102,7 @@ class ReferenceRuntime:
             world_size=int(strategy.world_size),
             rank=int(strategy.global_rank),
             barrier=strategy.barrier,
+            gather=_all_gather_objects if int(strategy.world_size) > 1 else _one_process,
         )
 
 

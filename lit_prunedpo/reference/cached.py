@@ -47,9 +47,10 @@ Departures from the online reference, and how they are handled:
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -62,18 +63,28 @@ from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.reference.base import ReferenceData, ReferenceRuntime, ReferenceSource
 # compute_reference_logps is looked up in this module when a cache is built: tests count the builds by replacing it here
 from lit_prunedpo.reference.build import BuildProgress, compute_reference_logps, model_device
-from lit_prunedpo.reference.fingerprint import fingerprint_diff, jsonable, reference_identity
+from lit_prunedpo.reference.fingerprint import (
+    cache_file_name, fingerprint_diff, jsonable, reference_identity, template_fields,
+)
 from lit_prunedpo.reference.store import VERSION, ReferenceLogpStore, read_fingerprint
 from lit_prunedpo.scoring import TokenScorer
 
 DEFAULT_FILENAME = "reference_logps.safetensors"
+#: The file a folder path names inside it: the reference model's name and 12 hex digits of the run's fingerprint.
+FOLDER_TEMPLATE = "ref-{model}-{fingerprint}.safetensors"
 
 
 class CachedReference(ReferenceSource):
     """Reference log-probs gathered from an on-disk per-token cache: no reference model runs while training.
 
     Args:
-        path: the safetensors cache file; ``None`` is ``<trainer.default_root_dir>/reference_logps.safetensors``.
+        path: the safetensors cache file, used and checked as named; or a template holding ``{fingerprint}`` (and
+            ``{model}``), e.g. ``runs/cache/ref-{model}-{fingerprint}.safetensors``, which names one file per run's
+            settings (12 hex digits of the fingerprint, the reference model's name), so another model, data set,
+            tokenizer, length or precision gets another file and the same settings reuse theirs; or a folder (ending
+            in ``/``, or an existing directory): ``FOLDER_TEMPLATE`` inside it. ``None`` is
+            ``<trainer.default_root_dir>/reference_logps.safetensors``. The file chosen is :attr:`cache_path` once
+            ``prepare`` ran, and a log line says which and why.
         model: the reference model to cache; ``None`` is the policy's initial weights (``module.policy`` at
             set-up, before any checkpoint loads).
         recompute: rebuild the cache even when one exists (also when its fingerprint differs).
@@ -81,7 +92,7 @@ class CachedReference(ReferenceSource):
             runs on ``LOGITS_PER_CHUNK`` logits at a time whatever the batch.
 
     Raises:
-        ValueError: on ``batch_size < 1``; at set-up, on a stale cache (naming the differing fields), a
+        ValueError: on ``batch_size < 1`` or a template with another placeholder or without ``{fingerprint}``; at set-up, on a stale cache (naming the differing fields), a
             non-finite one or one whose rows/lengths do not match the data.
 
     Example (build ahead of time, then train; both read the same config)::
@@ -96,6 +107,8 @@ class CachedReference(ReferenceSource):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"CachedReference: batch_size must be >= 1, got {batch_size!r}")
+        if path is not None:
+            template_fields(os.path.expanduser(path))  # a template's placeholders, checked before anything runs
         self.path = path
         self.source = model
         self.recompute = recompute
@@ -103,6 +116,7 @@ class CachedReference(ReferenceSource):
         self.scorer = TokenScorer()
         self.store: ReferenceLogpStore | None = None  # a plain attribute: never moved to GPU, never checkpointed
         self.builds = 0  # how many times this source computed the cache (tests, logs)
+        self.cache_path: Path | None = None  # the file prepare() chose (a template's name is known only then)
 
     @classmethod
     def from_store(cls, store: ReferenceLogpStore) -> "CachedReference":
@@ -114,9 +128,69 @@ class CachedReference(ReferenceSource):
     def configure(self, policy: nn.Module, scorer: TokenScorer) -> None:
         """Nothing to do: no copy of the policy is kept (the cache replaces it)."""
 
-    def resolve_path(self, root_dir: str) -> Path:
-        """The cache file: ``path``, or the default name under ``root_dir``."""
-        return Path(self.path).expanduser() if self.path is not None else Path(root_dir) / DEFAULT_FILENAME
+    def path_template(self, root_dir: str) -> tuple[str, bool]:
+        """The cache path as configured, and whether it is a template named by the fingerprint: ``path`` (a folder,
+        one ending in ``/`` or an existing directory, is ``FOLDER_TEMPLATE`` inside it), or the default file under
+        ``root_dir``."""
+        if self.path is None:
+            return str(Path(root_dir) / DEFAULT_FILENAME), False
+        path = os.path.expanduser(self.path)
+        if path.endswith(("/", os.sep)) or Path(path).is_dir():
+            path = str(Path(path) / FOLDER_TEMPLATE)
+        return path, bool(template_fields(path))
+
+    def resolve_path(self, root_dir: str, fingerprint: Mapping[str, Any] | None = None,
+                     model: nn.Module | None = None) -> Path:
+        """The cache file: ``path``; a template's placeholders filled in from ``fingerprint`` and ``model``
+        (:func:`~lit_prunedpo.reference.fingerprint.cache_file_name`); or the default name under ``root_dir``.
+
+        Raises:
+            ValueError: ``path`` is a template (or a folder) and ``fingerprint`` or ``model`` is not given.
+        """
+        template, derived = self.path_template(root_dir)
+        if not derived:
+            return Path(template)
+        if fingerprint is None or model is None:
+            raise ValueError(f"CachedReference: path {template!r} is named by the run's fingerprint, known once "
+                             "prepare() has hashed the model and the data; the file chosen is cache_path after it")
+        return Path(cache_file_name(template, fingerprint, model))
+
+    def _fingerprint(self, model: nn.Module, data: ReferenceData, runtime: ReferenceRuntime) -> dict[str, Any]:
+        """What the cache depends on; under DDP every rank's must be the same (it names and checks one file)."""
+        fingerprint = {
+            "version": VERSION,
+            "data": jsonable(data.cache_fingerprint()),
+            "reference": reference_identity(self.source, model),
+            "scorer": f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}",
+            "precision": runtime.precision,
+        }
+        if runtime.world_size > 1:
+            ranks = runtime.gather(fingerprint)
+            for rank, other in enumerate(ranks):
+                if other != ranks[0]:  # every rank holds all of them, so every rank raises the same error
+                    differ = "; ".join(fingerprint_diff(ranks[0], other, labels=("rank 0", f"rank {rank}")))
+                    raise ValueError(
+                        f"reference cache: rank {rank} computed another fingerprint than rank 0, so the ranks would "
+                        f"not build or check the same cache. Fields that differ: {differ}. Every rank must start from "
+                        "the same reference weights and data (seed the model, or load it from one file)"
+                    )
+        return fingerprint
+
+    def _log_choice(self, path: Path, runtime: ReferenceRuntime, reuse: bool) -> None:
+        """One line on rank 0: which file, why that name, and whether it is reused or built."""
+        template, derived = self.path_template(runtime.root_dir)
+        if derived:
+            why = (f"named by the fingerprint of the reference model, data, tokenizer, lengths and precision "
+                   f"(model.reference.init_args.path {template})")
+        elif self.path is None:
+            why = "the default file under trainer.default_root_dir (model.reference.init_args.path unset)"
+        else:
+            why = "the file model.reference.init_args.path names"
+        if reuse:
+            action = "found, with this run's fingerprint: reusing it"
+        else:
+            action = "recompute=true: rebuilding it" if self.recompute and path.exists() else "none yet: building it"
+        rank_zero_info(f"reference cache: {path}, {why}; {action}")
 
     # -- set-up --------------------------------------------------------------------------------------
     def prepare(self, policy: nn.Module, data: ReferenceData | None, runtime: ReferenceRuntime) -> None:
@@ -146,15 +220,10 @@ class CachedReference(ReferenceSource):
                 f"CachedReference needs the data module to implement cache_fingerprint() and "
                 f"reference_batches(batch_size) (lit_prunedpo.reference.ReferenceData); {type(data).__name__} does not"
             )
-        path = self.resolve_path(runtime.root_dir)
         model = self.source.build() if self.source is not None else policy
-        fingerprint = {
-            "version": VERSION,
-            "data": jsonable(data.cache_fingerprint()),
-            "reference": reference_identity(self.source, model),
-            "scorer": f"{type(self.scorer).__module__}.{type(self.scorer).__qualname__}",
-            "precision": runtime.precision,
-        }
+        fingerprint = self._fingerprint(model, data, runtime)  # hashes the weights: once per prepare
+        path = self.resolve_path(runtime.root_dir, fingerprint, model)
+        self.cache_path = path
         # decided once: under DDP another rank may write the file while this one is still on its way to the build
         reuse = path.exists() and not self.recompute
         if reuse:
@@ -163,9 +232,11 @@ class CachedReference(ReferenceSource):
                 differ = "; ".join(fingerprint_diff(cached, fingerprint))
                 raise ValueError(
                     f"reference cache {path} is stale: it was built for a different run. Fields that differ: "
-                    f"{differ}. Delete it, point model.reference.init_args.path elsewhere, or rebuild it with "
+                    f"{differ}. Delete it, point model.reference.init_args.path elsewhere (a path template with "
+                    "{fingerprint} names one file per run's settings), or rebuild it with "
                     "model.reference.init_args.recompute=true"
                 )
+        self._log_choice(path, runtime, reuse)
         index, lengths = _data_rows(data, self.batch_size)
         if not reuse:
             self._build(model, data, fingerprint, path, runtime, total_pairs=len(index))
