@@ -56,7 +56,10 @@ def _one_process(obj: Any) -> list[Any]:
 
 
 def _all_gather_objects(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order (``torch.distributed.all_gather_object`` on the default group)."""
+    """Every rank's ``obj``, in rank order (``torch.distributed.all_gather_object`` on the default group); this
+    process's alone while no process group is up (a strategy configured for several devices but not launched)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [obj]
     out: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
