@@ -144,3 +144,12 @@ def learning(key: str, fmt: str):
         mean, low, high = t_interval([r[key] for r in records])
         return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
     return compute
+
+
+def reproduced(index: int, design: str, quantity: str):
+    """One quantity of one design of the ``index``-th cell of docs/paper-results/reproduced/paper.json (two cells
+    there share the name ``hh-rlhf``: two runs of it)."""
+    def compute(data: dict) -> str:
+        named = {"cells": [{**data["cells"][index], "name": "this"}]}
+        return paper("this", design, quantity)(named)
+    return compute
