@@ -12,6 +12,7 @@ BODY, HBT, HGT = ("docs/bench/hh-body/bench.json", "docs/bench/hh-body-trl/bench
                   "docs/bench/hh-gpt2-trl/bench.json")
 MODES = "docs/bench/position-modes/bench.json"
 FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf16/bench.json"
+MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
 LEARN = "docs/real-model/learning/records.jsonl"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
@@ -264,6 +265,17 @@ REAL_MODEL = [
            "**{3.14x}** |", BF16, real_trl("online", "trl-online")),
     Figure((M,), "| bfloat16 | cached reference | {2.60} s | {1,246} MiB | precomputed | {10.07} s | {3,003} MiB | "
            "**{3.87x}** |", BF16, real_trl("cached", "trl")),
+    Figure((M,), "| bf16-mixed | online reference | {3.57} s | {1,496} MiB | online | {9.06} s | {3,177} MiB | "
+           "**{2.53x}** |", MIXED, real_trl("online", "trl-online")),
+    Figure((M,), "| bf16-mixed | online reference | {3.57} s | {1,496} MiB | precomputed | {6.76} s | {3,177} MiB | "
+           "{1.89x} |", MIXED, real_trl("online", "trl")),
+    Figure((M,), "its bfloat16 matmul peak read {169} GFLOP/s", MIXED,
+           lambda d: f"{d['peak_flops_per_s'] / 1e9:.0f}"),
+    Figure((M,), "same rounds: branch {1.02x}, position {1.07x}, `all` {1.07x} vanilla's step, step memory {0.81x}, "
+           "{0.95x} and {0.66x} of vanilla's {1,496} MiB", MIXED,
+           lambda d: (*(x(bench(d, m)["speedup"]) for m in ("branch", "position", "all")),
+                      *(x(bench(d, m)["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"])
+                        for m in ("branch", "position", "all")), mib(bench(d, "vanilla")["peak_step_memory_mb"]))),
     *(Figure((M,), f"| {mode} | {{}} s | {{}} | {{}} % | {{}} MiB ({{}}) |", FP32, real_pruning(mode))
       for mode in ("branch", "position", "all")),
     Figure((M,), "the LM head is {7.9} % of a vanilla forward", FP32, lambda d: f"{100 * d['head_share']:.1f}"),
