@@ -276,6 +276,12 @@ REAL_MODEL = [
            lambda d: (*(x(bench(d, m)["speedup"]) for m in ("branch", "position", "all")),
                       *(x(bench(d, m)["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"])
                         for m in ("branch", "position", "all")), mib(bench(d, "vanilla")["peak_step_memory_mb"]))),
+    Figure((M,), "it **chose {vanilla}**, after {160.7} s of calibration", "docs/real-model/auto-pruning.json",
+           lambda d: (d["chose"], f"{d['calibration_s']:.1f}")),
+    Figure((M,), "{AutoPruning: chose vanilla in 160.7 s of calibration on 4 pairs x 4 draws: no candidate reaches (1 "
+           "+ within/between)/k <= 0.90: vanilla (position: k 1.08, within/between 6.81, (1 + within/between)/k 7.20; "
+           "antithetic: k 1.36, within/between 1.18, (1 + within/between)/k 1.60)}", "docs/real-model/auto-pruning.json",
+           lambda d: d["line"]),
     *(Figure((M,), f"| {mode} | {{}} s | {{}} | {{}} % | {{}} MiB ({{}}) |", FP32, real_pruning(mode))
       for mode in ("branch", "position", "all")),
     Figure((M,), "the LM head is {7.9} % of a vanilla forward", FP32, lambda d: f"{100 * d['head_share']:.1f}"),
