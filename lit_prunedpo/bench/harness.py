@@ -33,7 +33,8 @@ from lit_prunedpo.bench.presets import MODES, PROMPTS, REFERENCES, SCORERS, Pres
 from lit_prunedpo.bench.peer_trl import PEERS
 from lit_prunedpo.bench.rounds import (Config, Rounds, StepRecord, baseline_prompt, build_rounds, peer_names,
                                        run_rounds)
-from lit_prunedpo.bench.utilisation import intermediate_size, measure_peak, rate_fields, typical_tokens
+from lit_prunedpo.bench.utilisation import (higher_peak, intermediate_size, measure_peak, rate_fields,
+                                             typical_tokens)
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.layout import SharedPromptLayout
 from lit_prunedpo.models import ModelSource
@@ -94,8 +95,7 @@ def run_benchmark(
         steps: measured rounds; ``None`` is the preset's.
         warmup: un-measured rounds first; ``None`` is the preset's.
         device: ``cpu`` or a CUDA device.
-        seed: seed of the data and of every configuration's sampler generator.
-        log: called with a progress line after every round; ``None`` is silent.
+        seed, log: seed of the data and the sampler generators; called with a progress line per round (or None).
         dtype, precision: parameter dtype (older) or Lightning's precision (:mod:`~lit_prunedpo.bench.precision`).
         peer: TRL peers (names, or comma-separated): ``trl`` (precomputed reference), ``trl-online`` (online), each
             timed in every round on a copy of the same initial weights (:mod:`~lit_prunedpo.bench.peer_trl`); results
@@ -119,11 +119,16 @@ def run_benchmark(
     rounds = build_rounds(preset, modes, references, scorers, prompts, warmup + steps, warmup, torch.device(device),
                           seed, dtype, peers, source=source, data=module, precision=precision)
     measured = _measured(preset, seed, rounds, prompts, source, data, module)  # before any step: the initial weights
-    peak = _peak(rounds)  # right before the rounds, on the machine as they find it
+    before = _peak(rounds)  # right before the rounds, on the machine as they find it, and again after them
     records, peer_records = _run_frozen(rounds, log, observe)
+    peak = higher_peak(before, _peak(rounds))
     results = _summarise(list(rounds.parts), records, peak["flops_per_s"])
-    peer_rows = [_peer_row(name, rec, results, peak["flops_per_s"]) for name, rec in peer_records.items()]
+    peer_rows = _peer_rows(peer_records, results, peak)
     return {**_payload(preset, rounds, steps, warmup, results, peer_rows, peak), **measured}
+
+
+def _peer_rows(peer_records: dict[str, Any], results: list[dict[str, Any]], peak: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_peer_row(name, rec, results, peak["flops_per_s"]) for name, rec in peer_records.items()]
 
 
 def _peak(rounds: Rounds) -> dict[str, Any]:

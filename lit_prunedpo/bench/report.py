@@ -140,12 +140,20 @@ def peak_lines(payload: dict[str, Any]) -> list[str]:
     if not peak:
         return []
     tokens, hidden, inner = peak["shape"]
-    return [
+    lines = [
         f"- utilisation: achieved FLOP/s (the cost model's FLOPs per step, pruned work excluded, over the median step "
         f"time) over a peak of {peak['flops_per_s'] / 1e9:.3g} GFLOP/s measured in this run: the median of "
         f"{len(peak['times_s'])} [{tokens} x {hidden}] @ [{hidden} x {inner}] {peak['dtype']} matmuls on "
         f"{peak['device']}, {peak['threads']} torch thread(s)"
     ]
+    readings = peak.get("readings_flops_per_s")
+    if readings:
+        before, after = (r / 1e9 for r in readings)
+        lines[0] += f", the higher of the readings before ({before:.3g}) and after ({after:.3g}) the rounds"
+        if min(before, after) < 0.8 * max(before, after):
+            lines.append("- the two peak readings differ by more than 20 %: the machine's load changed during the run; "
+                         "read its utilisations as approximate")
+    return lines
 
 
 def peer_lines(payload: dict[str, Any]) -> list[str]:

@@ -15,7 +15,9 @@ from lit_prunedpo.bench.harness import run_benchmark
 from lit_prunedpo.bench.peer_trl import PeerForward
 from lit_prunedpo.bench.presets import get_preset
 from lit_prunedpo.bench.report import to_markdown
-from lit_prunedpo.bench.utilisation import measure_peak, peer_step_flops, rate_fields, typical_tokens
+from lit_prunedpo.bench.report import peak_lines
+from lit_prunedpo.bench.utilisation import (higher_peak, measure_peak, peer_step_flops, rate_fields,
+                                             typical_tokens)
 
 DIMS = cost.ModelDims(body_params=1000, hidden_size=8, vocab_size=100, num_layers=2, attention_dim=8)
 # TRL's rows: 2 pairs -> 4 rows padded to 7 columns; on the CPU its head projects every shifted position, 4 x 6 = 24.
@@ -52,6 +54,20 @@ def test_the_peak_is_a_positive_finite_rate_of_the_shape_asked_for():
     assert measure_peak(16, 8, 8, torch.bfloat16, torch.device("cpu"), repeats=1)["dtype"] == "bfloat16"
     with pytest.raises(ValueError, match="tokens"):
         measure_peak(0, 32, 96, torch.float32, torch.device("cpu"))
+
+
+def test_the_higher_of_two_peak_readings_is_kept_with_both_and_the_report_says_when_they_differ():
+    low = {"flops_per_s": 169e9, "shape": [8, 4, 4], "dtype": "bfloat16", "device": "cpu", "threads": 2,
+           "times_s": [1.0]}
+    high = {**low, "flops_per_s": 409e9, "times_s": [0.4]}
+    for before, after in ((low, high), (high, low)):
+        peak = higher_peak(before, after)
+        assert peak["flops_per_s"] == 409e9 and peak["times_s"] == [0.4]
+        assert peak["readings_flops_per_s"] == [before["flops_per_s"], after["flops_per_s"]]
+    lines = peak_lines({"peak_measure": higher_peak(low, high)})
+    assert "the higher of the readings before (169) and after (409) the rounds" in lines[0]
+    assert "differ by more than 20 %" in lines[1]
+    assert len(peak_lines({"peak_measure": higher_peak(high, {**high, "flops_per_s": 400e9})})) == 1
 
 
 def test_typical_tokens_are_a_padded_forwards():
