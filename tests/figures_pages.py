@@ -14,6 +14,7 @@ MODES = "docs/bench/position-modes/bench.json"
 FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf16/bench.json"
 MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
 LEARN = "docs/real-model/learning/records.jsonl"
+PROFILE = "docs/real-model/profile.json"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
                          "docs/study/cv-l512/map.json")
@@ -24,6 +25,11 @@ PAPER, SCALING = "docs/paper-results/paper.json", "docs/paper-results/scaling/sc
 REPRODUCED = "docs/paper-results/reproduced/paper.json"
 SCE, L512, L256 = "stratified-coupled-exact-targets", "unrelated-L512-head0.6-B8", "unrelated-L256-head0.6-B8"
 CELLS = ("edited", "edited-gpt2", "hh-rlhf", "hh-rlhf-gpt2")
+
+
+def profile_row(data: dict, category: str) -> dict:
+    """One category's row of the profile's account (``scripts/profile-trl-gap.py``)."""
+    return next(r for r in data["account"]["rows"] if r["category"] == category)
 
 
 def speedups(mode: str, prompt: str = "shared", memory: bool = True):
@@ -294,6 +300,15 @@ REAL_MODEL = [
     Figure((M,), "{52} % of {409} GFLOP/s in bfloat16 against TRL's {31} %", BF16,
            lambda d: (f"{100 * bench(d, 'vanilla')['utilisation']:.0f}", f"{d['peak_flops_per_s'] / 1e9:.0f}",
                       f"{100 * peer(d, 'trl-online')['utilisation']:.0f}")),
+    Figure((M,), "TRL's step took {2.45x} ours. Work explains {1.92x}", PROFILE,
+           lambda d: (x(d["account"]["ratio"]), x(d["account"]["work_ratio"]))),
+    Figure((M,), "projects every position, prompt and padding included: {3.85x} our head positions", PROFILE,
+           lambda d: x(profile_row(d, "LM head")["work_ratio"])),
+    Figure((M,), "Cost per token explains the other {1.28x}", PROFILE, lambda d: x(d["account"]["per_token_ratio"])),
+    Figure((M,), "costs {1.60x} ours per token, the backward of its head and log-softmax {1.63x} per position, while "
+           "the body costs the same per token forward ({0.99x}) and backward ({0.91x})", PROFILE,
+           lambda d: tuple(x(profile_row(d, c)["per_token_ratio"]) for c in (
+               "reference forward", "backward: head and log-softmax", "policy body", "backward: body and rest"))),
 ]
 
 PAGE_FIGURES = [*PERFORMANCE, *TIME_TO_QUALITY, *PAPER_PAGE, *REAL_MODEL]
