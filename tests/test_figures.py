@@ -18,21 +18,11 @@ import pytest
 
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, paper,
                             paper_row, pct, peer, verdicts, x)
-from figures_pages import PAGE_FIGURES
+from figures_pages import (BF16, CV512, CVCONF, CVLONG, CVMAP, CVMAP2, DESIGNS, FP32, HBT, HGT, HH, LEARN, LONG, LONG2,
+                           MAP, MED, PAGE_FIGURES, PAPER, SCALING)
 from helpers import REPO
 
 R, I = "README.md", "docs/index.md"
-HBT, HGT = "docs/bench/hh-body-trl/bench.json", "docs/bench/hh-gpt2-trl/bench.json"
-MED, HH = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json"
-FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf16/bench.json"
-LEARN = "docs/real-model/learning/records.jsonl"
-MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
-CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
-                         "docs/study/cv-l512/map.json")
-DESIGNS = "docs/study/map-designs/map.json"
-LONG = "docs/study/map-long/cells/unrelated-L512-head0.6-B8/study.json"
-LONG2 = "docs/study/map-long-confirm/cells/unrelated-L512-head0.6-B8/study.json"
-PAPER, SCALING = "docs/paper-results/paper.json", "docs/paper-results/scaling/scaling.json"
 ND16, ND64, U64, U256 = ("near-duplicate-L16-head0.97-B8", "near-duplicate-L64-head0.97-B8",
                          "unrelated-L64-head0.25-B8", "unrelated-L256-head0.25-B8")
 SCE = "stratified-coupled-exact-targets"
