@@ -119,12 +119,13 @@ def make_designs(texts: Sequence[str], task: StudyTask, train_pairs: int, epochs
 def run_cell(task: StudyTask, dm: Any, designs: Sequence[Design], seeds: Sequence[int], work_dir: Path, evals: int = 2,
              probe_steps: int = 5, log: Callable[[str], None] | None = None,
              on_record: Callable[[dict[str, Any]], None] | None = None, done: set[tuple[str, int]] | None = None,
-             ) -> list[dict[str, Any]]:
+             precision: str = "32-true") -> list[dict[str, Any]]:
     """Train every design for its epochs from each seed, one seed at a time, on ``dm`` (``task``'s set-up data
     module); one record per (design, seed).
 
     ``done`` holds ``(label, seed)`` pairs already recorded (a resumed cell): a seed whose designs are all done is
-    skipped, a seed with some missing is run again whole (its designs share the seed's turns).
+    skipped, a seed with some missing is run again whole (its designs share the seed's turns). ``precision``: the
+    runs' (:data:`lit_prunedpo.study.runner.PRECISIONS`).
     """
     from lit_prunedpo.study.runner import run_study
 
@@ -141,7 +142,7 @@ def run_cell(task: StudyTask, dm: Any, designs: Sequence[Design], seeds: Sequenc
                 on_record(record)
 
         run_study(task, [d.arm for d in designs], [seed], budget_s=None, steps=lambda arm: arm.schedule_steps,
-                  evals=evals, work_dir=work_dir, dm=dm, log=log, on_done=finished)
+                  evals=evals, work_dir=work_dir, dm=dm, log=log, on_done=finished, precision=precision)
     return records
 
 
@@ -184,8 +185,10 @@ def probe_memory(run: Any, steps: int) -> float | None:
     return peaks[len(peaks) // 2] if peaks else None
 
 
-def cell_task(task: StudyTask, family: str, max_rows: int | None, warm_start_steps: int | None) -> StudyTask:
-    """``task`` for one model family, cut to ``max_rows`` rows and given ``warm_start_steps`` where set."""
+def cell_task(task: StudyTask, family: str, max_rows: int | None, warm_start_steps: int | None,
+              lr: float | None = None, batch_size: int | None = None) -> StudyTask:
+    """``task`` for one model family, cut to ``max_rows`` rows and given ``warm_start_steps``, its learning rate ``lr``
+    and vanilla's ``batch_size`` where set."""
     from lit_prunedpo.study.tasks import with_family
 
     task = with_family(task, family)
@@ -194,4 +197,8 @@ def cell_task(task: StudyTask, family: str, max_rows: int | None, warm_start_ste
         changes["max_rows"] = max_rows
     if warm_start_steps is not None:
         changes["warm_start_steps"] = warm_start_steps
+    if lr is not None:
+        changes["lr"] = lr
+    if batch_size is not None:
+        changes["batch_size"] = batch_size
     return dataclasses.replace(task, **changes) if changes else task  # type: ignore[type-var]

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     cell.add_argument("--max-rows", type=_positive(int), default=None, help="only the data's first rows (default all)")
     cell.add_argument("--warm-start-steps", type=count(0), default=None,
                       help="the task's warm start, in steps (default: the task's)")
+    cell.add_argument("--lr", type=_positive(float), default=None,
+                      help="the learning rate of every design (default: the task's)")
+    cell.add_argument("--batch-size", type=_positive(int), default=None,
+                      help="vanilla's pairs per step, and every design's without @BATCH (default: the task's)")
+    cell.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"],
+                      help="Lightning's meaning: float32 weights, bf16-mixed runs each step's forward and every "
+                           "evaluation under bfloat16 autocast (default 32-true)")
     cell.add_argument("--evals", type=_positive(int), default=2, help="exact evaluations per run besides step 0 (default 2)")
     cell.add_argument("--probe-steps", type=count(0), default=5,
                       help="metered steps per design after training (0: none)")
@@ -193,7 +200,8 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if refusal:
             print(f"error: {refusal}", file=sys.stderr)
             return 2
-        task = epochs.cell_task(TASKS[args.task], args.family, args.max_rows, args.warm_start_steps)
+        task = epochs.cell_task(TASKS[args.task], args.family, args.max_rows, args.warm_start_steps, lr=args.lr,
+                                batch_size=args.batch_size)
         dm = task.datamodule(out)
         texts = [t for t in args.designs.split(";") if t.strip()] + (list(PARETO_DESIGNS) if args.pareto else [])
         try:
@@ -204,6 +212,7 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         done_records, _ = read_journal(out / "records.jsonl") if args.resume else ([], 0)
         done = {(r["design"], int(r["seed"])) for r in done_records}
         cell = {"name": task.name, "task": task.describe(), "family": args.family, "epochs": args.epochs,
+                "precision": args.precision,
                 "vanilla": designs[0].label, "designs": [d.label for d in designs],
                 "steps": {d.label: d.arm.schedule_steps for d in designs}, "train_pairs": len(dm.train_dataset),
                 "provenance": provenance(argv, sorted(set(asked) | set(args.seeds)))}
@@ -213,7 +222,8 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             log(f"{task.name}: {len(designs)} designs x {len(args.seeds)} seeds, {args.epochs:g} epoch(s) of "
                 f"{len(dm.train_dataset)} pairs: " + ", ".join(f"{d.label} ({d.arm.schedule_steps} steps)" for d in designs))
         epochs.run_cell(task, dm, designs, args.seeds, out, evals=args.evals, probe_steps=args.probe_steps, log=log,
-                        on_record=lambda r: append_line(out / "records.jsonl", json.dumps(r)), done=done)
+                        on_record=lambda r: append_line(out / "records.jsonl", json.dumps(r)), done=done,
+                        precision=args.precision)
     print(f"wrote {out / 'cell.json'}, {out / 'records.jsonl'}", file=sys.stderr)
     return 0
 

@@ -34,6 +34,7 @@ command appends them to ``progress.jsonl``, so a study stopped late keeps what i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,20 @@ from lit_prunedpo.study.tasks import StudyTask
 from lit_prunedpo.study.turns import Clock, events, load_record, round_robin
 from lit_prunedpo.study.warm_start import warm_start
 
+#: The precisions a run trains and evaluates in, with Lightning's meaning: float32 parameters, and each step's forward
+#: (the module's ``step``: forwards, scoring, loss) under autocast to this dtype (None: float32 throughout). The
+#: backward and the optimizer run outside it, as Lightning's ``MixedPrecision`` plugin runs them. ``bf16-true`` is not
+#: offered: AdamW on bfloat16 weights rounds away the short runs' small updates (lr 1e-5 of a weight near 1).
+PRECISIONS: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16}
+
+
+def forward_precision(module: torch.nn.Module, precision: str) -> contextlib.AbstractContextManager:
+    """The context a step's forward runs in at ``precision`` on ``module``'s device (:data:`PRECISIONS`)."""
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    device = next(module.parameters()).device
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=False)
 
 
 @dataclass
@@ -100,6 +115,7 @@ class Run:
     step_peak_mb: list[float] = field(default_factory=list)  # per step, MiB above the step's start
     loadavg: list[float | None] = field(default_factory=list)  # the 1-minute load average at each of its turns
     turn_steps: int | None = 1  # steps per turn of the schedule it ran in (:mod:`lit_prunedpo.study.turns`)
+    precision: str = "32-true"  # a key of PRECISIONS: the forward's autocast, in training and evaluation
     _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
 
@@ -130,9 +146,11 @@ class Run:
             self.meter.start()
         wall, cpu = time.perf_counter(), time.process_time()
         if self.arm.micro_batches > 1:
-            objective = accumulate(module, batch, self.arm.micro_batches)
+            with forward_precision(module, self.precision):  # each micro-batch's backward runs inside it too
+                objective = accumulate(module, batch, self.arm.micro_batches)
         else:
-            objective = module.step(batch).estimate.objective
+            with forward_precision(module, self.precision):
+                objective = module.step(batch).estimate.objective
             objective.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -153,7 +171,7 @@ class Run:
     def evaluate(self, batches: Sequence[PreferenceBatch], grids: list[str]) -> Point:
         """The exact held-out objective now (not timed as training)."""
         start = time.perf_counter()
-        loss, accuracy = exact_eval(self.module, batches)
+        loss, accuracy = exact_eval(self.module, batches, self.precision)
         self.eval_wall_s += time.perf_counter() - start
         point = Point(self.step, self.wall_s, self.cpu_s, loss, accuracy, grids)
         self.points.append(point)
@@ -168,7 +186,8 @@ class Run:
         return {
             "arm": self.arm.name, "mode": self.arm.mode, "batch_size": self.arm.batch_size, "matched": self.arm.matched,
             "cost_matched": self.arm.cost_matched, "memory_fitted": self.arm.memory_fitted, "fit": self.arm.fit,
-            "micro_batches": self.arm.micro_batches, "lr": self.optimizer.param_groups[0]["initial_lr"],
+            "micro_batches": self.arm.micro_batches, "precision": self.precision,
+            "lr": self.optimizer.param_groups[0]["initial_lr"],
             "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step, "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
             "eval_wall_s": self.eval_wall_s,
             "median_step_wall_s": sorted(self.step_wall)[steps // 2] if self.step_wall else None,
@@ -189,15 +208,16 @@ def weights_checksum(model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
-def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch]) -> tuple[float, float]:
+def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch], precision: str = "32-true") -> tuple[float, float]:
     """Mean exact DPO loss and accuracy over every pair of ``batches``: the module's own validation computation
-    (:meth:`PrunedDPO.exact_pair_metrics`), averaged over pairs."""
+    (:meth:`PrunedDPO.exact_pair_metrics`), averaged over pairs, at ``precision`` (as Lightning validates)."""
     was_training = module.training
     module.eval()
     losses, hits, pairs = 0.0, 0.0, 0
     try:
         for batch in batches:
-            metrics = module.exact_pair_metrics(batch)
+            with forward_precision(module, precision):
+                metrics = module.exact_pair_metrics(batch)
             losses += float(metrics["loss"].sum())
             hits += float(metrics["rewards/accuracies"].sum())
             pairs += batch.num_pairs
@@ -207,12 +227,18 @@ def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch]) -> tuple[f
 
 
 def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
-             clock: Clock = "cpu", policy: ModelSource | None = None) -> Run:
+             clock: Clock = "cpu", policy: ModelSource | None = None, precision: str = "32-true") -> Run:
     """A fresh run: the task's initial weights for ``seed`` (the same for every arm; ``policy`` overrides them,
     e.g. a warm start), the arm's samplers and batch size, a training order and sampler stream seeded by
     ``seed``. The reference is the initial policy. The learning rate is the arm's (the task's if it has none),
     the schedule spans the arm's ``schedule_steps``. An arm with a ``prune_fraction`` needs the ``budget_s``
-    it is a fraction of."""
+    it is a fraction of. ``precision``: a key of :data:`PRECISIONS`.
+
+    Raises:
+        ValueError: a pruning fraction without ``budget_s``, or an unknown ``precision`` (naming the choices).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: a study run trains in one of {', '.join(PRECISIONS)}, got {precision!r}")
     if arm.prune_fraction is not None and budget_s is None:
         raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
     prefix, position, branch = arm.samplers()
@@ -229,7 +255,7 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
     data.batch_size, data.seed = arm.batch_size, seed
     run = Run(arm, seed, module, optimizer, scheduler, data.train_dataloader())
     run.initial_checksum = weights_checksum(module.policy)
-    run.clock_name = clock
+    run.clock_name, run.precision = clock, precision
     if arm.prune_fraction is not None:
         run.exact_after_s = arm.prune_fraction * budget_s
     return run
@@ -270,6 +296,7 @@ def run_study(
     on_done: Callable[[Run], None] | None = None,
     stop_on_nonfinite: bool = False,
     turn_steps: int | None = 1,
+    precision: str = "32-true",
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
     and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. ``budget_s`` None:
@@ -281,7 +308,8 @@ def run_study(
     With ``stop_on_nonfinite`` a run whose training loss turns non-finite stops there, marked ``diverged``
     (the learning-rate sweep), instead of stopping the study with ``FloatingPointError``.
     ``turn_steps``: steps each run trains per turn (None: a whole evaluation interval, the schedule before
-    :mod:`lit_prunedpo.study.turns`, whose ratios moved with the machine's load).
+    :mod:`lit_prunedpo.study.turns`, whose ratios moved with the machine's load). ``precision``: every run's
+    (:data:`PRECISIONS`).
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count,
@@ -299,7 +327,8 @@ def run_study(
     if task.warm_start_steps > 0:
         for seed in seeds:
             sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps, lr=task.warm_start_lr, log=log)
-    runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed]) for seed in seeds for arm in arms]
+    runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed], precision=precision)
+            for seed in seeds for arm in arms]
     for run in runs:
         run.warm_start, run.turn_steps = records[run.seed], turn_steps
     grids = {id(r): events(budget_s, steps_of(r.arm), evals) for r in runs}
