@@ -108,6 +108,33 @@ def test_the_memory_probe_is_not_training(tiny):
     assert len(run.step_peak_mb) == 3 and (peak is None or peak >= 0)
 
 
+def test_bf16_mixed_runs_each_forward_under_autocast_and_keeps_float32_weights(tiny, monkeypatch):
+    task, dm = tiny
+    seen = []
+    real = torch.nn.Linear.forward
+    monkeypatch.setattr(torch.nn.Linear, "forward",
+                        lambda self, x: seen.append(torch.is_autocast_enabled("cpu")) or real(self, x))
+    runs = {p: make_run(task, Arm("vanilla", 8, schedule_steps=2), 0, dm, precision=p) for p in ("32-true", "bf16-mixed")}
+    batches = [next(iter(dm.val_dataloader()))]
+    for precision, run in runs.items():
+        run.evaluate(batches, ["steps"])  # the first forward runs the layout's conformance probe (in float32 too)
+        seen.clear()
+        run.evaluate(batches, ["steps"])
+        run.train_step()
+        run.evaluate(batches, ["steps"])
+        assert seen and all(seen) == (precision == "bf16-mixed") and any(seen) == (precision == "bf16-mixed")
+        assert all(p.dtype == torch.float32 for p in run.module.policy.parameters())
+        assert run.summary()["precision"] == precision
+    fp32, bf16 = (runs[p].points[-1].loss for p in ("32-true", "bf16-mixed"))  # after a step: policy != reference
+    assert fp32 != bf16 and abs(fp32 - bf16) < 0.02  # bfloat16 rounding moved the loss, and only by that
+
+
+def test_a_study_run_refuses_a_precision_it_does_not_train_in(tiny):
+    task, dm = tiny
+    with pytest.raises(ValueError, match="precision: .*32-true, bf16-mixed.*'bf16-true'"):
+        make_run(task, Arm("vanilla", 8, schedule_steps=2), 0, dm, precision="bf16-true")
+
+
 def _record(design, seed, cpu, step, peak, accuracy, loss):
     return {"design": design, "seed": seed, "train_cpu_s": cpu, "train_wall_s": cpu * 1.1, "median_step_cpu_s": step,
             "peak_step_mb": peak, "final_accuracy": accuracy, "final_loss": loss}
@@ -166,6 +193,23 @@ def test_the_command_runs_a_cell_resumes_it_and_reports(tmp_path, capsys):
     assert set(summary["cells"][0]["rows"]) == {"vanilla@16", "branch@16", "vanilla@8"}
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "r2")]) == 2
     assert "not a cell folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_cell_takes_its_learning_rate_batch_and_precision_and_resumes_only_with_them(tmp_path, capsys):
+    out = tmp_path / "cell"
+    argv = ["cell", "--task", "edited", "--max-rows", "32", "--seeds", "0,1", "--designs", "branch", "--evals", "1",
+            "--probe-steps", "0", "--lr", "3e-3", "--batch-size", "8", "--precision", "bf16-mixed", "--out", str(out),
+            "--quiet"]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {(r["design"], r["lr"], r["batch_size"], r["precision"]) for r in records} == {
+        ("vanilla@8", 3e-3, 8, "bf16-mixed"), ("branch@8", 3e-3, 8, "bf16-mixed")}
+    cell = json.loads((out / "cell.json").read_text())
+    assert cell["precision"] == "bf16-mixed" and cell["task"]["lr"] == 3e-3 and cell["task"]["batch_size"] == 8
+    capsys.readouterr()
+    assert main([*argv[:-5], "--precision", "32-true", "--out", str(out), "--resume"]) == 2
+    assert "precision" in capsys.readouterr().err
 
 
 def test_summaries_need_the_cells_vanilla():
