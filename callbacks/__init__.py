@@ -1,6 +1,7 @@
 """Lightning callbacks of lit_prunedpo: per-step peak memory and step time / throughput monitors, the final
 checkpoint with its run summary, the SIGTERM (preemption) checkpoint, greedy samples at each validation, a step
-progress bar, the prune-early schedule, the auto-pruning calibration and the logs under TRL's keys; and, for the package's own harnesses, the
+progress bar, the prune-early schedule, the auto-pruning calibration, the logs under TRL's keys and ``torch.compile``
+of the model bodies; and, for the package's own harnesses, the
 peak-memory meter those callbacks use.
 
 Each name is imported from its module on first use (PEP 562 ``__getattr__``): the callbacks import lightning, which
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ imports them
     from ._memory import PeakMemoryMeter, PeakReading
     from .auto_pruning import DEFAULT_MAX_SHARE, AutoPruning, calibrate, skip_reason
+    from .compile_model import CompileModel
     from .final_checkpoint import FinalCheckpoint
     from .last_checkpoint import LastCheckpointAtValidation
     from .peak_memory import PeakMemoryMonitor
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ impo
     from .validation_samples import ValidationSamples
 
 __all__ = [
-    "AutoPruning", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
+    "AutoPruning", "CompileModel", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
     "TRLKeys", "ValidationSamples",
     # the unit the memory callbacks are built from, for harnesses that measure outside a Trainer (lit_prunedpo.bench,
     # lit_prunedpo.study): the peak-memory meter
@@ -40,6 +42,7 @@ __all__ = [
 #: public name -> the module (in this package) that defines it
 _LAZY = {
     "PeakMemoryMeter": "_memory", "PeakReading": "_memory", "AutoPruning": "auto_pruning",
+    "CompileModel": "compile_model",
     "FinalCheckpoint": "final_checkpoint", "LastCheckpointAtValidation": "last_checkpoint",
     "PeakMemoryMonitor": "peak_memory", "PreemptionCheckpoint": "preemption", "StepProgressBar": "progress_bar",
     "PruneEarly": "prune_early", "DEFAULT_MAX_SHARE": "auto_pruning", "calibrate": "auto_pruning",

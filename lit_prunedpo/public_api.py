@@ -30,6 +30,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "lit_prunedpo.scoring",
     "lit_prunedpo.chunked_scorer",
     "lit_prunedpo.optim",
+    "lit_prunedpo.compiling",  # torch.compile of the model bodies (callbacks.CompileModel's, the bench's --compile)
     "lit_prunedpo.lora",
     "lit_prunedpo.distributed",
     "lit_prunedpo.checkpoint",

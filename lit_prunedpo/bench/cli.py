@@ -7,20 +7,24 @@ Examples::
     lit-prunedpo-bench --preset quickstart --precision bf16-mixed --peer trl
     lit-prunedpo-bench --preset medium --modes vanilla,branch --references online,cached --scorers plain,chunked \\
         --out bench_results/medium
+    lit-prunedpo-bench --preset hh-body --modes vanilla,all --compile --steps 20 --warmup 2
     python -m lit_prunedpo.bench.cli --preset head-heavy --modes vanilla,position --scorers plain,chunked
     lit-prunedpo-bench --model ../shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --data ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz --modes vanilla,all --references cached
 
 ``--model`` measures a causal LM of your own instead of a preset's random one, ``--data`` pairs of your own through
 the data module training runs (:mod:`lit_prunedpo.bench.own_model`, :mod:`lit_prunedpo.bench.own_data`).
+``--compile`` times the exact steps eager against compiled instead (:mod:`lit_prunedpo.bench.compiled`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from lit_prunedpo.bench.peer_trl import PEERS
@@ -75,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")
     parser.add_argument("--out", default=None, help="directory for bench.json, bench.md, bench.png (default: print only)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--compile", action="store_true",
+                        help="time each of --modes' exact steps eager and with the model bodies compiled "
+                             "(lit_prunedpo.callbacks.CompileModel's compilation), alternated; reports the speedup, "
+                             "the graphs compiled after the warm-up rounds and the numbers' differences")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (default inductor)")
+    parser.add_argument("--compile-mode", default=None, help="torch.compile's mode (default: torch's)")
     add_own_options(parser)
     return parser
 
@@ -155,8 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             parser.error(f"{name}: unknown or empty {bad or values}; choose from {','.join(allowed)}")
-    bad_peers = [v for v in args.peer if v not in PEERS]
-    if bad_peers:
+    if bad_peers := [v for v in args.peer if v not in PEERS]:
         parser.error(f"--peer: unknown {bad_peers}; choose from {','.join(PEERS)}")
     try:
         precision = resolve_precision(args.precision, args.dtype)
@@ -174,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         preset = dataclasses.replace(preset, chunk_size=args.chunk_size)
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    if args.compile:
+        return compile_command(parser, args, argv, preset, source, data, precision, threads, log)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -197,6 +208,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "png" not in paths:
             print("bench.png skipped: matplotlib is not installed (pip install 'lit-prunedpo[bench]')", file=sys.stderr)
         print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def compile_command(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str], preset: Preset,
+                    source: Any, data: Any, precision: Any, threads: int | None, log: Any) -> int:
+    """``--compile``: :func:`lit_prunedpo.bench.compiled.compare_compiled` on the parsed arguments."""
+    import torch
+
+    from lit_prunedpo.bench import compiled
+    from lit_prunedpo.compiling import CompileOptions
+
+    if args.peer:
+        parser.error("--compile times our step eager and compiled; --peer is not part of it")
+    try:
+        options = CompileOptions(backend=args.compile_backend, mode=args.compile_mode)
+    except ValueError as err:
+        parser.error(f"--compile-mode: {err}")
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        steps, warmup = (args.steps or preset.steps), (args.warmup if args.warmup is not None else preset.warmup)
+        payload = compiled.compare_compiled(
+            preset, args.modes, steps, warmup, options, precision, device=args.device, seed=args.seed, source=source,
+            data=data.data_module() if data is not None else None, log=log)
+    except ValueError as err:
+        parser.error(str(err))
+    finally:
+        torch.set_num_threads(previous_threads)
+    payload["command"] = " ".join(["lit-prunedpo-bench", *argv])
+    markdown = compiled.to_markdown(payload)
+    print(markdown)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps(payload, indent=1))
+        (out / "bench.md").write_text(f"{markdown}\n\nCommand: `{payload['command']}`\n")
+        print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", file=sys.stderr)
     return 0
 
 
