@@ -25,7 +25,8 @@ from lit_prunedpo.compiling import CompileOptions, compile_bodies, graphs_compil
 
 
 class CompileModel(Callback):
-    """Compile the bodies of the module's policy and online reference once, when fit, validate or predict starts.
+    """Compile the bodies of the module's policy and online reference once, when fit, validate or predict starts,
+    after the module's layout is resolved (its conformance probe runs eagerly, once).
 
     Logs ``compile/graphs`` each training step: the graphs compiled since this callback compiled the bodies (a
     number that stops growing after the first steps when shapes are handled dynamically). A count still growing after
@@ -54,7 +55,7 @@ class CompileModel(Callback):
             return
         models = [pl_module.policy, *pl_module.reference.models()]
         self._graphs_before = graphs_compiled()
-        bodies = compile_bodies(models, self.options)
+        bodies = compile_bodies(models, self.options, before=pl_module.resolved_layout)
         rank_zero_info(f"CompileModel: {len(bodies)} model bod{'y' if len(bodies) == 1 else 'ies'} compiled "
                        f"({', '.join(f'{k}={v}' for k, v in self.options.kwargs().items())}, "
                        f"recompile_limit={self.options.recompile_limit}); the first steps pay the compilation")

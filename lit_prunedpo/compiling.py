@@ -20,7 +20,7 @@ it per mode).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -64,13 +64,18 @@ class CompileOptions:
         return {"backend": self.backend, "mode": self.mode, "dynamic": self.dynamic, "fullgraph": self.fullgraph}
 
 
-def compile_bodies(models: list[nn.Module], options: CompileOptions) -> list[nn.Module]:
+def compile_bodies(models: list[nn.Module], options: CompileOptions,
+                   before: Callable[[], Any] | None = None) -> list[nn.Module]:
     """Compile the body of each causal LM of ``models`` in place (a body compiled already is left as it is) and set
-    dynamo's recompile limit; returns the bodies compiled now.
+    dynamo's recompile limit; returns the bodies compiled now. ``before`` is called first: a module's
+    ``resolved_layout`` (the conformance probe's forwards, run once, then run eagerly instead of each compiling a graph
+    of its own that no step would use again).
 
     Raises:
         ValueError: for a model that is not a ``transformers`` causal LM with a separable body and head.
     """
+    if before is not None:
+        before()
     torch._dynamo.config.recompile_limit = options.recompile_limit
     compiled = []
     for model in models:

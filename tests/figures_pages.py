@@ -11,6 +11,7 @@ MED, HH, QS = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json"
 BODY, HBT, HGT = ("docs/bench/hh-body/bench.json", "docs/bench/hh-body-trl/bench.json",
                   "docs/bench/hh-gpt2-trl/bench.json")
 MODES = "docs/bench/position-modes/bench.json"
+COMPILE = "docs/bench/compile-quickstart/bench.json"
 FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf16/bench.json"
 MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
 LEARN = "docs/real-model/learning/records.jsonl"
@@ -124,7 +125,21 @@ def noise(data: dict) -> tuple[str, str]:
     return f"{min(found):.1f}", f"{max(found):.1f}"
 
 
+def compiled_row(mode: str):
+    """A mode's line of the compile table: eager and compiled medians, their ratio, the numbers' differences."""
+    def compute(data: dict) -> tuple[str, ...]:
+        r = next(r for r in data["rows"] if r["mode"] == mode)
+        return (f"{r['eager_s']:.4f}", f"{r['compiled_s']:.4f}", x(r["speedup"]),
+                f"{r['max_objective_difference']:.1e}", f"{r['max_grad_relative_difference']:.1e}")
+    return compute
+
+
 PERFORMANCE = [
+    *(Figure((P,), f"| {m} | {{}} | {{}} | {{}} | {{}} | {{}} |", COMPILE, compiled_row(m))
+      for m in ("vanilla", "branch", "all")),
+    Figure((P,), "Graphs: {5} compiled in the warm-up rounds", COMPILE, lambda d: str(d["graphs"]["total"])),
+    Figure((P,), "{0} in the 100 measured rounds", COMPILE, lambda d: str(d["graphs"]["after_warmup"])),
+    Figure((P,), "The first compiled step took {9.0} s", COMPILE, lambda d: f"{d['rows'][0]['first_step_compiled_s']:.1f}"),
     Figure((P,), "| vanilla | 1.00x (1.00x), {1.042} s | 1.00x (1.00x), {0.787} s | {706} |", MED,
            lambda d: (*(f"{bench(d, 'vanilla', r)['step_time_s']:.3f}" for r in ("online", "cached")),
                       f"{bench(d, 'vanilla')['peak_step_memory_mb']:.0f}")),

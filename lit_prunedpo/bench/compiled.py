@@ -88,7 +88,8 @@ def compare_compiled(preset: Preset, modes: Sequence[str], steps: int, warmup: i
     arms = {"eager": _module(preset, source, seed, precision, dev),
             "compiled": _module(preset, source, seed, precision, dev)}
     graphs_before = graphs_compiled()
-    compile_bodies([arms["compiled"].policy, *arms["compiled"].reference.models()], options)
+    compile_bodies([arms["compiled"].policy, *arms["compiled"].reference.models()], options,
+                   before=arms["compiled"].resolved_layout)
     optimizers = {name: m.configure_optimizers() for name, m in arms.items()}
     steppers = {name: precision.stepper(dev) for name in arms}
     batches = [b.to(dev) for b in round_batches(preset, warmup + steps, seed, arms["eager"].policy, data)]
