@@ -143,4 +143,4 @@ def test_the_bench_compares_compiled_and_eager_steps(tmp_path, capsys):
     assert "| vanilla |" in (tmp_path / "bench.md").read_text()
     with pytest.raises(SystemExit):
         main(["--preset", "small", "--compile", "--peer", "trl"])
-    assert "--peer is not part of it" in capsys.readouterr().err
+    assert "--peer does not go with --compile" in capsys.readouterr().err

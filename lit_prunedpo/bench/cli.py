@@ -14,7 +14,8 @@ Examples::
 
 ``--model`` measures a causal LM of your own instead of a preset's random one, ``--data`` pairs of your own through
 the data module training runs (:mod:`lit_prunedpo.bench.own_model`, :mod:`lit_prunedpo.bench.own_data`).
-``--compile`` times the exact steps eager against compiled instead (:mod:`lit_prunedpo.bench.compiled`).
+``--compile`` times the exact steps eager against compiled instead (:mod:`lit_prunedpo.bench.compiled`),
+``--compare-precisions`` in several precisions, alternated (:mod:`lit_prunedpo.bench.precisions`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "the graphs compiled after the warm-up rounds and the numbers' differences")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (default inductor)")
     parser.add_argument("--compile-mode", default=None, help="torch.compile's mode (default: torch's)")
+    parser.add_argument("--compare-precisions", type=_csv, default=None, metavar="P1,P2,...",
+                        help="time each of --modes' exact steps in each of these precisions (--precision's names, "
+                             "e.g. 32-true,bf16-mixed,bf16-true), alternated in one run, with each one's utilisation "
+                             "and its objective and gradient differences from the first")
     add_own_options(parser)
     return parser
 
@@ -183,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         preset = dataclasses.replace(preset, chunk_size=args.chunk_size)
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    if args.compile:
-        return compile_command(parser, args, argv, preset, source, data, precision, threads, log)
+    if args.compile or args.compare_precisions is not None:
+        return variants_command(parser, args, argv, preset, source, data, precision, threads, log)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -211,39 +216,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def compile_command(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str], preset: Preset,
-                    source: Any, data: Any, precision: Any, threads: int | None, log: Any) -> int:
-    """``--compile``: :func:`lit_prunedpo.bench.compiled.compare_compiled` on the parsed arguments."""
+def variants_command(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str], preset: Preset,
+                     source: Any, data: Any, precision: Any, threads: int | None, log: Any) -> int:
+    """``--compile`` (:mod:`lit_prunedpo.bench.compiled`) or ``--compare-precisions``
+    (:mod:`lit_prunedpo.bench.precisions`) on the parsed arguments."""
     import torch
 
-    from lit_prunedpo.bench import compiled
+    from lit_prunedpo.bench import compiled, precisions, variants
     from lit_prunedpo.compiling import CompileOptions
 
-    if args.peer:
-        parser.error("--compile times our step eager and compiled; --peer is not part of it")
+    compare = args.compare_precisions
+    for given, name in ((args.peer, "--peer"), (args.compile and compare is not None, "--compile"),
+                        (compare is not None and (args.precision or any(a.startswith("--dtype") for a in argv)),
+                         "--precision/--dtype")):
+        if given:
+            parser.error(f"{name} does not go with {'--compile' if compare is None else '--compare-precisions'}")
     try:
         options = CompileOptions(backend=args.compile_backend, mode=args.compile_mode)
+        chosen = [resolve_precision(name, None) for name in compare or []]
     except ValueError as err:
-        parser.error(f"--compile-mode: {err}")
+        parser.error(str(err))
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         steps, warmup = (args.steps or preset.steps), (args.warmup if args.warmup is not None else preset.warmup)
-        payload = compiled.compare_compiled(
-            preset, args.modes, steps, warmup, options, precision, device=args.device, seed=args.seed, source=source,
-            data=data.data_module() if data is not None else None, log=log)
+        module = data.data_module() if data is not None else None
+        if compare is None:
+            payload = compiled.compare_compiled(preset, args.modes, steps, warmup, options, precision, args.device,
+                                                args.seed, source, module, log)
+            markdown = compiled.to_markdown(payload)
+        else:
+            payload = precisions.compare_precisions(preset, args.modes, steps, warmup, chosen, args.device,
+                                                    args.seed, args.model, module, log)
+            markdown = variants.to_markdown(payload, f"Precisions compared, exact steps ({payload['preset']})")
     except ValueError as err:
         parser.error(str(err))
     finally:
         torch.set_num_threads(previous_threads)
     payload["command"] = " ".join(["lit-prunedpo-bench", *argv])
-    markdown = compiled.to_markdown(payload)
     print(markdown)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps(payload, indent=1))
+        (out / "bench.json").write_text(json.dumps(payload, indent=1, default=str))
         (out / "bench.md").write_text(f"{markdown}\n\nCommand: `{payload['command']}`\n")
         print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", file=sys.stderr)
     return 0
