@@ -45,7 +45,8 @@ def pct(share: float, digits: int = 0) -> str:
 # --- lit-prunedpo-bench: bench.json -----------------------------------------------------------------------------
 
 def bench(data: dict, mode: str, reference: str = "online", prompt: str = "shared", scorer: str = "plain") -> dict:
-    """The result row of one configuration (the stored runs call `position-bernoulli` `position` where it was)."""
+    """The result row of one configuration (`position` is the mode of that name when the file was written: today's
+    default since the re-measure of 2026-12-06, `position-bernoulli` in files written before 2026-12-03)."""
     rows = [r for r in data["results"] if (r["mode"], r["reference"], r["prompt"], r["scorer"])
             == (mode, reference, prompt, scorer)]
     assert len(rows) == 1, f"no single {mode}/{reference}/{prompt}/{scorer} row in {data['command']}"
@@ -61,6 +62,11 @@ def peer(data: dict, name: str = "trl") -> dict:
 def memory_ratio(data: dict, base: dict, other: dict) -> str:
     """How many times less step memory ``other`` takes than ``base``: ``3.0x``."""
     return x(base["peak_step_memory_mb"] / other["peak_step_memory_mb"], 1)
+
+
+def spread(record: dict) -> tuple[str, str]:
+    """The fastest and the slowest measured step of a configuration or a peer, in seconds: ``0.72``, ``7.08``."""
+    return f"{min(record['step_times_s']):.2f}", f"{max(record['step_times_s']):.2f}"
 
 
 def mib(value: float) -> str:

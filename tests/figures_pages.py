@@ -3,14 +3,16 @@ holds the README's and ``docs/index.md``'s, the test and the format)."""
 
 from __future__ import annotations
 
-from figure_sources import (Figure, arm_ratio, bench, learning, loss_text, map_row, mib, paper, paper_row, peer,
-                            reproduced, threads, verdicts, x)
+from figure_sources import (Figure, arm_ratio, bench, learning, loss_text, map_row, memory_ratio, mib, paper,
+                            paper_row, peer, reproduced, spread, threads, verdicts, x)
 
 P, T, A, M = "docs/performance.md", "docs/time-to-quality.md", "docs/paper.md", "docs/real-model.md"
 MED, HH, QS = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json", "docs/bench/quickstart/bench.json"
 BODY, HBT, HGT = ("docs/bench/hh-body/bench.json", "docs/bench/hh-body-trl/bench.json",
                   "docs/bench/hh-gpt2-trl/bench.json")
 MODES = "docs/bench/position-modes/bench.json"
+BODY_VANILLA = "docs/bench/hh-body-vanilla/bench.json"
+QS_PROMPTS = "docs/bench/quickstart-prompts-vanilla/bench.json"
 COMPILE = "docs/bench/compile-quickstart/bench.json"
 FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf16/bench.json"
 MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
@@ -125,6 +127,12 @@ def noise(data: dict) -> tuple[str, str]:
     return f"{min(found):.1f}", f"{max(found):.1f}"
 
 
+def efficiencies(data: dict) -> tuple[str, str]:
+    """The lowest and highest efficiency (measured / ideal speedup) of the pruned modes with the plain scorer."""
+    found = [r["efficiency"] for r in data["results"] if r["mode"] != "vanilla" and r["scorer"] == "plain"]
+    return f"{min(found):.2f}", f"{max(found):.2f}"
+
+
 def compiled_row(mode: str):
     """A mode's line of the compile table: eager and compiled medians, their ratio, the numbers' differences."""
     def compute(data: dict) -> tuple[str, ...]:
@@ -140,19 +148,23 @@ PERFORMANCE = [
     Figure((P,), "Graphs: {5} compiled in the warm-up rounds", COMPILE, lambda d: str(d["graphs"]["total"])),
     Figure((P,), "{0} in the 100 measured rounds", COMPILE, lambda d: str(d["graphs"]["after_warmup"])),
     Figure((P,), "The first compiled step took {9.0} s", COMPILE, lambda d: f"{d['rows'][0]['first_step_compiled_s']:.1f}"),
-    Figure((P,), "| vanilla | 1.00x (1.00x), {1.042} s | 1.00x (1.00x), {0.787} s | {706} |", MED,
+    Figure((P,), "| vanilla | 1.00x (1.00x), {6.249} s | 1.00x (1.00x), {3.227} s | {556} |", MED,
            lambda d: (*(f"{bench(d, 'vanilla', r)['step_time_s']:.3f}" for r in ("online", "cached")),
                       f"{bench(d, 'vanilla')['peak_step_memory_mb']:.0f}")),
-    Figure((P,), "| branch | **{1.36x}** ({1.41x}) | **{1.56x}** ({1.63x}) | {539} |", MED, speedups("branch")),
-    Figure((P,), "| sequence | {1.21x} ({1.25x}) | {1.25x} ({1.25x}) | {640} |", MED, speedups("sequence")),
-    Figure((P,), "| position-bernoulli | {1.26x} ({1.22x}) | {1.20x} ({1.22x}) | {535} |", MED, speedups("position")),
-    Figure((P,), "| all | **{2.17x}** ({2.21x}) | **{2.47x}** ({2.59x}) | {364} |", MED, speedups("all")),
-    Figure((P,), "With the chunked scorer `all` is {2.04x} online / {2.42x} cached (ideal {2.28x} / {2.69x})", MED,
+    *(Figure((P,), f"| {m} | {{}} ({{}}) | {{}} ({{}}) | {{}} |", MED, speedups(m))
+      for m in ("branch", "sequence", "position", "all")),
+    Figure((P,), "(`medium`'s `all`, cached reference, chunked scorer: {0.74}-{8.05} s)", MED,
+           lambda d: spread(bench(d, "all", "cached", scorer="chunked"))),
+    Figure((P,), "Under this load the plain scorer's modes ran at {0.62}-{1.27} of their cost-model ideal", MED,
+           efficiencies),
+    Figure((P,), "`all`'s about {0.38x} of it", MED,
+           lambda d: x(bench(d, "all")["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"])),
+    Figure((P,), "With the chunked scorer `all` is {1.59x} online / {1.45x} cached (ideal {2.28x} / {2.69x})", MED,
            lambda d: tuple(x(bench(d, "all", r, scorer="chunked")[k]) for k in ("speedup", "ideal_speedup")
                            for r in ("online", "cached"))),
-    Figure((P,), "`position-bernoulli` is {2.62x} faster (ideal {2.89x}) and its step memory above start {164} MiB "
-           "against vanilla's {492} ({3.0x} less); the chunked scorer alone takes {108} MiB ({4.6x} less, full "
-           "supervision), both together {104} MiB", HH,
+    Figure((P,), "`position` ran at {0.78x} (ideal {2.89x}) and its step memory above start is {141} MiB against "
+           "vanilla's {478} ({3.4x} less); the chunked scorer alone takes {97} MiB ({4.9x} less, full supervision), "
+           "both together {79} MiB", HH,
            lambda d: (*speedups("position")(d)[:2], f"{bench(d, 'position')['peak_step_memory_mb']:.0f}",
                       f"{bench(d, 'vanilla')['peak_step_memory_mb']:.0f}",
                       x(bench(d, "vanilla")["peak_step_memory_mb"] / bench(d, "position")["peak_step_memory_mb"], 1),
@@ -160,36 +172,73 @@ PERFORMANCE = [
                       x(bench(d, "vanilla")["peak_step_memory_mb"]
                         / bench(d, "vanilla", scorer="chunked")["peak_step_memory_mb"], 1),
                       f"{bench(d, 'position', scorer='chunked')['peak_step_memory_mb']:.0f}")),
-    Figure((P,), "Online reference: {2.71x} against {3.02x} for `position-bernoulli` (ideal {2.87x} / {2.88x}; over "
-           "the summed steps {2.89x} / {3.02x}); cached reference: {3.02x} against {2.82x}; step memory {193} / "
-           "{143} MiB against {203} / {185}", MODES,
+    Figure((P,), "with the cached reference `position` ran at {3.53x}, and its online steps took {0.41}-{3.74} s", HH,
+           lambda d: (x(bench(d, "position", "cached")["speedup"]), *spread(bench(d, "position")))),
+    Figure((P,), "Online reference: {1.04x} against {2.19x} for `position-bernoulli` (ideal {2.87x} / {2.88x}; over "
+           "the summed steps {1.12x} / {1.25x}); cached reference: {4.06x} against {2.82x}; step memory {173} / "
+           "{133} MiB against {177} / {176}", MODES,
            lambda d: (*(x(bench(d, m)[k]) for k in ("speedup", "ideal_speedup", "speedup_total_time")
                         for m in ("position", "position-bernoulli")),
                       *(x(bench(d, m, "cached")["speedup"]) for m in ("position", "position-bernoulli")),
                       *(f"{bench(d, m, r)['peak_step_memory_mb']:.0f}" for m in ("position", "position-bernoulli")
                         for r in ("online", "cached")))),
-    Figure((P,), "`branch` is {1.04x} online and {1.08x} cached (ideal {1.33x} / {1.49x}), `all` {1.22x} / {1.21x} "
+    Figure((P,), "`branch` is {0.97x} online and {0.98x} cached (ideal {1.32x} / {1.48x}), `all` {1.12x} / {1.07x} "
            "(ideal {1.84x} / {2.04x})", QS,
            lambda d: tuple(x(bench(d, m, r)[k]) for m in ("branch", "all") for k in ("speedup", "ideal_speedup")
                            for r in ("online", "cached"))),
-    Figure((P,), "quiet machine (load average 1.7-1.9), {2} torch threads, float32, 4 steps", BODY, threads),
-    Figure((P,), "| vanilla, shared | {704} | {1.90x} (**{2.07x}**) | {1.88x} (**{2.07x}**) | {326} |", BODY,
-           lambda d: (f"{bench(d, 'vanilla')['tokens_executed']:.0f}", *speedups("vanilla")(d))),
-    Figure((P,), "| all, shared | {672} | {2.27x} (**{2.66x}**) | {2.22x} (**{2.70x}**) | {283} |", BODY,
-           lambda d: (f"{bench(d, 'all')['tokens_executed']:.0f}", *speedups("all")(d))),
-    Figure((P,), "quiet machine (load average 1.8), {2} torch threads, float32, 4 steps", HBT, threads),
-    Figure((P,), "| TRL DPOTrainer, precomputed reference | {0.862} s | {969} MiB | {1334} | 1.00x |", HBT, trl_line),
-    Figure((P,), "| vanilla, padded | {0.672} s | {593} MiB | {1542} | {1.28x} |", HBT,
+    Figure((P,), "(its step holds {8.2} against vanilla's {12.8} MiB online)", QS,
+           lambda d: tuple(f"{bench(d, m)['peak_step_memory_mb']:.1f}" for m in ("branch", "vanilla"))),
+    Figure((P,), "both cores (load average 3.5-4.0), {2} torch threads, float32, 4 steps", BODY, threads),
+    Figure((P,), "| vanilla, padded (baseline) | {1542} | 1.00x (1.00x), {5.224} s | 1.00x (1.00x), {3.894} s | {421} |",
+           BODY, lambda d: (f"{bench(d, 'vanilla', prompt='padded')['tokens_executed']:.0f}",
+                            *(f"{bench(d, 'vanilla', r, 'padded')['step_time_s']:.3f}" for r in ("online", "cached")),
+                            f"{bench(d, 'vanilla', prompt='padded')['peak_step_memory_mb']:.0f}")),
+    *(Figure((P,), f"| {m}, {p} | {{}} | {{}} ({bold}{{}}{bold}) | {{}} ({bold}{{}}{bold}) | {{}} |", BODY,
+             lambda d, m=m, p=p: (f"{bench(d, m, prompt=p)['tokens_executed']:.0f}", *speedups(m, p)(d)))
+      for m, p, bold in (("vanilla", "shared", "**"), ("branch", "shared", ""), ("all", "shared", "**"),
+                         ("branch", "padded", ""), ("all", "padded", ""))),
+    Figure((P,), "`all`'s median step was {0.98x} online and {0.82x} cached (ideal {1.29x} / {1.30x}) of "
+           "vanilla-shared's", BODY,
+           lambda d: (*(x(bench(d, "vanilla", r)["step_time_s"] / bench(d, "all", r)["step_time_s"])
+                        for r in ("online", "cached")),
+                      *(x(bench(d, "all", r)["ideal_speedup"] / bench(d, "vanilla", r)["ideal_speedup"])
+                        for r in ("online", "cached")))),
+    Figure((P,), "Shared vs padded **{1.81x}** faster with the online reference (ideal {2.22x}), {1.59x} cached (ideal "
+           "{2.22x}; p90 step times up to {2.9}x the medians, from the load), step memory {667} vs {1312} MiB online",
+           BODY_VANILLA,
+           lambda d: (*(x(bench(d, "vanilla", r)[k]) for r in ("online", "cached")
+                        for k in ("speedup", "ideal_speedup")),
+                      f"{max(r['step_time_p90_s'] / r['step_time_s'] for r in d['results']):.1f}",
+                      *(f"{bench(d, 'vanilla', prompt=p)['peak_step_memory_mb']:.0f}" for p in ("shared", "padded")))),
+    Figure((P,), "both cores (load average 4.0), {2} torch threads, float32, 4 steps, medians", HBT, threads),
+    Figure((P,), "TRL's four steps took {2.80}-{8.27} s, vanilla's (shared prompt) {0.72}-{6.67} s", HBT,
+           lambda d: (*spread(peer(d)), *spread(bench(d, "vanilla", "cached")))),
+    Figure((P,), "| TRL DPOTrainer, precomputed reference | {4.902} s | {1002} MiB | {1334} | 1.00x |", HBT, trl_line),
+    Figure((P,), "| vanilla, padded | {4.385} s | {412} MiB | {1542} | {1.12x} |", HBT,
            against_peer("vanilla", "padded")),
-    Figure((P,), "| all, padded | {0.399} s | {320} MiB | {1297} | {2.16x} |", HBT, against_peer("all", "padded")),
-    Figure((P,), "| vanilla, shared prompt | {0.364} s | {312} MiB | {704} | {2.37x} |", HBT, against_peer("vanilla")),
-    Figure((P,), "| all, shared prompt | {0.315} s | {285} MiB | {672} | **{2.74x}** |", HBT, against_peer("all")),
-    Figure((P,), "quiet machine (load average 1.7), {2} torch threads, float32, 4 steps each", HGT, threads),
-    Figure((P,), "| TRL DPOTrainer, precomputed reference | {2.229} s | {2165} MiB | {1334} | 1.00x |", HGT, trl_line),
-    Figure((P,), "| vanilla | {0.457} s | {435} MiB | {704} | **{4.88x}** |", HGT, against_peer("vanilla")),
-    Figure((P,), "| all | {0.317} s | {383} MiB | {672} | **{7.02x}** |", HGT, against_peer("all")),
-    Figure((P,), "The step's own memory is {5.0x} lower in vanilla.", HGT,
+    Figure((P,), "| all, padded | {1.782} s | {183} MiB | {1297} | {2.75x} |", HBT, against_peer("all", "padded")),
+    Figure((P,), "| vanilla, shared prompt | {1.339} s | {220} MiB | {704} | {3.66x} |", HBT, against_peer("vanilla")),
+    Figure((P,), "| all, shared prompt | {1.433} s | {188} MiB | {672} | **{3.42x}** |", HBT, against_peer("all")),
+    Figure((P,), "TRL's {1002} MiB against vanilla's {220} with the shared prompt ({4.6x} less) and `all`'s {188}", HBT,
+           lambda d: (f"{peer(d)['peak_step_memory_mb']:.0f}", f"{bench(d, 'vanilla', 'cached')['peak_step_memory_mb']:.0f}",
+                      memory_ratio(d, peer(d), bench(d, "vanilla", "cached")),
+                      f"{bench(d, 'all', 'cached')['peak_step_memory_mb']:.0f}")),
+    Figure((P,), "both cores (load average 3.9-4.0), {2} torch threads, float32, 4 steps each", HGT, threads),
+    Figure((P,), "| TRL DPOTrainer, precomputed reference | {10.704} s | {2121} MiB | {1334} | 1.00x |", HGT, trl_line),
+    Figure((P,), "| vanilla | {6.432} s | {350} MiB | {704} | **{1.66x}** |", HGT, against_peer("vanilla")),
+    Figure((P,), "| all | {2.094} s | {212} MiB | {672} | **{5.11x}** |", HGT, against_peer("all")),
+    Figure((P,), "The step's own memory is {6.1x} lower in vanilla.", HGT,
            lambda d: x(peer(d)["peak_step_memory_mb"] / bench(d, "vanilla", "cached")["peak_step_memory_mb"], 1)),
+    Figure((P,), "vanilla's four steps took {0.72}-{7.08} s and TRL's {7.26}-{13.56} s, so vanilla's {1.66x} is not",
+           HGT, lambda d: (*spread(bench(d, "vanilla", "cached")), *spread(peer(d)),
+                           x(bench(d, "vanilla", "cached")["speedup_vs_peer"]))),
+    Figure((P,), "Shared vs padded: {1.31x} faster online and {1.28x} cached (the ideal is {1.34x}: quickstart prompts "
+           "are 3 tokens, so the shared layout saves only the padding, {719} vs {1091} tokens per step), step memory "
+           "{12.8} vs {15.1} MiB online", QS_PROMPTS,
+           lambda d: (*(x(bench(d, "vanilla", r)["speedup"]) for r in ("online", "cached")),
+                      x(bench(d, "vanilla")["ideal_speedup"]),
+                      *(f"{bench(d, 'vanilla', prompt=p)['tokens_executed']:.0f}" for p in ("shared", "padded")),
+                      *(f"{bench(d, 'vanilla', prompt=p)['peak_step_memory_mb']:.1f}" for p in ("shared", "padded")))),
 ]
 
 TIME_TO_QUALITY = [
