@@ -18,6 +18,7 @@ FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf1
 MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
 LEARN = "docs/real-model/learning/records.jsonl"
 PROFILE = "docs/real-model/profile.json"
+LEARNS = "docs/real-model/epoch-cell-learns/report/paper.json"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
                          "docs/study/cv-l512/map.json")
@@ -334,7 +335,20 @@ PAPER_PAGE = [
            lambda d: tuple(paper(c, "vanilla@16", q)(d) for c in CELLS for q in ("accuracy", "loss"))),
 ]
 
+def learns_row(design: str):
+    """A design's line of the real model's epoch cell at the learning budget."""
+    qs = ("accuracy", "loss") if design == "vanilla" else ("time_saved", "step_speedup", "memory_ratio", "accuracy",
+                                                          "loss")
+    return lambda d: tuple(paper("smollm2-hh", f"{design}@8", q)(d) for q in qs)
+
+
 REAL_MODEL = [
+    Figure((M,), "| vanilla | - | 1 | 1 | {} | {} |", LEARNS, learns_row("vanilla")),
+    *(Figure((M,), f"| {m} | {{}} | {{}} | {{}} | {{}} | {{}} |", LEARNS, learns_row(m))
+      for m in ("branch", "position", "all")),
+    Figure((M,), "the closest, `position`, stood at {0.683} after {0.96}x of vanilla's training time", LEARNS,
+           lambda d: (paper("smollm2-hh", "position@8", "loss")(d).split(" ")[0],
+                      f"{paper_row(d, 'smollm2-hh', 'position@8')['time_ratio'][0]:.2f}")),
     *(Figure((M,), "| {} | {} | {} |", LEARN, seed_line(seed)) for seed in range(5)),
     Figure((M,), "| **mean [95 % t-interval]** | **{0.6676 [0.6536, 0.6816]}** | **{0.599 [0.519, 0.680]}** |", LEARN,
            lambda r: (learning("val_loss", ".4f")(r), learning("val_accuracy", ".3f")(r))),
