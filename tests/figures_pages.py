@@ -19,6 +19,7 @@ MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
 LEARN = "docs/real-model/learning/records.jsonl"
 PROFILE = "docs/real-model/profile.json"
 LEARNS = "docs/real-model/epoch-cell-learns/report/paper.json"
+LIMIT = "docs/real-model/limit-b8/bench.json"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
                          "docs/study/cv-l512/map.json")
@@ -342,7 +343,29 @@ def learns_row(design: str):
     return lambda d: tuple(paper("smollm2-hh", f"{design}@8", q)(d) for q in qs)
 
 
+def limit_row(mode: str):
+    """A mode's line of the precision table: float32 step and utilisation, each 16-bit precision's ratio and share."""
+    def compute(data: dict) -> tuple[str, ...]:
+        rows = {r["variant"]: r for r in data["rows"] if r["mode"] == mode}
+        out = [f"{rows['32-true']['step_time_s']:.2f}", f"{100 * rows['32-true']['utilisation']:.0f}"]
+        for p in ("bf16-mixed", "bf16-true"):
+            out += [x(rows[p]["vs_first"]), f"{100 * rows[p]['utilisation']:.0f}"]
+        return tuple(out)
+    return compute
+
+
+def limit_range(data: dict) -> tuple[str, ...]:
+    ratios = [r["vs_first"] for r in data["rows"] if r["variant"] != "32-true"]
+    peaks = data["peaks"]
+    return (f"{peaks['float32']['flops_per_s'] / 1e9:.0f}", f"{peaks['bfloat16']['flops_per_s'] / 1e9:.0f}",
+            f"{min(ratios):.2f}", f"{max(ratios):.2f}x")
+
+
 REAL_MODEL = [
+    *(Figure((M,), f"| {m} | {{}} s, {{}} % | {{}}, {{}} % | {{}}, {{}} % |", LIMIT, limit_row(m))
+      for m in ("vanilla", "branch", "position", "all")),
+    Figure((M,), "(float32 {194} GFLOP/s, bfloat16 {400} GFLOP/s)", LIMIT, lambda d: limit_range(d)[:2]),
+    Figure((M,), "bfloat16 makes the step {1.55}-{1.71x} faster", LIMIT, lambda d: limit_range(d)[2:]),
     Figure((M,), "| vanilla | - | 1 | 1 | {} | {} |", LEARNS, learns_row("vanilla")),
     *(Figure((M,), f"| {m} | {{}} | {{}} | {{}} | {{}} | {{}} |", LEARNS, learns_row(m))
       for m in ("branch", "position", "all")),
