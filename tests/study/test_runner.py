@@ -269,11 +269,11 @@ def test_a_study_stopped_late_keeps_what_it_measured(tmp_path, monkeypatch):
 
     evaluations, exact = [], runner.exact_eval
 
-    def dies_at_the_seventh(module, batches):
+    def dies_at_the_seventh(module, batches, *precision):
         evaluations.append(1)
         if len(evaluations) == 7:
             raise KeyboardInterrupt
-        return exact(module, batches)
+        return exact(module, batches, *precision)
 
     monkeypatch.setattr(runner, "exact_eval", dies_at_the_seventh)
     out = tmp_path / "study"
