@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "bf16-true; with --precision it must be that precision's parameter dtype")
     parser.add_argument("--peer", type=_csv, default=[],
                         help="comma-separated: trl (precomputed reference), trl-online (TRL's reference model forward "
-                             "in every step): also time TRL's DPO step on the same weights and batches "
+                             "in every step), trl-online-checkpointing (trl-online with DPOConfig's default activation "
+                             "checkpointing): also time TRL's DPO step on the same weights and batches "
                              "(pip install -e '.[peer]')")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's, else torch's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")

@@ -141,16 +141,20 @@ class StepFlops:
         policy_backward: 2x the forward of the gradient groups.
         head_recompute: the chunked scorer's head recomputation in backward (0 for the plain scorer).
         reference_forward: the online reference's forward (0 when cached).
+        body_recompute: activation checkpointing's forward of the body and attention again in backward (a TRL peer
+            with it on; 0 otherwise).
     """
 
     policy_forward: int
     policy_backward: int
     head_recompute: int
     reference_forward: int
+    body_recompute: int = 0
 
     @property
     def total(self) -> int:
-        return self.policy_forward + self.policy_backward + self.head_recompute + self.reference_forward
+        return (self.policy_forward + self.policy_backward + self.head_recompute + self.reference_forward
+                + self.body_recompute)
 
 
 def step_flops(

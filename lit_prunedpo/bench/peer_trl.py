@@ -10,7 +10,12 @@ peers (:data:`PEERS`) differ in their reference:
   ``DPOTrainer.__init__`` (not timed);
 * ``trl-online``: an **online reference** (``precompute_ref_log_probs=False``, ``ref_model`` a frozen copy of the
   same initial weights in the same dtype): TRL's no-grad reference forward runs inside every timed step, as in real
-  TRL training.
+  TRL training;
+* ``trl-online-checkpointing``: ``trl-online`` with activation checkpointing on, as a stock ``DPOConfig`` trains
+  (its ``gradient_checkpointing`` defaults to ``True``; ``Trainer.train`` then calls the policy's
+  ``activation_checkpointing_enable`` with the config's kwargs, and this peer makes the same call, since the bench
+  never runs ``Trainer.train``): every decoder layer's forward runs again in backward. The other two peers leave it
+  off, as a user who turns it off to trade memory for speed would.
 
 Matched: the initial weights (the same ``FromConfig`` seed), every pair's tokens (TRL gets them pre-tokenized, so
 its tokenizer and truncation never run: ``max_length=None``; both sides see exactly the same prompt and response
@@ -44,23 +49,41 @@ import torch
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench.precision import Precision, resolve_precision
 
-#: The peers ``--peer`` names, and what each one's reference is (the report says it).
-PEERS: dict[str, str] = {
-    "trl": "a precomputed reference (its log-probs computed once, before the rounds, untimed)",
-    "trl-online": "an online reference (a frozen copy of the initial weights, whose forward runs in every timed step)",
+@dataclass(frozen=True)
+class PeerKind:
+    """What one ``--peer`` name runs: its reference (``online``: a frozen model in every step, else precomputed)
+    and whether the policy's activations are checkpointed; ``description`` is what the report says of it."""
+
+    description: str
+    online: bool
+    checkpointing: bool = False
+
+
+_ONLINE = "an online reference (a frozen copy of the initial weights, whose forward runs in every timed step)"
+#: The peers ``--peer`` names.
+PEER_KINDS: dict[str, PeerKind] = {
+    "trl": PeerKind("a precomputed reference (its log-probs computed once, before the rounds, untimed)", online=False),
+    "trl-online": PeerKind(_ONLINE, online=True),
+    "trl-online-checkpointing": PeerKind(
+        f"{_ONLINE} and activation checkpointing, DPOConfig's default (gradient_checkpointing=True)",
+        online=True, checkpointing=True),
 }
+#: Each peer's name and what the report says of it.
+PEERS: dict[str, str] = {name: kind.description for name, kind in PEER_KINDS.items()}
 
 
 @dataclass(frozen=True)
 class PeerForward:
     """One forward TRL ran: ``rows x width`` tokens (its ``input_ids``, padding included), ``positions`` rows
-    through the LM head; ``grad`` whether it built a graph, ``reference`` whether the reference model ran it."""
+    through the LM head; ``grad`` whether it built a graph, ``reference`` whether the reference model ran it,
+    ``checkpointed`` whether its layers run again in backward (activation checkpointing)."""
 
     rows: int
     width: int
     positions: int
     grad: bool
     reference: bool
+    checkpointed: bool = False
 
 
 def _rows(batch: PreferenceBatch) -> list[dict[str, Any]]:
@@ -97,6 +120,8 @@ class TRLPeer:
         name: the peer's name (:data:`PEERS`), for errors.
         precision: the bench's precision (``None``: ``32-true``); ``model`` and ``reference`` are in its parameter
             dtype already.
+        checkpointing: activation checkpointing on the policy, switched on as ``Trainer.train`` does for a
+            ``DPOConfig`` with ``gradient_checkpointing=True`` (its default).
 
     Raises:
         RuntimeError: if ``trl`` is not installed, naming the extra that installs it.
@@ -104,7 +129,7 @@ class TRLPeer:
 
     def __init__(self, model: torch.nn.Module, batches: Sequence[PreferenceBatch], beta: float, lr: float,
                  pad_id: int, reference: torch.nn.Module | None = None, name: str = "trl",
-                 precision: Precision | None = None) -> None:
+                 precision: Precision | None = None, checkpointing: bool = False) -> None:
         try:
             import datasets
             import transformers
@@ -131,7 +156,7 @@ class TRLPeer:
             output_dir="/tmp/lit-prunedpo-bench-trl", per_device_train_batch_size=batches[0].num_pairs, beta=beta,
             precompute_ref_log_probs=reference is None, max_length=None, learning_rate=lr, report_to=[],
             save_strategy="no", use_cpu=device.type == "cpu", disable_tqdm=True, dataloader_num_workers=0,
-            logging_steps=10**9, bf16=False,
+            logging_steps=10**9, bf16=False, activation_checkpointing=checkpointing,
         )
         if reference is not None:
             reference.requires_grad_(False).eval()
@@ -140,6 +165,10 @@ class TRLPeer:
                                         processing_class=tokenizer, data_collator=DataCollatorForPreference(pad_id))
         self.dataset = self.trainer.train_dataset  # with the precomputed peer's reference log-probs, from __init__
         self.model = model.train()
+        self.checkpointing = checkpointing
+        if args.activation_checkpointing:  # what Trainer.train does before its first step
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=args.activation_checkpointing_kwargs
+                                                  or None)
         self.reference = self.trainer.ref_model  # None for the precomputed reference
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         self.device = device
@@ -161,7 +190,7 @@ class TRLPeer:
         """The forwards of the last :meth:`step` (the hooks came after ``__init__``: the precompute is not one)."""
         return [PeerForward(int(shape[0]), int(shape[1]),
                             _head_positions(labels, self.device) if labels is not None else int(shape.numel()),
-                            grad, reference)
+                            grad, reference, checkpointed=self.checkpointing and not reference)
                 for shape, labels, grad, reference in self._seen]
 
     def inputs(self, r: int) -> dict[str, torch.Tensor]:
@@ -183,7 +212,7 @@ class TRLPeer:
 def make_peers(names: Sequence[str], policy: torch.nn.Module, batches: Sequence[PreferenceBatch], beta: float,
                lr: float, pad_id: int, precision: Precision | None = None) -> dict[str, TRLPeer]:
     """Each named peer, on its own copy of ``policy`` as it is now (the initial weights, dtype and device), its
-    steps at ``precision`` (``None``: ``32-true``); ``trl-online``'s reference is one more frozen copy.
+    steps at ``precision`` (``None``: ``32-true``); an online peer's reference is one more frozen copy.
 
     Raises:
         ValueError: on a name not in :data:`PEERS`, naming the argument.
@@ -193,6 +222,7 @@ def make_peers(names: Sequence[str], policy: torch.nn.Module, batches: Sequence[
         raise ValueError(f"peer: unknown {bad}; choose from {list(PEERS)}")
     return {
         name: TRLPeer(copy.deepcopy(policy), batches, beta, lr, pad_id, name=name, precision=precision,
-                      reference=copy.deepcopy(policy) if name == "trl-online" else None)
+                      reference=copy.deepcopy(policy) if PEER_KINDS[name].online else None,
+                      checkpointing=PEER_KINDS[name].checkpointing)
         for name in names
     }

@@ -4,7 +4,8 @@ A configuration's FLOPs are the cost model's (:func:`lit_prunedpo.bench.cost.ste
 actually ran, pruned work excluded; a TRL peer's (:func:`peer_step_flops`) are an unpruned step over the rows its
 forwards really received (:class:`~lit_prunedpo.bench.peer_trl.PeerForward`: ``input_ids`` padding included, the
 LM head on the positions TRL projects), its backward 2x the gradient forward plus the head's forward again (TRL's
-chunked log-prob kernel recomputes each head tile in backward), and the online reference's no-grad forward.
+chunked log-prob kernel recomputes each head tile in backward), the body and attention once more where activation
+checkpointing is on (``trl-online-checkpointing``), and the online reference's no-grad forward.
 
 Achieved FLOP/s = mean FLOPs per step / median step time. The peak (:func:`measure_peak`) is measured in the same run,
 right before the rounds and again right after them, the higher reading kept (:func:`higher_peak`): the median time of a matmul of the model's own MLP shape, ``[tokens x hidden] @
@@ -31,8 +32,9 @@ from lit_prunedpo.bench.peer_trl import PeerForward
 
 
 def peer_step_flops(dims: cost.ModelDims, forwards: Iterable[PeerForward]) -> cost.StepFlops:
-    """FLOPs of one TRL step from the forwards it ran: every forward is an unpruned one over its padded rows."""
-    forward = backward = recompute = reference = 0
+    """FLOPs of one TRL step from the forwards it ran: every forward is an unpruned one over its padded rows; a
+    checkpointed one runs its body and attention again in backward."""
+    forward = backward = recompute = reference = body_recompute = 0
     for f in forwards:
         flops = cost.forward_flops(dims, f.rows, f.width, f.positions)
         if f.reference:
@@ -42,7 +44,8 @@ def peer_step_flops(dims: cost.ModelDims, forwards: Iterable[PeerForward]) -> co
         if f.grad:
             backward += 2 * flops.total
             recompute += flops.head
-    return cost.StepFlops(forward, backward, recompute, reference)
+            body_recompute += flops.body + flops.attention if f.checkpointed else 0
+    return cost.StepFlops(forward, backward, recompute, reference, body_recompute)
 
 
 def typical_tokens(batches: Sequence[PreferenceBatch]) -> int:

@@ -1,4 +1,4 @@
-"""TRL's two peers in the benchmark: ``trl`` (precomputed reference) and ``trl-online`` (its reference model's
+"""TRL's peers in the benchmark: ``trl`` (precomputed reference), ``trl-online`` (its reference model's
 forward in every timed step), alternated in the rounds with the project's configurations on the same batches."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from lit_prunedpo.bench.cli import main
 from lit_prunedpo.bench.harness import run_benchmark
 from lit_prunedpo.bench.presets import get_preset
 from lit_prunedpo.bench.rounds import build_rounds, run_rounds
+from lit_prunedpo.bench.utilisation import peer_step_flops
 from lit_prunedpo.callbacks import PeakMemoryMeter
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the [peer] extra (trl)")
@@ -84,3 +85,39 @@ def test_a_missing_trl_names_the_peer_and_the_extra(monkeypatch):
     with pytest.raises(RuntimeError, match=r"--peer trl-online needs TRL: pip install -e '\.\[peer\]'"):
         run_benchmark(get_preset("small"), modes=["vanilla"], references=["online"], scorers=["plain"], steps=1,
                       warmup=0, peer="trl-online")
+
+
+@pytest.mark.slow  # TRL's trainer, twice
+@needs_trl
+def test_the_checkpointing_peer_runs_each_layer_again_in_backward_and_computes_the_same_step():
+    """``trl-online-checkpointing`` is ``trl-online`` with DPOConfig's default activation checkpointing, switched on
+    as ``Trainer.train`` switches it on: the same loss and gradients, each decoder layer's forward run twice."""
+    rounds = build_rounds(get_preset("small"), ["vanilla"], ["online"], ["plain"], ["shared"], num_batches=1,
+                          warmup=0, dev=torch.device("cpu"), peer="trl-online,trl-online-checkpointing")
+    plain, checkpointed = rounds.peers["trl-online"], rounds.peers["trl-online-checkpointing"]
+    assert checkpointed.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
+    assert checkpointed.reference is not None
+    layer_calls = {}
+    for name, peer in rounds.peers.items():
+        # a pre-hook inside the checkpoint: the layer's own hooks stay outside it, and the recompute stops early,
+        # before a forward hook after the MLP would run
+        layer = peer.model.get_decoder().layers[0].mlp
+        layer.register_forward_pre_hook(lambda *args, key=name: layer_calls.__setitem__(key, layer_calls.get(key, 0) + 1))
+    losses, grads = {}, {}
+    for name, peer in rounds.peers.items():
+        # read the gradients where AdamW would step (the stepper clears them after)
+        peer.optimizer.step = lambda *_, key=name, model=peer.model: grads.__setitem__(
+            key, [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        losses[name] = peer.step(peer.inputs(0))
+    assert layer_calls == {"trl-online": 1, "trl-online-checkpointing": 2}
+    # its FLOPs count the body's second forward; the reference's no-grad forward is not checkpointed
+    flops = {name: peer_step_flops(rounds.dims, peer.forwards) for name, peer in rounds.peers.items()}
+    assert flops["trl-online"].body_recompute == 0
+    body = flops["trl-online-checkpointing"].policy_forward - flops["trl-online-checkpointing"].head_recompute
+    assert flops["trl-online-checkpointing"].body_recompute == body > 0
+    assert [f.checkpointed for f in checkpointed.forwards] == [not f.reference for f in checkpointed.forwards]
+    assert losses["trl-online"] == pytest.approx(losses["trl-online-checkpointing"], abs=1e-6)
+    grad_a, grad_b = grads["trl-online"], grads["trl-online-checkpointing"]
+    assert len(grad_a) == len(grad_b) > 0
+    for a, b in zip(grad_a, grad_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
