@@ -11,8 +11,8 @@ without ever loading the reference model::
 
 The file is the one ``fit`` chooses: a path template (``runs/cache/ref-{model}-{fingerprint}.safetensors``, as the
 shipped configs name it) or a folder is filled in from the run's fingerprint, so the command prints the same path
-the following ``fit`` loads. A cache that is already up to date is left alone; a stale one is refused, naming the fields that differ,
-unless ``--model.reference.init_args.recompute=true``. The build runs in this one process (one device);
+the following ``fit`` loads. A cache that is already up to date is left alone; a stale one is refused, naming the fields
+that differ, unless ``--model.reference.init_args.recompute=true``. The build runs in this one process (one device);
 multi-device builds happen inside ``fit``, sharded over its ranks. It logs its progress (every tenth of the pairs,
 at most a line every 10 s) and holds one chunk of logits at a time, not a batch's
 (:mod:`lit_prunedpo.reference.cached`).

@@ -45,7 +45,8 @@ from lit_prunedpo.token_terms import linear_head_parts
 __all__ = ["ChunkedScorer"]
 
 
-def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, transform: LogitTransform | None = None) -> Tensor:
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None,
+                  transform: LogitTransform | None = None) -> Tensor:
     # Same numerics as the plain scorer: the head and the model's transform in its own dtype, then upcast.
     logits = F.linear(hidden, weight, bias)
     return (logits if transform is None else transform(logits)).float()
@@ -98,7 +99,8 @@ class _ChunkedLinearLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         hidden, weight, bias, targets, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
+        need_h, need_w, need_b = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                                  ctx.has_bias and ctx.needs_input_grad[2])
         grad_h = torch.empty_like(hidden) if need_h else None
         # Accumulate over chunks in float32 (bf16 weights would lose low bits chunk after chunk).
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -213,11 +215,13 @@ class ChunkedScorer(TokenScorer):
         if torch.is_grad_enabled() and (hidden.requires_grad or linear.weight.requires_grad or (
             linear.bias is not None and linear.bias.requires_grad
         )):
-            return _ChunkedLinearLogProb.apply(hidden, linear.weight, linear.bias, targets, chunk, stats, transform, True)
+            return _ChunkedLinearLogProb.apply(hidden, linear.weight, linear.bias, targets, chunk, stats, transform,
+                                               True)
         return _chunked_forward(hidden, linear.weight, linear.bias, targets, chunk, stats, transform)[1]
 
     def _checkpointed(
-        self, head: OutputHead | nn.Module, hidden: Tensor, targets: Tensor, chunk: int, stats: list[Tensor] | None = None
+        self, head: OutputHead | nn.Module, hidden: Tensor, targets: Tensor, chunk: int,
+        stats: list[Tensor] | None = None
     ) -> Tensor:
         """Any head module: plain log-softmax per chunk, activations recomputed by ``torch.utils.checkpoint``."""
         parent = super()

@@ -308,9 +308,11 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
         refused.append(f"{_name(layout)}: {why}")
         if strict and not auto:
             raise ValueError(f"model.layout {_name(requested)} does not run {type(policy).__name__} exactly: {why} "
-                             "(model.strict_layout is set; leave model.layout unset to let the automatic layout choose)")
+                             "(model.strict_layout is set; leave model.layout unset to let the automatic layout "
+                             "choose)")
     if chosen is None:
-        raise ValueError(f"no layout runs {type(policy).__name__} exactly on the conformance probe: " + "; ".join(refused))
+        raise ValueError(f"no layout runs {type(policy).__name__} exactly on the conformance "
+                         "probe: " + "; ".join(refused))
     if probes.unfinite:
         return LayoutChoice(chosen, f"layout: {_name(chosen)} for {type(policy).__name__}: not checked, the model's "
                                     "own forward is not finite on the conformance probe", tuple(refused))

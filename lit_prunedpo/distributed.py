@@ -134,8 +134,9 @@ def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = Tr
     names = getattr(mesh, "mesh_dim_names", None) or ()
     if "tensor_parallel" in names and mesh["tensor_parallel"].size() != 1:
         raise ValueError(
-            f"lit_prunedpo shards with FSDP2 only: tensor_parallel_size must be 1, got {mesh['tensor_parallel'].size()} "
-            "(use lit_prunedpo.distributed.FSDP2Strategy, or ModelParallelStrategy(tensor_parallel_size=1))"
+            "lit_prunedpo shards with FSDP2 only: tensor_parallel_size must be 1, got "
+            f"{mesh['tensor_parallel'].size()} (use lit_prunedpo.distributed.FSDP2Strategy, or "
+            "ModelParallelStrategy(tensor_parallel_size=1))"
         )
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
     shard_causal_lm(module.policy, dp_mesh, reshard_after_forward=reshard_after_forward)

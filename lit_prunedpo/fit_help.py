@@ -65,7 +65,8 @@ def brief_help() -> str:
     width = max(len(option) for option, _, _ in OPTIONS)
     lines = ["usage: lit-prunedpo fit [-c CONFIG ...] [--OPTION VALUE ...]", "",
              "Train a policy with DPO (exact unless a pruning overlay is added); with no -c, the quickstart.", "",
-             f"The options a TRL DPOTrainer user sets first (TRL's DPOConfig name in brackets; the quickstart's value):"]
+             "The options a TRL DPOTrainer user sets first (TRL's DPOConfig name in brackets; the quickstart's "
+             "value):"]
     for option, trl, words in OPTIONS:
         value = _lookup(quickstart, option)
         shown = "" if value is None else f" (quickstart: {value})"

@@ -39,7 +39,8 @@ Samplers = tuple[Any, Any, Any]  # (prefix, position, branch) sampler objects, a
 
 
 def between_variance(per_pair: Tensor) -> float:
-    """Trace of the covariance of per-pair gradients ``[n, P]`` (``n >= 2``), unbiased: ``sum_i |g_i - mean|^2 / (n - 1)``."""
+    """Trace of the covariance of per-pair gradients ``[n, P]`` (``n >= 2``), unbiased: ``sum_i |g_i - mean|^2 / (n -
+    1)``."""
     if per_pair.ndim != 2 or per_pair.shape[0] < 2:
         raise ValueError(f"between_variance needs [n >= 2, P] per-pair gradients, got shape {tuple(per_pair.shape)}")
     g = per_pair.double()
@@ -132,7 +133,8 @@ def gradient(module: Any, batch: PreferenceBatch, samplers: Samplers, generator:
                       for p in module.policy.parameters() if p.requires_grad])
 
 
-def timed_gradient(module: Any, batch: PreferenceBatch, samplers: Samplers, generator: torch.Generator) -> tuple[Tensor, float]:
+def timed_gradient(module: Any, batch: PreferenceBatch, samplers: Samplers,
+                   generator: torch.Generator) -> tuple[Tensor, float]:
     """:func:`gradient` and the seconds (wall clock) it took."""
     start = time.perf_counter()
     g = gradient(module, batch, samplers, generator)

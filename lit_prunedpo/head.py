@@ -48,7 +48,8 @@ class LogitTransform:
 
 @dataclass(frozen=True)
 class Scale(LogitTransform):
-    """``l * factor`` (Cohere's ``logit_scale``, Falcon-H1's ``lm_head_multiplier``, Granite's ``1 / logits_scaling``)."""
+    """``l * factor`` (Cohere's ``logit_scale``, Falcon-H1's ``lm_head_multiplier``, Granite's ``1 /
+    logits_scaling``)."""
 
     factor: float
 
@@ -273,6 +274,7 @@ def _read_head(model: nn.Module, linear: nn.Module) -> OutputHead:
     for candidate in (None, known):
         logits = (plain if candidate is None else candidate(plain)).float()
         if logits.shape == own.shape and torch.allclose(logits, own, rtol=tolerance, atol=tolerance * scale):
-            return OutputHead(linear, candidate, how="linear head" if candidate is None else f"linear head, then {candidate}")
+            return OutputHead(linear, candidate,
+                              how="linear head" if candidate is None else f"linear head, then {candidate}")
     return OutputHead(linear, None, tail=model, how="the model's own forward tail (its logits are not a known "
                                                     "transform of the linear head)")

@@ -112,10 +112,10 @@ def token_metrics(plan: StepPlan, token_stats: Sequence[Tensor], num_pairs: int)
 
     ``token_stats`` holds one ``[K_g, 3]`` tensor per plan group (``StepLogps.policy_token_stats``), at the positions
     the whole LM head ran on (where the log-softmax is split, the drawn ones, ``RowGroup.lse_index``, weighted by
-    ``lse_weight``). Each such position counts with its inverse-probability weight: ``value = sum_t w_t x_t / sum_t w_t`` over a branch's
-    scored positions, ``weight = sum_t w_t`` (the estimated number of its response positions), so the aggregate
-    ``sum(value * weight) / sum(weight)`` is the ratio of two IPW estimates (consistent, not unbiased) of TRL's
-    token mean, and exactly TRL's value when nothing is pruned. ``entropy`` covers both branches,
+    ``lse_weight``). Each such position counts with its inverse-probability weight: ``value = sum_t w_t x_t / sum_t
+    w_t`` over a branch's scored positions, ``weight = sum_t w_t`` (the estimated number of its response positions), so
+    the aggregate ``sum(value * weight) / sum(weight)`` is the ratio of two IPW estimates (consistent, not unbiased) of
+    TRL's token mean, and exactly TRL's value when nothing is pruned. ``entropy`` covers both branches,
     ``mean_token_accuracy`` the chosen one (as TRL's).
     """
     device = token_stats[0].device if token_stats else torch.device("cpu")

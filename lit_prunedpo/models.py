@@ -221,7 +221,8 @@ def check_config_keys(model_type: str, config: dict[str, Any]) -> type:
         else:
             close = difflib.get_close_matches(str(key), public, n=3)
             all_close &= bool(close)
-            parts.append(f"{key!r} (closest valid names: {', '.join(close)})" if close else f"{key!r} (no close valid name)")
+            parts.append(f"{key!r} (closest valid names: {', '.join(close)})" if close
+                         else f"{key!r} (no close valid name)")
     listing = "" if all_close else f"; its keys are: {', '.join(public)}"
     raise ValueError(
         f"FromConfig: unknown config key{'s' if len(unknown) > 1 else ''} {'; '.join(parts)} for model_type "
@@ -244,7 +245,8 @@ class FromConfig(ModelSource):
             with the closest valid names).
     """
 
-    def __init__(self, model_type: str = "llama", config: dict[str, Any] | None = None, seed: int = 0, dtype: str | None = None) -> None:
+    def __init__(self, model_type: str = "llama", config: dict[str, Any] | None = None, seed: int = 0,
+                 dtype: str | None = None) -> None:
         self.init_args = {"model_type": model_type, "config": dict(config or {}), "seed": seed, "dtype": dtype}
         self.model_type = model_type
         self.config = dict(config or {})

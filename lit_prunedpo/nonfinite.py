@@ -74,8 +74,8 @@ class NonFiniteGuard:
             self._skip(step, batch_idx, f"non-finite gradient (norm {float(norm)}) with a finite loss")
             return False
         raise FloatingPointError(
-            f"non-finite gradient (total norm {float(norm)}) at step {step} (batch {batch_idx}) with a finite DPO loss: "
-            "the optimizer step would put NaN or Inf into the weights. Lower the learning rate, or set "
+            f"non-finite gradient (total norm {float(norm)}) at step {step} (batch {batch_idx}) with a finite DPO "
+            "loss: the optimizer step would put NaN or Inf into the weights. Lower the learning rate, or set "
             "model.on_nonfinite=skip to skip such steps")
 
     # ------------------------------------------------------------------------------------- counting

@@ -136,7 +136,8 @@ class WarmupCosineLR(LambdaLR):
         self.anchor = None
         stretched = self._factor(step)
         change = "extended" if previous is None or previous < total else "shortened"
-        head = f"resume: WarmupCosineLR schedule {change} from {previous} to {total} steps (total_steps follows the trainer's max_steps)"
+        head = (f"resume: WarmupCosineLR schedule {change} from {previous} to {total} steps (total_steps follows the "
+                "trainer's max_steps)")
         if self.on_extension == "stretch" or step < self.warmup_steps:
             rank_zero_info(f"{head}: the whole schedule re-fitted to {total} steps, rate {base * stretched:.3g} at "
                            f"step {step} (was {base * before:.3g})")

@@ -231,10 +231,10 @@ def plan_step(
     All draws happen on the CPU from ``generator``; the returned plan lives on the CPU too.
 
     With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are scored
-    once, in one row (the one with a gradient when only one has it, else the chosen one), and marked ``shared``: their log-probs are equal in both branches (same context, same
-    token), so :func:`lit_prunedpo.estimate.ipw_sums` counts them in both branch sums (``logps/*`` mean what TRL's
-    do) without a gradient (they cancel exactly in the margin ``R_w - R_l``, so a loss of the margin alone loses
-    nothing); the rejected row leaves them out.
+    once, in one row (the one with a gradient when only one has it, else the chosen one), and marked ``shared``: their
+    log-probs are equal in both branches (same context, same token), so :func:`lit_prunedpo.estimate.ipw_sums` counts
+    them in both branch sums (``logps/*`` mean what TRL's do) without a gradient (they cancel exactly in the margin
+    ``R_w - R_l``, so a loss of the margin alone loses nothing); the rejected row leaves them out.
 
     A position sampler that samples only the log-sum-exp (:class:`~lit_prunedpo.samplers.LogSoftmaxSplit`) gets
     groups whose scored positions are every executed position (``t < L``), the target logit's weight ``1 / s_t``

@@ -116,7 +116,8 @@ def _read_sharded(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
     meta_file = path / "meta.pt"
     if not meta_file.is_file():
-        raise ValueError(f"cannot load checkpoint {path}: not a sharded Lightning checkpoint (a folder without meta.pt)")
+        raise ValueError(f"cannot load checkpoint {path}: not a sharded Lightning checkpoint (a folder without "
+                         "meta.pt)")
     meta = _load(meta_file, path)
     try:
         reader = dcp.FileSystemReader(str(path))

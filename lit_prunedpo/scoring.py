@@ -35,7 +35,8 @@ from lit_prunedpo.layout.padded import padded_inputs
 from lit_prunedpo.plan import RowGroup
 from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, log_sum_exp, target_logits
 
-__all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "model_head", "split_causal_lm", "token_stats"]
+__all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "model_head", "split_causal_lm",
+           "token_stats"]
 
 #: The columns of :func:`token_stats`.
 TOKEN_STATS = ("logits", "entropy", "correct")
@@ -116,7 +117,8 @@ class TokenScorer:
             stats.append(token_stats(logits, targets, log_probs))
         return log_probs.gather(-1, targets[:, None]).squeeze(-1)
 
-    def log_sum_exp(self, head: OutputHead, hidden: Tensor, targets: Tensor, stats: list[Tensor] | None = None) -> Tensor:
+    def log_sum_exp(self, head: OutputHead, hidden: Tensor, targets: Tensor,
+                    stats: list[Tensor] | None = None) -> Tensor:
         """``[K]`` float32 log-sum-exps of the model's logits at gathered hidden states ``[K, d]`` (the whole head);
         with ``stats``, appends the rows' :func:`token_stats` (``targets``: what those compare the arg-max with)."""
         logits = head(hidden).float()

@@ -1,4 +1,5 @@
-"""The supported-models table: what lit_prunedpo does with every causal-LM architecture the installed transformers ships.
+"""The supported-models table: what lit_prunedpo does with every causal-LM architecture the installed transformers
+ships.
 
 ``python -m lit_prunedpo.supported_models --out docs/supported-models.md`` builds each architecture tiny
 (:mod:`lit_prunedpo.zoo`), lets the automatic layout choose (:func:`lit_prunedpo.conformance.choose_layout`, the

@@ -71,7 +71,8 @@ def disable_training_noise(model: nn.Module) -> list[str]:
 def _checkpointing_layer(module: nn.Module) -> bool:
     """A module whose ``training`` flag switches gradient checkpointing (transformers' decoder layers)."""
     return "gradient_checkpointing" in vars(type(module)) or "gradient_checkpointing" in vars(module) or any(
-        "gradient_checkpointing" in vars(cls) for cls in type(module).__mro__[1:] if cls.__module__.startswith("transformers")
+        "gradient_checkpointing" in vars(cls) for cls in type(module).__mro__[1:]
+        if cls.__module__.startswith("transformers")
     )
 
 

@@ -50,18 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="model and batch sizes (default: small, a smoke test that every configuration runs: it states no "
              "measured speedups; measure with quickstart or larger); excludes --model",
     )
-    parser.add_argument("--modes", type=_csv, default=list(MODES), help=f"comma-separated, from {','.join(MODES)} (default: all)")
+    parser.add_argument("--modes", type=_csv, default=list(MODES),
+                        help=f"comma-separated, from {','.join(MODES)} (default: all)")
     parser.add_argument(
         "--references", type=_csv, default=list(REFERENCES), help="comma-separated: online,cached (default: both)"
     )
-    parser.add_argument("--scorers", type=_csv, default=list(SCORERS), help="comma-separated: plain,chunked (default: both)")
+    parser.add_argument("--scorers", type=_csv, default=list(SCORERS),
+                        help="comma-separated: plain,chunked (default: both)")
     parser.add_argument(
         "--prompts", type=_csv, default=["shared"],
         help="comma-separated: shared,padded (model.shared_prompt on / off; default: shared)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per configuration (default: the preset's)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per configuration (default: the preset's)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default: the preset's)")
-    parser.add_argument("--chunk-size", type=int, default=None, help="the chunked scorer's chunk_size (default: the preset's)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="the chunked scorer's chunk_size (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument("--precision", default=None, choices=list(PRECISIONS),
                         help="as Lightning's Trainer(precision=...), for every configuration and TRL peer: 32-true "
@@ -77,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "in every step), trl-online-checkpointing (trl-online with DPOConfig's default activation "
                              "checkpointing): also time TRL's DPO step on the same weights and batches "
                              "(pip install -e '.[peer]')")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's, else torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: the preset's, else torch's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data and samplers")
-    parser.add_argument("--out", default=None, help="directory for bench.json, bench.md, bench.png (default: print only)")
+    parser.add_argument("--out", default=None,
+                        help="directory for bench.json, bench.md, bench.png (default: print only)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--compile", action="store_true",
                         help="time each of --modes' exact steps eager and with the model bodies compiled "

@@ -128,7 +128,8 @@ def run_benchmark(
     return {**_payload(preset, rounds, steps, warmup, results, peer_rows, peak), **measured}
 
 
-def _peer_rows(peer_records: dict[str, Any], results: list[dict[str, Any]], peak: dict[str, Any]) -> list[dict[str, Any]]:
+def _peer_rows(peer_records: dict[str, Any], results: list[dict[str, Any]],
+               peak: dict[str, Any]) -> list[dict[str, Any]]:
     return [_peer_row(name, rec, results, peak["flops_per_s"]) for name, rec in peer_records.items()]
 
 

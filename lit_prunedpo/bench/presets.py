@@ -169,7 +169,8 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="hh-gpu",
-            description="Llama d=2048, 16 layers, V=32000 (~0.9B, body-heavy), 8 pairs with HH-RLHF's lengths: for one GPU",
+            description="Llama d=2048, 16 layers, V=32000 (~0.9B, body-heavy), 8 pairs with HH-RLHF's lengths: for one "
+                        "GPU",
             model=llama_config(32000, 2048, 16, 16, 5632, 1024),
             batch_size=8,
             response_length=(2, 494),

@@ -232,10 +232,12 @@ def bench_figure(payload: dict[str, Any]) -> Any:
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(modes)}
     hatches = {v: HATCHES[i % len(HATCHES)] for i, v in enumerate(variants)}
     width = 0.8 / len(variants)
-    where = {(m, v): i + (j - (len(variants) - 1) / 2) * width for i, m in enumerate(modes) for j, v in enumerate(variants)}
+    where = {(m, v): i + (j - (len(variants) - 1) / 2) * width for i, m in enumerate(modes) for j,
+             v in enumerate(variants)}
     smoke = is_smoke_test(payload)
 
-    fig, (speed, memory) = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(modes) * max(1, len(variants)) ** 0.5 + 3), 7),
+    fig, (speed, memory) = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(modes) * max(1, len(variants)) ** 0.5 + 3),
+                                                       7),
                                         sharex=True)
     for r in rows:
         x, style = where[r["mode"], _variant(r)], dict(color=colours[r["mode"]], hatch=hatches[_variant(r)],

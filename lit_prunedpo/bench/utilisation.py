@@ -8,12 +8,12 @@ chunked log-prob kernel recomputes each head tile in backward), the body and att
 checkpointing is on (``trl-online-checkpointing``), and the online reference's no-grad forward.
 
 Achieved FLOP/s = mean FLOPs per step / median step time. The peak (:func:`measure_peak`) is measured in the same run,
-right before the rounds and again right after them, the higher reading kept (:func:`higher_peak`): the median time of a matmul of the model's own MLP shape, ``[tokens x hidden] @
-[hidden x intermediate]`` with ``tokens`` of a typical batch's padded forward, in the dtype the steps' matmuls run in
-(``--precision``'s autocast dtype under ``bf16-mixed`` / ``16-mixed``, else the parameters'), on the bench's device
-with its thread count. ``utilisation`` = achieved / peak: a step's share of what one of its own large matmuls reaches, not of
-the vendor's datasheet figure (the cost model leaves out norms, softmaxes and the optimizer; small ops run far
-below a large matmul's rate).
+right before the rounds and again right after them, the higher reading kept (:func:`higher_peak`): the median time of a
+matmul of the model's own MLP shape, ``[tokens x hidden] @ [hidden x intermediate]`` with ``tokens`` of a typical
+batch's padded forward, in the dtype the steps' matmuls run in (``--precision``'s autocast dtype under ``bf16-mixed`` /
+``16-mixed``, else the parameters'), on the bench's device with its thread count. ``utilisation`` = achieved / peak: a
+step's share of what one of its own large matmuls reaches, not of the vendor's datasheet figure (the cost model leaves
+out norms, softmaxes and the optimizer; small ops run far below a large matmul's rate).
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def release_empty_claims(claimed: list[Path], trained: bool = True) -> None:
     refused resume, a stale reference cache) leaves no ``version_N`` behind, and the next run takes its number."""
     for folder in claimed:
         try:
-            if not trained and folder.is_dir() and all(f.name in SET_UP_FILES and f.is_file() for f in folder.iterdir()):
+            if not trained and folder.is_dir() and all(f.name in SET_UP_FILES and f.is_file()
+                                                       for f in folder.iterdir()):
                 for file in folder.iterdir():
                     file.unlink()
             folder.rmdir()  # only an empty folder goes

@@ -32,7 +32,8 @@ FULL_BELOW_BYTES = 1 << 20
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose load errors name the checkpoint (plain ``torch.load`` errors on a truncated
-    file do not). Use with single-device and DDP strategies: ``--trainer.plugins+=lit_prunedpo.checkpoint.VerifiedCheckpointIO``."""
+    file do not). Use with single-device and DDP strategies:
+    ``--trainer.plugins+=lit_prunedpo.checkpoint.VerifiedCheckpointIO``."""
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         if not Path(path).exists():

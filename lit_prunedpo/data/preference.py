@@ -249,7 +249,8 @@ class PreferenceDataModule(ResumableDataMixin, LightningDataModule):
         """Every training then validation pair once, unshuffled, shortest first within each split (less
         padding, faster build), for a reference-logprob cache."""
         self.setup("fit")
-        return shortest_first((self.train_dataset, self.val_dataset), batch_size or self.val_batch_size, self._collate())
+        return shortest_first((self.train_dataset, self.val_dataset), batch_size or self.val_batch_size,
+                              self._collate())
 
     def _collate(self) -> functools.partial:
         return functools.partial(collate_pairs, pad_id=self.pad_token_id)

@@ -59,7 +59,8 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
             raise ValueError(f"vocab_size must be >= {FIRST_CONTENT + 4}, got {vocab_size!r}")
         if not 2 <= min_response_length <= max_response_length:
             raise ValueError(
-                f"need 2 <= min_response_length <= max_response_length, got {min_response_length!r} and {max_response_length!r}"
+                f"need 2 <= min_response_length <= max_response_length, got {min_response_length!r} and "
+                f"{max_response_length!r}"
             )
         if not 1 <= max_stride < vocab_size - FIRST_CONTENT:
             raise ValueError(f"max_stride must be in [1, {vocab_size - FIRST_CONTENT}), got {max_stride!r}")
@@ -122,7 +123,8 @@ class SyntheticPreferenceData(ResumableDataMixin, L.LightningDataModule):
             yield collate_pairs(pairs[start : start + size], pad_id=PAD)
 
     def train_dataloader(self) -> DataLoader:
-        sampler = ResumableSampler(self.train_pairs, seed=self.seed, drop_last=True, **distributed_kwargs(self._trainer_or_none()))
+        sampler = ResumableSampler(self.train_pairs, seed=self.seed, drop_last=True,
+                                   **distributed_kwargs(self._trainer_or_none()))
         return DataLoader(
             self.train_pairs, batch_size=self.batch_size, sampler=self.resume(sampler, self.batch_size),
             collate_fn=partial(collate_pairs, pad_id=PAD), drop_last=True,

@@ -89,7 +89,8 @@ def packed_refusal(model: nn.Module) -> str | None:
     """
     impl = attention_implementation(model)
     if impl not in SUPPORTED_ATTENTION:
-        return f"attention implementation {impl!r} takes no custom 4-D mask (supported: {', '.join(SUPPORTED_ATTENTION)})"
+        return (f"attention implementation {impl!r} takes no custom 4-D mask (supported: "
+                f"{', '.join(SUPPORTED_ATTENTION)})")
     config = _text_config(model)
     other = [k for k in dict.fromkeys(getattr(config, "layer_types", None) or ()) if k not in ATTENTION_KINDS]
     if other:
@@ -97,7 +98,8 @@ def packed_refusal(model: nn.Module) -> str | None:
                 "token mixing that a mask cannot confine to a branch")
     convs = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.Conv1d)})
     if convs:
-        mixers = sorted({type(m).__name__ for m in model.modules() if any(isinstance(c, nn.Conv1d) for c in m.children())})
+        mixers = sorted({type(m).__name__ for m in model.modules() if any(isinstance(c, nn.Conv1d)
+                                                                          for c in m.children())})
         return f"recurrent or convolutional token mixing ({', '.join(mixers or convs)}): it runs across packed segments"
     if _uses_alibi(model, config):
         return "ALiBi position biases: they follow the distance in the packed sequence, not in the branch"

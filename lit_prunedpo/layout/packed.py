@@ -28,15 +28,15 @@ no-grad forward and runs each prompt once. Which positions are scored is the pla
 (``plan_step(score_common_prefix=...)``).
 
 **The no-grad rows reuse the gradient forward's prompt** when the executor asks for it (``arrange(..., previous)``:
-:class:`~lit_prunedpo.execute.StepExecutor` does unless gradient checkpointing is on). With branch pruning a pair has a row in each policy group; the
-gradient forward keeps its keys and values (a ``DynamicCache``), and the no-grad row of that pair executes only
-its own tokens, from the last one it shares with the gradient forward on (:func:`read_prompt_cache`: the prompt's
-last token, or the last shared response token, reruns so that the first scored position's hidden state is
-computed here). Its block attends to the pair's cached prompt (and shared tokens) through a ``[S, 1, W, C + W]``
-mask over ``[cache columns | own columns]``; the cache columns are gathered from the gradient forward's keys and
-values, detached, so no gradient flows back through them, as in the padded layout where that row has no graph.
-Cached keys carry their rotary positions; position ids continue from the cached tokens. Without the cache (under
-gradient checkpointing, where ``transformers`` keeps none: the no-grad rows then rerun their prompts in their
+:class:`~lit_prunedpo.execute.StepExecutor` does unless gradient checkpointing is on). With branch pruning a pair has a
+row in each policy group; the gradient forward keeps its keys and values (a ``DynamicCache``), and the no-grad row of
+that pair executes only its own tokens, from the last one it shares with the gradient forward on
+(:func:`read_prompt_cache`: the prompt's last token, or the last shared response token, reruns so that the first scored
+position's hidden state is computed here). Its block attends to the pair's cached prompt (and shared tokens) through a
+``[S, 1, W, C + W]`` mask over ``[cache columns | own columns]``; the cache columns are gathered from the gradient
+forward's keys and values, detached, so no gradient flows back through them, as in the padded layout where that row has
+no graph. Cached keys carry their rotary positions; position ids continue from the cached tokens. Without the cache
+(under gradient checkpointing, where ``transformers`` keeps none: the no-grad rows then rerun their prompts in their
 own forward) the results are the same. FSDP2 and the chunked scorer read the cache unchanged (a placeholder
 group that keeps the ranks' forwards in step reads none).
 

@@ -51,7 +51,8 @@ class SigmoidLoss(MarginLoss):
 
 class RobustLoss(MarginLoss):
     """Robust DPO (Chowdhury et al., 2024), TRL's ``robust`` (lines 1429-1431): an unbiased loss under label
-    noise of rate ``label_smoothing``, ``(-(1 - eps) log sigmoid(beta Delta) + eps log sigmoid(-beta Delta)) / (1 - 2 eps)``.
+    noise of rate ``label_smoothing``, ``(-(1 - eps) log sigmoid(beta Delta) + eps log sigmoid(-beta Delta)) / (1 - 2
+    eps)``.
 
     Args:
         label_smoothing: label-flip rate, in [0, 0.5).

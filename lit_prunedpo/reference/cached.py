@@ -92,7 +92,8 @@ class CachedReference(ReferenceSource):
             runs on ``LOGITS_PER_CHUNK`` logits at a time whatever the batch.
 
     Raises:
-        ValueError: on ``batch_size < 1`` or a template with another placeholder or without ``{fingerprint}``; at set-up, on a stale cache (naming the differing fields), a
+        ValueError: on ``batch_size < 1`` or a template with another placeholder or without ``{fingerprint}``; at
+        set-up, on a stale cache (naming the differing fields), a
             non-finite one or one whose rows/lengths do not match the data.
 
     Example (build ahead of time, then train; both read the same config)::
@@ -280,7 +281,8 @@ class CachedReference(ReferenceSource):
             runtime.barrier("lit_prunedpo.reference_cache.merged")
         if runtime.rank == 0:
             rank_zero_info(
-                f"reference cache: built {path} in {time.perf_counter() - start:.1f}s ({path.stat().st_size / 1e6:.2f} MB)"
+                f"reference cache: built {path} in {time.perf_counter() - start:.1f}s ({path.stat().st_size / 1e6:.2f} "
+                "MB)"
             )
 
     # -- the step ------------------------------------------------------------------------------------

@@ -93,8 +93,8 @@ def template_fields(template: str) -> set[str]:
                          "{model} and {fingerprint}, e.g. runs/cache/ref-{model}-{fingerprint}.safetensors") from None
     unknown = sorted(fields - set(PLACEHOLDERS))
     if unknown:
-        raise ValueError(f"CachedReference: path {template!r} names {{{unknown[0]}}}; the placeholders are {{model}} and "
-                         "{fingerprint}, e.g. runs/cache/ref-{model}-{fingerprint}.safetensors")
+        raise ValueError(f"CachedReference: path {template!r} names {{{unknown[0]}}}; the placeholders are {{model}} "
+                         "and {fingerprint}, e.g. runs/cache/ref-{model}-{fingerprint}.safetensors")
     if fields and "fingerprint" not in fields:
         raise ValueError(f"CachedReference: path {template!r} has no {{fingerprint}}: every run would name the same "
                          "file; add it, e.g. runs/cache/ref-{model}-{fingerprint}.safetensors")
@@ -102,7 +102,8 @@ def template_fields(template: str) -> set[str]:
 
 
 def cache_file_name(template: str, fingerprint: Mapping[str, Any], model: nn.Module) -> str:
-    """``template`` with ``{model}`` and ``{fingerprint}`` filled in (:func:`model_slug`, :func:`fingerprint_digest`)."""
+    """``template`` with ``{model}`` and ``{fingerprint}`` filled in
+    (:func:`model_slug`, :func:`fingerprint_digest`)."""
     template_fields(template)
     return template.format(model=model_slug(model), fingerprint=fingerprint_digest(fingerprint))
 

@@ -69,8 +69,8 @@ class ReferenceLogpStore:
     """
 
     def __init__(
-        self, values: Tensor, keys: Tensor, offsets: Tensor, lengths: Tensor, fingerprint: Mapping[str, Any] | None = None,
-        source: str = "in memory", lse: Tensor | None = None,
+        self, values: Tensor, keys: Tensor, offsets: Tensor, lengths: Tensor,
+        fingerprint: Mapping[str, Any] | None = None, source: str = "in memory", lse: Tensor | None = None,
     ) -> None:
         self.values = values.detach().to("cpu", torch.float32).contiguous()
         self.keys = keys.detach().to("cpu", torch.long).contiguous()
@@ -93,7 +93,8 @@ class ReferenceLogpStore:
                 "[N, 2] and [total_tokens]"
             )
         if N and bool((self.keys[1:] <= self.keys[:-1]).any()):
-            raise ValueError(f"{where}: keys (dataset indices) are not strictly increasing: duplicated or unsorted rows")
+            raise ValueError(f"{where}: keys (dataset indices) are not strictly increasing: duplicated or unsorted "
+                             "rows")
         if bool((self.lengths < 1).any()):
             raise ValueError(f"{where}: a response has length < 1")
         flat_len, flat_off = self.lengths.reshape(-1), self.offsets.reshape(-1)
@@ -237,7 +238,8 @@ class ReferenceLogpStore:
             self._lse_checked = True
 
     def _flat(self, index: Tensor, branch: Tensor, t: Tensor) -> Tensor:
-        """Positions in ``values`` of keys ``index``, branches ``branch``, response positions ``t`` (see :meth:`gather`)."""
+        """Positions in ``values`` of keys ``index``, branches ``branch``, response positions ``t``
+        (see :meth:`gather`)."""
         index, branch, t = torch.broadcast_tensors(index.cpu().long(), branch.cpu().long(), t.cpu().long())
         rows = self._rows(index)
         length = self.lengths[rows, branch]
@@ -257,10 +259,9 @@ class ReferenceLogpStore:
 
     # -- building and merging ------------------------------------------------------------------------
     @classmethod
-    def from_rows(
-        cls, keys: list[int], lengths: list[tuple[int, int]], values: list[Tensor], fingerprint: Mapping[str, Any] | None = None,
-        lse: list[Tensor] | None = None,
-    ) -> "ReferenceLogpStore":
+    def from_rows(cls, keys: list[int], lengths: list[tuple[int, int]], values: list[Tensor],
+                  fingerprint: Mapping[str, Any] | None = None,
+                  lse: list[Tensor] | None = None) -> "ReferenceLogpStore":
         """Assemble from per-pair parts (any order): ``values[i]`` is chosen then rejected, ``sum(lengths[i])`` long;
         ``lse[i]``, where given, the log-sum-exps laid out as ``values[i]``.
 
@@ -317,7 +318,8 @@ class ReferenceLogpStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = partial_path(path)
         tensors = self.tensors()
-        metadata = {"format": FORMAT, "version": str(VERSION), "fingerprint": json.dumps(self.fingerprint, sort_keys=True),
+        metadata = {"format": FORMAT, "version": str(VERSION),
+                    "fingerprint": json.dumps(self.fingerprint, sort_keys=True),
                     "checksum": tensors_checksum(tensors)}
         try:
             save_file(tensors, str(tmp), metadata=metadata)
@@ -362,7 +364,8 @@ class ReferenceLogpStore:
         return cls(fingerprint=fingerprint, source=str(path), **tensors)
 
     def __repr__(self) -> str:
-        return f"ReferenceLogpStore({self.num_rows} pairs, {self.num_tokens} tokens, {self.size_bytes} bytes, {self.source})"
+        return (f"ReferenceLogpStore({self.num_rows} pairs, {self.num_tokens} tokens, {self.size_bytes} bytes, "
+                f"{self.source})")
 
 
 def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:

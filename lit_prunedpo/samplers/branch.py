@@ -60,7 +60,8 @@ class RandomBranch(BranchSampler):
         for bits in itertools.product((True, False), repeat=num_pairs):
             chosen = torch.tensor(bits, dtype=torch.bool)
             k = int(chosen.sum())
-            yield _one_branch_mask(chosen), self.chosen_probability**k * (1 - self.chosen_probability) ** (num_pairs - k)
+            (yield _one_branch_mask(chosen),
+             self.chosen_probability**k * (1 - self.chosen_probability) ** (num_pairs - k))
 
 
 class AntitheticBranch(BranchSampler):

@@ -61,7 +61,8 @@ class LogSoftmaxSplit(PositionSampler):
             raise TypeError("LogSoftmaxSplit is the base of ExactTargetLogits and ReferenceLogSumExp: use one of them")
         positions = positions if positions is not None else CoupledStratifiedPositions(rate=0.25)
         if not isinstance(positions, PositionSampler):
-            raise TypeError(f"{type(self).__name__}: positions must be a PositionSampler, got {type(positions).__name__}")
+            raise TypeError(f"{type(self).__name__}: positions must be a PositionSampler, got "
+                            f"{type(positions).__name__}")
         if isinstance(positions, LogSoftmaxSplit):
             raise ValueError(f"{type(self).__name__}: positions is already {type(positions).__name__}; wrap the plain "
                              "position sampler (e.g. CoupledStratifiedPositions) in one of them")
@@ -80,7 +81,8 @@ class LogSoftmaxSplit(PositionSampler):
         return self.positions.support(kept)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(positions={described(self.positions)}{', fallback=True' if self.fallback else ''})"
+        return (f"{type(self).__name__}(positions={described(self.positions)}"
+                f"{', fallback=True' if self.fallback else ''})")
 
 
 def described(sampler: PositionSampler) -> str:

@@ -60,7 +60,8 @@ class PerPairBranch(BranchSampler):
     def __init__(self, prune: Sequence[float] | Tensor) -> None:
         prune = torch.as_tensor(prune, dtype=torch.float64)
         if prune.ndim != 1 or prune.numel() == 0:
-            raise ValueError(f"prune must be a non-empty list of per-pair probabilities, got shape {tuple(prune.shape)}")
+            raise ValueError("prune must be a non-empty list of per-pair probabilities, got shape "
+                             f"{tuple(prune.shape)}")
         bad = ~((prune >= 0) & (prune <= 1))
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
@@ -69,7 +70,8 @@ class PerPairBranch(BranchSampler):
 
     def _check(self, num_pairs: int) -> None:
         if num_pairs != self.prune.numel():
-            raise ValueError(f"{type(self).__name__} holds probabilities for {self.prune.numel()} pairs, asked for {num_pairs}")
+            raise ValueError(f"{type(self).__name__} holds probabilities for {self.prune.numel()} pairs, asked for "
+                             f"{num_pairs}")
 
     def probabilities(self, num_pairs: int) -> Tensor:
         self._check(num_pairs)

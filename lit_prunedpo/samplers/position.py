@@ -130,7 +130,8 @@ class StratifiedPositions(PositionSampler):
 
     def __init__(self, rate: float = 0.25, min_count: int = 1) -> None:
         check_probability("rate", rate)
-        if isinstance(min_count, bool) or not isinstance(min_count, (int, float)) or int(min_count) != min_count or min_count < 1:
+        if (isinstance(min_count, bool) or not isinstance(min_count, (int, float)) or int(min_count) != min_count
+                or min_count < 1):
             raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
         self.rate = float(rate)
         self.min_count = int(min_count)

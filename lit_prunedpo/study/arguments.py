@@ -98,16 +98,17 @@ def factor_list(text: str) -> list[float]:
     return factors
 
 
+DESCRIPTION = ("Train every pruning mode, vanilla and the cost-matched vanilla control from the same weights on the "
+               "same data, each at its own swept learning rate, for the same training time and steps, over several "
+               "seeds; report time to a share of vanilla's best improvement, with bootstrap intervals and verdicts.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lit-prunedpo-study",
-        description="Train every pruning mode, vanilla and the cost-matched vanilla control from the same weights on the "
-                    "same data, each at its own swept learning rate, for the same training time and steps, over several "
-                    "seeds; report time to a share of vanilla's best improvement, with bootstrap intervals and verdicts.",
-    )
+    parser = argparse.ArgumentParser(prog="lit-prunedpo-study", description=DESCRIPTION)
     a = parser.add_argument
     a("--task", default="quickstart", choices=sorted(TASKS), help="data and model (default: quickstart)")
-    a("--modes", type=mode_list, default=list(MODES), help=f"comma-separated, from {','.join(MODES)}; vanilla is always run")
+    a("--modes", type=mode_list, default=list(MODES),
+      help=f"comma-separated, from {','.join(MODES)}; vanilla is always run")
     a("--no-matched", dest="matched", action="store_false",
       help="skip the compute-matched arm (pruned modes with the batch enlarged to a vanilla step's cost); the "
            "cost-matched vanilla control (vanilla's batch shrunk to a pruned step's cost) is always run")
@@ -131,16 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--clock", choices=("cpu", "wall"), default="cpu",
       help="the clock budgets and ratios use: process CPU seconds (default; steady on a shared machine) or wall")
     a("--batch-size", type=count(1), default=None, help="the same-batch arm's pairs per step (default: the task's)")
-    a("--max-rows", type=count(2), default=None, help="use only the first N rows of the task's data (held-out share included)")
-    a("--max-eval-pairs", type=count(1), default=None, help="evaluate on the first N held-out pairs only (default: all)")
-    a("--lr", type=real(0.0), default=None,
-      help="the base DPO learning rate (AdamW) the sweep multiplies (default: the task's; the warm start keeps its own)")
+    a("--max-rows", type=count(2), default=None,
+      help="use only the first N rows of the task's data (held-out share included)")
+    a("--max-eval-pairs", type=count(1), default=None,
+      help="evaluate on the first N held-out pairs only (default: all)")
+    a("--lr", type=real(0.0), default=None, help="the base DPO learning rate (AdamW) the sweep multiplies "
+                                                 "(default: the task's; the warm start keeps its own)")
     a("--warm-start-steps", type=count(0), default=None, metavar="N",
       help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
            "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
     a("--data-path", default=None, metavar="FILE",
-      help="the task's data file (tasks that read one: hh-rlhf; default: shared/data/hh-rlhf/harmless-base-test.jsonl.gz "
-           "beside the repository)")
+      help="the task's data file (tasks that read one: hh-rlhf; default: "
+           "shared/data/hh-rlhf/harmless-base-test.jsonl.gz beside the repository)")
     a("--tokenizer", default=None, help="the task's tokenizer, a folder or hub name (tasks that read a data file: "
                                         "hh-rlhf; default: shared/tokenizers/gpt2 beside the repository)")
     a("--work-dir", default="study_results/work", help="where warm starts are cached (default: study_results/work)")
@@ -148,14 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
       + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + " unless given")
     a("--memory-budget-mb", type=real(0.0), default=None, metavar="MB",
       help="cap on each arm's measured peak step memory (MiB above the step's start: peak live tensor storage, "
-           "CUDA's max_memory_allocated); arms over it are fitted their fastest exact way (chunked scorer, checkpointing, gradient accumulation) "
-           "and vanilla so fitted joins the controls (default: no budget; peaks are still measured and reported)")
+           "CUDA's max_memory_allocated); arms over it are fitted their fastest exact way (chunked scorer, "
+           "checkpointing, gradient accumulation) and vanilla so fitted joins the controls (default: no budget; peaks "
+           "are still measured and reported)")
     a("--threads", type=count(1), default=1, help="torch threads (default 1: CPU seconds then measure work)")
     a("--out", default=None, help="folder for progress.jsonl (written as the study goes), study.json, study.md, "
                                   "study.png; created and test-written before any training (default: print the table)")
-    a("--overwrite", action="store_true", help="replace an earlier study's records in --out (progress.jsonl, study.json, "
-                                                  "study.md, study.png; removed before this study starts); without it such "
-                                                  "a folder is refused")
+    a("--overwrite", action="store_true", help="replace an earlier study's records in --out (progress.jsonl, "
+                                                  "study.json, study.md, study.png; removed before this study starts); "
+                                                  "without it such a folder is refused")
     a("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -202,15 +206,18 @@ def resolve_options(args: argparse.Namespace) -> StudyOptions:
     opt = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in {**DEFAULTS, **defaults}.items()}
     seeds = opt["seeds"]
     if args.sweep and set(opt["tune_seeds"]) & set(seeds):
-        raise UsageError(f"--tune-seeds {opt['tune_seeds']} and --seeds {seeds} share {sorted(set(opt['tune_seeds']) & set(seeds))}: "
-                         "the sweep must run on seeds the verdict does not use")
+        raise UsageError(f"--tune-seeds {opt['tune_seeds']} and --seeds {seeds} share "
+                         f"{sorted(set(opt['tune_seeds']) & set(seeds))}: the sweep must run on seeds the verdict does "
+                         "not use")
     if args.memory_budget_mb is not None and args.prune_early is not None:
-        raise UsageError("--prune-early cannot be combined with --memory-budget-mb: a prune-early arm's peak changes when it "
-                         "turns exact, so it cannot be fitted to one budget")
+        raise UsageError("--prune-early cannot be combined with --memory-budget-mb: a prune-early arm's peak changes "
+                         "when it turns exact, so it cannot be fitted to one budget")
     return StudyOptions(
-        modes=["vanilla"] + [m for m in args.modes if m != "vanilla"], matched=args.matched, prune_early=args.prune_early,
+        modes=["vanilla"] + [m for m in args.modes if m != "vanilla"], matched=args.matched,
+        prune_early=args.prune_early,
         memory_budget_mb=args.memory_budget_mb, seeds=seeds, tune_seeds=opt["tune_seeds"], sweep=args.sweep,
         lr_factors=args.lr_factors, budget=opt["budget"], steps=opt["steps"], evals=opt["evals"], clock=args.clock,
-        calibration_steps=opt["calibration_steps"], max_eval_pairs=opt["max_eval_pairs"], target_share=args.target_share,
+        calibration_steps=opt["calibration_steps"], max_eval_pairs=opt["max_eval_pairs"],
+        target_share=args.target_share,
         bootstrap=args.bootstrap, confidence=args.confidence, bootstrap_seed=args.bootstrap_seed,
     )

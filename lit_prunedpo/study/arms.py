@@ -3,9 +3,10 @@
 Modes are the shipped overlays ``configs/modes/<mode>.yaml``, loaded by :mod:`lit_prunedpo.modes`, so that a
 study's verdict applies to the configs a user runs: ``vanilla``, ``branch``, ``antithetic``, ``sequence``,
 ``position`` (the default position mode: coupled stratified draws scoring only the log-sum-exp, every target logit
-exact), ``position-bernoulli`` (the paper's Bernoulli positions), ``all``, and the coupled variants ``position-coupled``, ``stratified-coupled`` and ``all-coupled``
-(the position draw shared by a pair's two branches: common random numbers, same inclusion probabilities), and
-``stratified-coupled-exact-targets`` (``position`` without its fallback for heads that cannot give one row:
+exact), ``position-bernoulli`` (the paper's Bernoulli positions), ``all``, and the coupled variants
+``position-coupled``, ``stratified-coupled`` and ``all-coupled`` (the position draw shared by a pair's two branches:
+common random numbers, same inclusion probabilities), and ``stratified-coupled-exact-targets`` (``position`` without its
+fallback for heads that cannot give one row:
 :class:`~lit_prunedpo.samplers.ExactTargetLogits`). Runs recorded before 2026-12-03 name the Bernoulli design
 ``position``. The study's reference is online, so
 ``stratified-coupled-reference-lse`` (a cached reference's control variate) is not a study mode.
@@ -165,8 +166,9 @@ def with_settings(samplers: Samplers, settings: Iterable[tuple[str, float]], mod
         owners = [i for i, s in enumerate(rebuilt) if name in _settable(s)]
         if len(owners) != 1:
             takes = "; ".join(f"{type(s).__name__}: {', '.join(_settable(s)) or 'no arguments'}" for s in rebuilt)
-            raise ValueError(f"sampler argument {name!r} {'is taken by no' if not owners else 'is ambiguous among the'} "
-                             f"samplers of {mode} ({takes})")
+            raise ValueError(f"sampler argument {name!r} "
+                             f"{'is taken by no' if not owners else 'is ambiguous among the'} samplers of {mode} "
+                             f"({takes})")
         rebuilt[owners[0]] = _with_argument(rebuilt[owners[0]], name, value)
     return tuple(rebuilt)  # type: ignore[return-value]
 

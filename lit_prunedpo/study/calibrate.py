@@ -18,7 +18,8 @@ hook of the loop inside them.
   (:class:`~lit_prunedpo.callbacks.PeakMemoryMeter`, settled before each step, outside the timed work: on the CPU the
   peak of live tensor storage, on CUDA ``max_memory_allocated``); an arm's peak is the largest over its measured
   steps. The CPU meter slows the step it measures (it records every operator), so there the timed steps run
-  unmetered and ``steps`` more steps per arm, round-robin and untimed, are metered instead. A memory budget fits arms with it (:mod:`lit_prunedpo.study.memory`).
+  unmetered and ``steps`` more steps per arm, round-robin and untimed, are metered instead. A memory budget fits arms
+  with it (:mod:`lit_prunedpo.study.memory`).
 * **Schedule length** (:func:`schedule_steps`): a run lasts until it has passed both the time budget and the
   step budget, so its learning-rate schedule spans ``max(steps, ceil(budget / cost per step))`` steps: the
   measured cost on the study's clock, for a prune-early arm the pruned cost for its share of the budget and

@@ -160,7 +160,8 @@ def _study(args: argparse.Namespace, command: str, task: StudyTask | None, held:
         runs, task.describe(), options.clock, options.budget, options.steps, options.evals, options.seeds, eval_pairs,
         command,
         extra={"torch_threads": args.threads, "ideal_speedups": plan.speedups, "torch": torch.__version__,
-               "warm_start": warm_start_summary(runs), "calibration": plan.record, "sweep": swept, "memory": plan.memory},
+               "warm_start": warm_start_summary(runs), "calibration": plan.record, "sweep": swept,
+               "memory": plan.memory},
         protocol={"share": options.target_share, "resamples": options.bootstrap, "confidence": options.confidence,
                   "seed": options.bootstrap_seed, "controls": plan.controls,
                   "same_batch_reference": plan.same_batch_reference},
@@ -244,8 +245,10 @@ def _sweep_and_run(arms: list[Arm], options: StudyOptions, study: dict[str, Any]
     if options.sweep:
         lr = study["task"].lr
         log(f"learning-rate sweep: {options.lr_factors} x {lr:g} on tuning seeds {options.tune_seeds}")
-        arms, rows = sweep(arms, lr, options.lr_factors, options.tune_seeds, options.evals, **study, **journaled("sweep"))
-        swept = {"factors": options.lr_factors, "seeds": options.tune_seeds, "window": window_of(options.evals), "rows": rows}
+        arms, rows = sweep(arms, lr, options.lr_factors, options.tune_seeds, options.evals, **study,
+                           **journaled("sweep"))
+        swept = {"factors": options.lr_factors, "seeds": options.tune_seeds, "window": window_of(options.evals),
+                 "rows": rows}
         if journal is not None:
             journal.append("sweep", **swept)
         log("chosen learning rates: " + ", ".join(f"{a.name} {a.lr:.3g}" for a in arms))

@@ -40,7 +40,8 @@ from typing import Callable, Mapping, Sequence, TypeVar
 T = TypeVar("T")
 
 
-def time_to_target(times: Sequence[float], values: Sequence[float], target: float, lower_is_better: bool = True) -> float | None:
+def time_to_target(times: Sequence[float], values: Sequence[float], target: float,
+                   lower_is_better: bool = True) -> float | None:
     """First time a curve reaches ``target``, linearly interpolated between evaluations; ``None`` if never.
 
     Raises:
@@ -88,7 +89,8 @@ def improvement_target(curve: Sequence[float], share: float, lower_is_better: bo
     return curve[0] + share * (best - curve[0])
 
 
-def censored_pairs(arm: Sequence[float | None], reference: Sequence[float | None], budget: float) -> list[tuple[float, float]]:
+def censored_pairs(arm: Sequence[float | None], reference: Sequence[float | None],
+                   budget: float) -> list[tuple[float, float]]:
     """Per seed, (arm's time, reference's time) with the module's censoring rule: arm missed -> ``inf``;
     only the reference missed -> the reference at ``budget``; both missed -> both at ``budget``."""
     if len(arm) != len(reference):
@@ -176,7 +178,8 @@ class Ratio:
     def as_dict(self) -> dict:
         # JSON has no infinity: an unmeasured ratio is written as null
         clean = lambda v: None if math.isinf(v) else v  # noqa: E731
-        return {"value": clean(self.value), "low": clean(self.low), "high": clean(self.high), "reference": self.reference,
+        return {"value": clean(self.value), "low": clean(self.low), "high": clean(self.high),
+                "reference": self.reference,
                 "reached": self.reached, "seeds": self.seeds, "verdict": self.verdict, "text": str(self),
                 "interval_text": self.interval_text()}
 
@@ -204,7 +207,8 @@ def time_ratio(arm: Sequence[float | None], references: Mapping[str, Sequence[fl
     return Ratio(ratios[worst], low, high, names[worst], sum(t is not None for t in arm), len(arm))
 
 
-def mean_interval(values: Sequence[float], resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+def mean_interval(values: Sequence[float], resamples: int = 2000, confidence: float = 0.95,
+                  seed: int = 0) -> tuple[float, float, float]:
     """(mean, low, high): the mean over seeds and its percentile-bootstrap interval."""
     low, high = bootstrap_interval(list(values), lambda vs: sum(vs) / len(vs), resamples, confidence, seed)
     return sum(values) / len(values), low, high

@@ -41,13 +41,15 @@ TABLE_DESIGNS = ("vanilla", "branch", "antithetic", "sequence", "position-bernou
 #: The sampling-ratio grid added by ``--pareto`` (beside the table's designs): position rates, prefix fractions,
 #: branch probabilities and their combinations; vanilla at half and twice the batch and for fewer epochs.
 PARETO_DESIGNS = (
-    "position-bernoulli:rate=0.125", "position-bernoulli:rate=0.5", "stratified-coupled:rate=0.125", "stratified-coupled:rate=0.5",
+    "position-bernoulli:rate=0.125", "position-bernoulli:rate=0.5", "stratified-coupled:rate=0.125",
+    "stratified-coupled:rate=0.5",
     "sequence:min_fraction=0.25", "sequence:min_fraction=0.75", "branch:chosen_probability=0.25",
     "all-coupled:rate=0.25,min_fraction=0.75", "all-coupled:rate=0.125,min_fraction=0.5",
     "vanilla@/2", "vanilla@x2", "vanilla/0.5", "vanilla/0.75",
 )
 
-_DESIGN = re.compile(r"^(?P<mode>[a-z][a-z-]*)(?::(?P<settings>[^@/]+))?(?:@(?P<batch>x2|/2|\d+))?(?:/(?P<epochs>[0-9.]+))?$")
+_DESIGN = re.compile(r"^(?P<mode>[a-z][a-z-]*)(?::(?P<settings>[^@/]+))?"
+                     r"(?:@(?P<batch>x2|/2|\d+))?(?:/(?P<epochs>[0-9.]+))?$")
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,12 @@ def calibrate_cell(cell: Any, modes: Sequence[str], seed: int, work_dir: Path) -
     batch = next(iter(run.loader))
     candidates = {m: load_mode(m).samplers for m in modes}
     start = time.process_time()
-    decision = calibrate(run.module, batch, candidates, defaults.pairs, defaults.draws, defaults.min_gain, defaults.seed)
+    decision = calibrate(run.module, batch, candidates, defaults.pairs, defaults.draws, defaults.min_gain,
+                         defaults.seed)
     cpu_s = time.process_time() - start
     # the decision's own calibration_s is wall time; the map's runs are timed on one of the two clocks
-    return {**decision.as_dict(), "calibration_cpu_s": cpu_s, "calibration_wall_s": decision.calibration_s, "seed": seed,
+    return {**decision.as_dict(), "calibration_cpu_s": cpu_s, "calibration_wall_s": decision.calibration_s,
+            "seed": seed,
             "batch_size": batch.num_pairs}
 
 
@@ -68,7 +70,8 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
     summary = study["summary"]
     batch = study["task"]["batch_size"]
     same_batch = {r["mode"]: r for r in summary["arms"]
-                  if r["batch_size"] == batch and not r["matched"] and not r["cost_matched"] and not r.get("memory_fitted")}
+                  if r["batch_size"] == batch and not r["matched"] and not r["cost_matched"]
+                  and not r.get("memory_fitted")}
     if "vanilla" not in same_batch or auto["choice"] not in same_batch:
         raise ValueError(f"cell {cell['name']}: the study has no same-batch arm of {auto['choice']!r} or of vanilla")
     budget = float(study["budget_s"])
@@ -81,7 +84,8 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
     chosen = same_batch[choice]["loss_seed_times"]
     times = [None if t is None or t + extra > budget else t + extra for t in chosen]
     vanilla = same_batch["vanilla"]["loss_seed_times"]
-    ratio = time_ratio(times, {same_batch["vanilla"]["arm"]: vanilla}, budget, summary["resamples"], summary["confidence"],
+    ratio = time_ratio(times, {same_batch["vanilla"]["arm"]: vanilla}, budget, summary["resamples"],
+                       summary["confidence"],
                        summary["bootstrap_seed"])
     reached = [t for t in vanilla if t is not None]
     written = ratio.as_dict()
@@ -90,7 +94,8 @@ def auto_row(cell: Mapping[str, Any], study: Mapping[str, Any], auto: Mapping[st
         "calibrated_choice": auto["choice"], "calibration_s": extra, "forced_calibration_s": calibrated_s,
         "run_steps": run_steps,
         # a cell whose vanilla reached the target at once (no progress to make) has no share
-        "calibration_share_of_vanilla": calibrated_s / (sum(reached) / len(reached)) if reached and sum(reached) > 0 else None,
+        "calibration_share_of_vanilla": calibrated_s / (sum(reached) / len(reached)) if reached and sum(reached) > 0
+        else None,
         # as the study's JSON: a ratio that was not reached (infinite) is null
         "loss_ratio": written["value"], "loss_interval": [written["low"], written["high"]],
         "loss_text": ratio.interval_text(), "loss_verdict": ratio.verdict, "met": ratio.value <= 1.05,

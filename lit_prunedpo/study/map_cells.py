@@ -21,20 +21,24 @@ from typing import Any, Sequence
 from lit_prunedpo.study.outputs import OutputError, Refused, read_json, write_atomic
 
 
-def study_argv(out: Path, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace, work_dir: Path,
+def study_argv(out: Path, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace,
+               work_dir: Path,
                memory_budget_mb: float | None = None) -> list[str]:
     """The ``lit-prunedpo-study`` arguments of one cell (with ``--memory-budget-mb`` when the cell has one)."""
     csv = lambda xs: ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)  # noqa: E731
-    argv = ["--out", str(out), "--modes", ",".join(modes), "--no-matched", "--budget", f"{budget:g}", "--steps", str(opt["steps"]),
+    argv = ["--out", str(out), "--modes", ",".join(modes), "--no-matched", "--budget", f"{budget:g}", "--steps",
+            str(opt["steps"]),
             "--evals", str(opt["evals"]), "--seeds", csv(opt["seeds"]), "--tune-seeds", csv(opt["tune_seeds"]),
             "--lr-factors", csv(args.lr_factors), "--calibration-steps", str(opt["calibration_steps"]),
-            "--max-eval-pairs", str(opt["max_eval_pairs"]), "--bootstrap", str(args.bootstrap), "--threads", str(args.threads),
+            "--max-eval-pairs", str(opt["max_eval_pairs"]), "--bootstrap", str(args.bootstrap), "--threads",
+            str(args.threads),
             "--work-dir", str(work_dir), "--quiet"]
     argv += [] if memory_budget_mb is None else ["--memory-budget-mb", f"{memory_budget_mb:g}"]
     return argv + ([] if args.sweep else ["--no-sweep"])
 
 
-def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace, cell_dir: Path,
+def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace,
+             cell_dir: Path,
              work_dir: Path) -> dict[str, Any]:
     """One cell: the noise model, then the study (or both reused with ``--resume``); its rows, or the error
     (``disk_full``: it could not write a file, the disk being full). Runs in a worker process with ``--jobs`` > 1,
@@ -53,7 +57,8 @@ def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float
             noise = read_json(cell_dir / "noise.json", remedy)
         else:
             with contextlib.redirect_stdout(io.StringIO()):
-                report, share = measure_noise(cell, modes, opt["seeds"][0], opt["noise_pairs"], opt["noise_draws"], work_dir)
+                report, share = measure_noise(cell, modes, opt["seeds"][0], opt["noise_pairs"], opt["noise_draws"],
+                                              work_dir)
             noise = {**report, "head_share": share, "seed": opt["seeds"][0]}
             cell_dir.mkdir(parents=True, exist_ok=True)
             (cell_dir / "auto.json").unlink(missing_ok=True)  # a stopped run's, with settings nobody compared
@@ -105,7 +110,8 @@ def run_cell_study(argv: list[str], task: Any) -> None:
         raise RuntimeError(f"the study exited with status {rc}" + (f": {said[-1].strip()}" if said else ""))
 
 
-def measure_noise(cell: Any, modes: Sequence[str], seed: int, pairs: int, draws: int, work_dir: Path) -> tuple[dict, float]:
+def measure_noise(cell: Any, modes: Sequence[str], seed: int, pairs: int, draws: int,
+                  work_dir: Path) -> tuple[dict, float]:
     """The cell's noise report (:func:`lit_prunedpo.study.noise.measure`) at its initial weights, and its head share."""
     import tempfile
 

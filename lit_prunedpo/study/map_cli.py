@@ -29,11 +29,11 @@ its finished cells; ``--resume`` reuses them (a cell with both ``study.json`` an
 without ``auto.json`` is calibrated for it; an unfinished one is run again, replacing its partial records) and
 appends to the journal.
 
-**Resuming with other settings** is refused (:mod:`lit_prunedpo.study.map_resume`): a finished cell's settings are read back
-from its records (the ``lit-prunedpo-study`` command in ``study.json``, parsed as the study parses it, and the seed,
-pairs and draws in ``noise.json``) and compared with the ones this run would give it; any that differ (``--steps``,
-``--evals``, seeds, modes, learning-rate factors, bootstrap resamples, threads, the cell's memory budget, noise
-pairs or draws...) stop the map before anything runs, naming each ``old -> new``, since reused cells would be
+**Resuming with other settings** is refused (:mod:`lit_prunedpo.study.map_resume`): a finished cell's settings are read
+back from its records (the ``lit-prunedpo-study`` command in ``study.json``, parsed as the study parses it, and the
+seed, pairs and draws in ``noise.json``) and compared with the ones this run would give it; any that differ
+(``--steps``, ``--evals``, seeds, modes, learning-rate factors, bootstrap resamples, threads, the cell's memory budget,
+noise pairs or draws...) stop the map before anything runs, naming each ``old -> new``, since reused cells would be
 reported under settings they did not run with. Options that change no result (``--jobs``, ``--quiet``,
 ``--work-dir``, ``--limit-minutes``) do not. Without ``--budget`` a resumed map keeps the first run's budget (its
 plan in ``progress.jsonl``), not a new fit to freshly timed probes. A record that is not valid JSON is refused
@@ -69,10 +69,12 @@ from lit_prunedpo.study.map_cells import run_cell, study_argv
 from lit_prunedpo.study.map_resume import cell_settings, resume_conflicts
 from lit_prunedpo.study.outputs import OutputError, Refused, claim_folder
 
-MAP_DEFAULTS: dict[str, Any] = {"steps": 10, "evals": 5, "max_eval_pairs": 32, "seeds": [0, 1, 2, 3, 4], "tune_seeds": [100],
+MAP_DEFAULTS: dict[str, Any] = {"steps": 10, "evals": 5, "max_eval_pairs": 32, "seeds": [0, 1, 2, 3, 4],
+                                "tune_seeds": [100],
                                 "calibration_steps": 3, "noise_pairs": 16, "noise_draws": 24, "limit_minutes": 90.0}
 MAP_QUICK: dict[str, Any] = {"steps": 10, "evals": 3, "max_eval_pairs": 32, "seeds": [0, 1, 2], "tune_seeds": [100],
-                             "calibration_steps": 2, "noise_pairs": 8, "noise_draws": 8, "limit_minutes": 5.0, "budget": 1.0}
+                             "calibration_steps": 2, "noise_pairs": 8, "noise_draws": 8, "limit_minutes": 5.0,
+                             "budget": 1.0}
 #: What a map writes under ``--out``; any of them there means an earlier map (refused without ``--resume``).
 MAP_FILES = ("progress.jsonl", "map.json", "map.md", "map.png", "cells")
 
@@ -82,32 +84,38 @@ Log = Callable[[str], None]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lit-prunedpo-study-map",
-        description="Run the time-to-quality protocol of lit-prunedpo-study on every cell of a regime map (response length, "
-                    "LM head share, batch size, pair similarity), with the noise model's prediction beside each verdict.",
+        description="Run the time-to-quality protocol of lit-prunedpo-study on every cell of a regime map (response "
+                    "length, LM head share, batch size, pair similarity), with the noise model's prediction beside "
+                    "each verdict.",
     )
     a = parser.add_argument
-    a("--spec", default=None, help="a built-in map (default, quick, hh-rlhf) or a YAML or JSON spec file (modes and blocks; "
-                                   "see lit_prunedpo/study/map_spec.py); default: 'default' (--quick: 'quick')")
+    a("--spec", default=None, help="a built-in map (default, quick, hh-rlhf) or a YAML or JSON spec file (modes and "
+                                   "blocks; see lit_prunedpo/study/map_spec.py); default: 'default' (--quick: 'quick')")
     a("--modes", type=mode_list, default=None, help="pruned modes, comma-separated (replaces the spec's)")
-    a("--quick", action="store_true", help="a map of minutes: the quick spec and " + ", ".join(f"{k} {v}" for k, v in MAP_QUICK.items()))
-    a("--budget", type=real(0.0), default=None, help="training CPU-s per run; default: the largest that fits --limit-minutes")
-    a("--limit-minutes", type=real(0.0), default=None, help="the planned total may not exceed this (default 90; --quick 5)")
+    a("--quick", action="store_true", help="a map of minutes: the quick spec and " + ", ".join(f"{k} {v}" for k,
+                                                                                               v in MAP_QUICK.items()))
+    a("--budget", type=real(0.0), default=None,
+      help="training CPU-s per run; default: the largest that fits --limit-minutes")
+    a("--limit-minutes", type=real(0.0), default=None,
+      help="the planned total may not exceed this (default 90; --quick 5)")
     a("--steps", type=count(1), default=None, help=f"the same-steps budget per run (default {MAP_DEFAULTS['steps']})")
     a("--evals", type=count(1), default=None, help=f"exact evaluations per budget (default {MAP_DEFAULTS['evals']})")
     a("--seeds", type=seed_list, default=None, help="verdict seeds (default 0,1,2,3,4)")
     a("--tune-seeds", type=seed_list, default=None, help="the learning-rate sweep's seeds (default 100)")
     a("--lr-factors", type=factor_list, default=[0.5, 1.0, 2.0], help="the sweep's multiples of each task's rate")
     a("--no-sweep", dest="sweep", action="store_false", help="every arm at the task's rate")
-    a("--max-eval-pairs", type=count(1), default=None, help=f"held-out pairs per evaluation (default {MAP_DEFAULTS['max_eval_pairs']})")
+    a("--max-eval-pairs", type=count(1), default=None,
+      help=f"held-out pairs per evaluation (default {MAP_DEFAULTS['max_eval_pairs']})")
     a("--calibration-steps", type=count(1), default=None, help="timed calibration steps per arm (default 3)")
     a("--bootstrap", type=count(100), default=2000, help="bootstrap resamples per interval (default 2000)")
     a("--noise-pairs", type=count(2), default=None, help="pairs of the noise model's batch (default 16)")
     a("--noise-draws", type=count(1), default=None, help="pruned steps per mode in the noise model (default 24)")
     a("--threads", type=count(1), default=1, help="torch threads per cell (default 1)")
-    a("--jobs", type=count(1), default=2, help="cells run at once, one process each (default 2: the 2 cores the map is planned "
-                                              "for); the plan's wall time is the longest queue's")
+    a("--jobs", type=count(1), default=2, help="cells run at once, one process each (default 2: the 2 cores the map is "
+                                              "planned for); the plan's wall time is the longest queue's")
     a("--work-dir", default=None, help="warm-start cache (default: --out/work)")
-    a("--out", default=None, help="folder for map.json, map.md, progress.jsonl and cells/<cell>/ (required unless --plan-only)")
+    a("--out", default=None,
+      help="folder for map.json, map.md, progress.jsonl and cells/<cell>/ (required unless --plan-only)")
     a("--plan-only", action="store_true", help="probe the cells, print the plan and stop")
     a("--resume", action="store_true", help="reuse cells already finished under --out (refused if they ran with other "
                                             "settings; without --budget, the first run's budget)")
@@ -123,8 +131,8 @@ def claim_map_folder(out: Path, resume: bool, held: contextlib.ExitStack) -> Non
     """
     earlier = claim_folder(out, "map", MAP_FILES, held)
     if earlier and not resume:
-        raise Refused(f"--out {out} holds an earlier map ({', '.join(earlier)}): pass --resume to go on with it (with its "
-                      "settings), or choose another --out")
+        raise Refused(f"--out {out} holds an earlier map ({', '.join(earlier)}): pass --resume to go on with it (with "
+                      "its settings), or choose another --out")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,11 +180,14 @@ def resolve(args: argparse.Namespace) -> MapSetup:
             be read, or ``vanilla`` among ``--modes``.
     """
     defaults = {**MAP_DEFAULTS, **(MAP_QUICK if args.quick else {})}
-    opt = {k: getattr(args, k, None) if getattr(args, k, None) is not None else v for k, v in {**defaults, "budget": defaults.get("budget")}.items()}
+    opt = {k: getattr(args, k, None) if getattr(args, k, None) is not None else v for k,
+           v in {**defaults, "budget": defaults.get("budget")}.items()}
     if args.sweep and set(opt["tune_seeds"]) & set(opt["seeds"]):
-        raise UsageError(f"--tune-seeds {opt['tune_seeds']} and --seeds {opt['seeds']} overlap: the sweep must run on seeds the verdict does not use")
+        raise UsageError(f"--tune-seeds {opt['tune_seeds']} and --seeds {opt['seeds']} overlap: the sweep must run on "
+                         "seeds the verdict does not use")
     if args.out is None and not args.plan_only:
-        raise UsageError("--out is required (the map writes map.json, map.md and every cell's study there); or --plan-only")
+        raise UsageError("--out is required (the map writes map.json, map.md and every cell's study there); or "
+                         "--plan-only")
     from lit_prunedpo.study.map_spec import load_spec
 
     try:
@@ -253,8 +264,8 @@ def _run_cells(setup: MapSetup, budget: float, plan: dict[str, Any], args: argpa
     assert out is not None
     journal = Journal(out, command, keep=args.resume)  # a resumed map's journal goes on after the first run's
     if journal.dropped:
-        log(f"resume: dropped the cut-off last line of {journal.path} ({journal.dropped} bytes: a write the previous run "
-            "did not finish)")
+        log(f"resume: dropped the cut-off last line of {journal.path} ({journal.dropped} bytes: a write the previous "
+            "run did not finish)")
     journal.append("plan", **plan)
     progress = MapProgress(setup, plan, journal, command, log,
                            " ".join(study_argv(Path("cells/<cell>"), setup.modes, setup.opt, budget, args, work_dir)))
@@ -272,8 +283,8 @@ def _run_cells(setup: MapSetup, budget: float, plan: dict[str, Any], args: argpa
         log(f"wrote {out / name}")
     print((out / "map.md").read_text())
     if progress.unfinished:
-        print(f"error: {len(progress.unfinished)} of {len(spec.cells)} cells failed ({', '.join(progress.unfinished)}): "
-              f"see {out / 'progress.jsonl'}", file=sys.stderr)
+        print(f"error: {len(progress.unfinished)} of {len(spec.cells)} cells failed "
+              f"({', '.join(progress.unfinished)}): see {out / 'progress.jsonl'}", file=sys.stderr)
         return 1
     return 0
 
@@ -319,7 +330,8 @@ class MapProgress:
     """The map's cells as they finish, in the parent process: each journaled and logged, and ``map.json`` /
     ``map.md`` rewritten with every cell so far (a killed map keeps its finished cells)."""
 
-    def __init__(self, setup: MapSetup, plan: dict[str, Any], journal: Any, command: str, log: Log, study_args: str) -> None:
+    def __init__(self, setup: MapSetup, plan: dict[str, Any], journal: Any, command: str, log: Log,
+                 study_args: str) -> None:
         self.setup, self.plan, self.journal, self.command, self.log = setup, plan, journal, command, log
         self.study_args = study_args
         self.wall0 = time.perf_counter()
@@ -350,7 +362,8 @@ class MapProgress:
         self.journal.append("cell", cell=cell.name, cpu_s=result["cpu_s"], planned_s=planned, rows=result["rows"])
         self.results[cell.name] = result
         self.log(f"cell {cell.name}: {result['cpu_s']:.0f} CPU-s (planned {planned:.0f}); "
-                 + "; ".join(f"{r['mode']} {r['loss_verdict']} {r['loss_text']}, predicted {r['prediction']} ({r['agreement']})"
+                 + "; ".join(f"{r['mode']} {r['loss_verdict']} {r['loss_text']}, predicted {r['prediction']} "
+                             f"({r['agreement']})"
                              for r in result["rows"])
                  + "".join(f"; auto: {r['choice']}, {r['loss_text']} of vanilla's time" for r in result["auto_rows"]))
         if any(r.get("memory_binds") is False for r in result["rows"]):
@@ -365,12 +378,14 @@ class MapProgress:
         done = [c for c in cells if c.name in results]
         cpu = sum(results[c.name]["cpu_s"] for c in done)
         if cpu > plan["cpu_s"]:
-            self.log(f"warning: the finished cells took {minutes(cpu)} of CPU, more than the whole map's plan ({minutes(plan['cpu_s'])})")
+            self.log(f"warning: the finished cells took {minutes(cpu)} of CPU, more than the whole map's plan "
+                     f"({minutes(plan['cpu_s'])})")
         write_map({"command": self.command, "modes": self.setup.modes, "plan": plan,
                    "rows": [r for c in done for r in results[c.name]["rows"]],
                    "auto_rows": [r for c in done for r in results[c.name]["auto_rows"]],
                    "unfinished": self.unfinished, "cells_done": len(done), "cells": len(cells), "elapsed_min": cpu / 60,
-                   "elapsed_wall_min": (time.perf_counter() - self.wall0) / 60, "study_args": self.study_args}, self.setup.out)
+                   "elapsed_wall_min": (time.perf_counter() - self.wall0) / 60, "study_args": self.study_args},
+                  self.setup.out)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 Each cell is probed (:func:`probe`): its data generated, its model built, two vanilla steps at the cell's batch
 timed after one untimed, and one exact evaluation. The steps are the study runner's own
 (:meth:`~lit_prunedpo.study.runner.Run.train_step`), so the probe times exactly the step and the clock the study's
-budgets are spent on (a Lightning ``Trainer`` would add its hooks to the time). From those measured costs, per cell, in CPU seconds
-(:func:`cell_seconds`; upper bounds where an arm's cost is unknown before the calibration: every step priced as
-a vanilla step at the cell's batch, every pruned mode assumed to add a cost-matched control):
+budgets are spent on (a Lightning ``Trainer`` would add its hooks to the time). From those measured costs, per cell, in
+CPU seconds (:func:`cell_seconds`; upper bounds where an arm's cost is unknown before the calibration: every step priced
+as a vanilla step at the cell's batch, every pruned mode assumed to add a cost-matched control):
 
 * arms ``A = 1 + 2 M`` for ``M`` pruned modes; runs ``R = A (F T + S)``: ``F`` learning-rate factors on ``T``
   tuning seeds (0 without the sweep) and ``S`` verdict seeds;
@@ -153,7 +153,8 @@ def plan_map(cells: Sequence[Any], modes: Sequence[str], opt: Mapping[str, Any],
     Raises:
         UsageError: a cell cannot be probed (its data missing), or the plan cannot fit the limit.
     """
-    plan_options = PlanOptions(len(modes), opt["steps"], opt["evals"], len(opt["seeds"]), len(opt["tune_seeds"]) if args.sweep else 0,
+    plan_options = PlanOptions(len(modes), opt["steps"], opt["evals"], len(opt["seeds"]),
+                               len(opt["tune_seeds"]) if args.sweep else 0,
                                len(args.lr_factors), opt["calibration_steps"], opt["noise_pairs"], opt["noise_draws"])
     probes = _probe_cells(cells, opt["max_eval_pairs"], log)
     limit_s = 60 * opt["limit_minutes"]
@@ -164,7 +165,8 @@ def plan_map(cells: Sequence[Any], modes: Sequence[str], opt: Mapping[str, Any],
 
     # a resumed map keeps its first run's budget unless told otherwise: a new fit to freshly timed probes would differ
     inherited = recorded_budget(out) if args.resume and args.budget is None and out is not None else None
-    budget = inherited if inherited is not None else opt["budget"] if opt["budget"] is not None else fit_budget(total, limit_s)
+    budget = (inherited if inherited is not None else opt["budget"] if opt["budget"] is not None
+              else fit_budget(total, limit_s))
     shown = budget if budget is not None else 0.1  # the plan is shown even when it cannot fit
     planned = {c.name: seconds[c.name](shown) for c in cells}
     wall = makespan(list(planned.values()), args.jobs)
@@ -174,20 +176,21 @@ def plan_map(cells: Sequence[Any], modes: Sequence[str], opt: Mapping[str, Any],
             "options": dataclasses.asdict(plan_options)}
     for c in cells:
         p = probes[c.name]
-        log(f"plan {c.name}: vanilla step {p.step_s:.3f} CPU-s at batch {c.task.batch_size}, evaluation {p.eval_s:.3f} s, "
-            f"setup {p.setup_s:.1f} s -> {minutes(planned[c.name])}")
+        log(f"plan {c.name}: vanilla step {p.step_s:.3f} CPU-s at batch {c.task.batch_size}, evaluation {p.eval_s:.3f} "
+            f"s, setup {p.setup_s:.1f} s -> {minutes(planned[c.name])}")
     log(f"plan: {len(cells)} cells x modes {','.join(modes)}, budget {shown:g} CPU-s per run, {opt['steps']} steps, "
-        f"{len(opt['seeds'])} seeds: planned total {minutes(plan['total_s'])} on {args.jobs} cores ({minutes(plan['cpu_s'])} of CPU; "
-        f"limit {opt['limit_minutes']:g} min)")
+        f"{len(opt['seeds'])} seeds: planned total {minutes(plan['total_s'])} on {args.jobs} cores "
+        f"({minutes(plan['cpu_s'])} of CPU; limit {opt['limit_minutes']:g} min)")
     if budget is None:
-        raise UsageError(f"the map cannot fit --limit-minutes {opt['limit_minutes']:g}: even a 0.1 s budget per run plans "
-                         f"{minutes(plan['total_s'])}; drop cells, modes or seeds, or raise the limit")
+        raise UsageError(f"the map cannot fit --limit-minutes {opt['limit_minutes']:g}: even a 0.1 s budget per run "
+                         f"plans {minutes(plan['total_s'])}; drop cells, modes or seeds, or raise the limit")
     if inherited is not None:  # the finished cells ran on it: the limit only shaped the first run's plan
         log(f"resume: budget {budget:g} CPU-s per run, the first run's (its plan in {out / 'progress.jsonl'}; --budget "
             "sets another, which finished cells then refuse)")
     elif plan["total_s"] > limit_s:
         raise UsageError(f"--budget {budget:g}: the planned total {minutes(plan['total_s'])} exceeds --limit-minutes "
-                         f"{opt['limit_minutes']:g}; lower --budget (or omit it: the largest that fits is chosen) or raise the limit")
+                         f"{opt['limit_minutes']:g}; lower --budget (or omit it: the largest that fits is chosen) or "
+                         "raise the limit")
     return budget, plan
 
 

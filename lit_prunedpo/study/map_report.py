@@ -52,7 +52,8 @@ def cell_rows(cell: Mapping[str, Any], study: Mapping[str, Any], noise: Mapping[
         rows.append({
             **cell, "mode": mode, "arm": arm["arm"], "head_share": head_share, "k": k,
             "cost_matched_batch": calibration["batch"], "loss_verdict": loss["verdict"], "loss_ratio": loss["value"],
-            "loss_interval": [loss["low"], loss["high"]], "loss_text": loss["interval_text"], "loss_reference": loss["reference"],
+            "loss_interval": [loss["low"], loss["high"]], "loss_text": loss["interval_text"],
+            "loss_reference": loss["reference"],
             "accuracy_verdict": accuracy["verdict"], "accuracy_text": accuracy["interval_text"],
             "accuracy_reference": accuracy["reference"], "between": between, "within": within,
             "variance_budget": (k - 1.0) * between, "prediction": prediction,
@@ -62,7 +63,8 @@ def cell_rows(cell: Mapping[str, Any], study: Mapping[str, Any], noise: Mapping[
     return rows
 
 
-def _memory_columns(memory: Mapping[str, Any] | None, arm: Mapping[str, Any], by_name: Mapping[str, Any]) -> dict[str, Any]:
+def _memory_columns(memory: Mapping[str, Any] | None, arm: Mapping[str, Any],
+                    by_name: Mapping[str, Any]) -> dict[str, Any]:
     if memory is None:
         return {"memory_budget_mb": None, "peaks_mb": None, "vanilla_fit": None, "pruned_fit": None, "gpu": None,
                 "memory_binds": None, "largest_peak_mb": None}
@@ -70,7 +72,8 @@ def _memory_columns(memory: Mapping[str, Any] | None, arm: Mapping[str, Any], by
     gpu = any(r.get("micro_batches", 1) > 1 for r in involved)
     peaks = {n: memory["peaks"][n] for n in [arm["arm"], *arm["references"]] if n in memory["peaks"]}
     return {"memory_budget_mb": memory["budget_mb"], "peaks_mb": peaks,
-            "vanilla_fit": memory["vanilla_fit"], "pruned_fit": arm.get("fit", "as is"), "gpu": GPU_NOTE if gpu else None,
+            "vanilla_fit": memory["vanilla_fit"], "pruned_fit": arm.get("fit", "as is"),
+            "gpu": GPU_NOTE if gpu else None,
             "memory_binds": budget_binds(memory), "largest_peak_mb": (largest_peak(memory) or (None, None))[1]}
 
 
@@ -79,8 +82,32 @@ def _memory_text(r: Mapping[str, Any]) -> str:
         return "none | - | - |"
     peaks = ", ".join(f"{n} {p:.0f}" for n, p in r["peaks_mb"].items())
     binds = "" if r.get("memory_binds", True) is not False else ", **binds nothing**"
-    return (f"{r['memory_budget_mb']:g} MB ({peaks}{binds}) | vanilla: {r['vanilla_fit']}; {r['mode']}: {r['pruned_fit']} | "
-            f"{r['gpu'] or 'no'} |")
+    return (f"{r['memory_budget_mb']:g} MB ({peaks}{binds}) | vanilla: {r['vanilla_fit']}; {r['mode']}: "
+            f"{r['pruned_fit']} | {r['gpu'] or 'no'} |")
+
+
+def _auto_lines(auto: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ``## auto`` section of ``map.md``: one row per cell on what ``AutoPruning`` does (nothing without rows)."""
+    if not auto:
+        return []
+    met = sum(r["met"] for r in auto)
+    lines = ["", "## auto", "",
+             "What the `AutoPruning` callback (its defaults, on the cell's first vanilla batch at the initial "
+             "weights) does in each cell, and its time to the loss target against same-batch vanilla, the "
+             "calibration's seconds added to every seed when it runs (it is skipped when its work exceeds "
+             f"`max_share` {DEFAULT_MAX_SHARE:g} of the run's steps: here vanilla's steps in the budget). Target: "
+             f"at most 1.05x in every cell; met in {met} of {len(auto)}. The calibration was also run in every "
+             "cell regardless (forced), to show what it picks and what it costs.", "",
+             "| cell | auto | loss time vs vanilla [interval] | <= 1.05 | forced calibration: pick, CPU-s (share "
+             "of vanilla's time to target) | why |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in auto:
+        share = "-" if r["calibration_share_of_vanilla"] is None else f"{r['calibration_share_of_vanilla']:.0%}"
+        run = (f"{r['choice']} (calibrated)" if r["calibrated"]
+               else f"{r['choice']} (skipped, {r['run_steps']} steps)")
+        lines.append(f"| {r['name']} | {run} | {r['loss_text']} | {'yes' if r['met'] else '**no**'} | "
+                     f"{r['calibrated_choice']}, {r['forced_calibration_s']:.2f} ({share}) | {r['reason']} |")
+    return lines
 
 
 def to_markdown(payload: Mapping[str, Any]) -> str:
@@ -89,17 +116,18 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
     lines = [
         "# Regime map", "",
         f"Command: `{payload['command']}`", "",
-        f"Per cell: the study protocol (`lit-prunedpo-study`, its report under `cells/<cell>/`) with {payload['study_args']}; "
-        f"planned {payload['plan']['total_min']:.1f} min on {payload['plan']['jobs']} cores ({payload['plan']['cpu_s'] / 60:.1f} CPU-min); "
-        f"the {payload.get('cells_done', 0)} finished cells took {payload.get('elapsed_min', float('nan')):.1f} CPU-min, "
-        f"{payload.get('elapsed_wall_min', float('nan')):.1f} min of wall time. "
-        "Verdicts on the loss target against the better vanilla (same batch or cost-matched), with the "
-        "95 % bootstrap interval over seeds. k: calibrated cost ratio, vanilla step / pruned step at the cell's batch. "
-        "Noise model at the initial weights: between = trace of the per-pair gradient covariance, within = the "
+        "Per cell: the study protocol (`lit-prunedpo-study`, its report under `cells/<cell>/`) with "
+        f"{payload['study_args']}; planned {payload['plan']['total_min']:.1f} min on {payload['plan']['jobs']} cores "
+        f"({payload['plan']['cpu_s'] / 60:.1f} CPU-min); the {payload.get('cells_done', 0)} finished cells took "
+        f"{payload.get('elapsed_min', float('nan')):.1f} CPU-min, {payload.get('elapsed_wall_min', float('nan')):.1f} "
+        "min of wall time. Verdicts on the loss target against the better vanilla (same batch or cost-matched), with "
+        "the 95 % bootstrap interval over seeds. k: calibrated cost ratio, vanilla step / pruned step at the cell's "
+        "batch. Noise model at the initial weights: between = trace of the per-pair gradient covariance, within = the "
         "mode's extra within-pair variance; prediction: prune better iff within < (k - 1) between. "
-        "Memory budget: a cap on each arm's measured peak step memory (MB above the step's start; the peaks of the arm and "
-        "its references in brackets); an arm over it runs its fastest exact fit, and the reference is the better vanilla "
-        f"that fits. GPU: '{GPU_NOTE}' where a fit uses gradient accumulation (nearly free on the CPU only).", "",
+        "Memory budget: a cap on each arm's measured peak step memory (MB above the step's start; the peaks of the arm "
+        "and its references in brackets); an arm over it runs its fastest exact fit, and the reference is the better "
+        f"vanilla that fits. GPU: '{GPU_NOTE}' where a fit uses gradient accumulation (nearly free on the CPU only).",
+        "",
         "| cell | mode | head share | k (batch) | loss verdict | loss ratio [interval] | accuracy verdict | between | "
         "within | (k-1) between | prediction | memory budget (peaks, MB) | fitted | GPU |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -107,35 +135,22 @@ def to_markdown(payload: Mapping[str, Any]) -> str:
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['mode']} | {r['head_share']:.3f} | {r['k']:.2f} ({r['cost_matched_batch']}) | "
-            f"**{r['loss_verdict']}** | {r['loss_text']} vs {r['loss_reference']} | {r['accuracy_verdict']} {r['accuracy_text']} | "
-            f"{r['between']:.4g} | {r['within']:.4g} | {r['variance_budget']:.4g} | {r['prediction']} | {_memory_text(r)}")
+            f"**{r['loss_verdict']}** | {r['loss_text']} vs {r['loss_reference']} | {r['accuracy_verdict']} "
+            f"{r['accuracy_text']} | {r['between']:.4g} | {r['within']:.4g} | {r['variance_budget']:.4g} | "
+            f"{r['prediction']} | {_memory_text(r)}")
     loose = {r["name"]: r for r in rows if r.get("memory_binds") is False}
     if loose:
-        lines += ["", "Memory budgets that bind nothing (every arm's measured peak is under the budget, so these cells ran "
-                  "as without it and the memory axis decides nothing there): "
-                  + ", ".join(f"{n} ({r['memory_budget_mb']:g} MB; " + ("no peak measured)" if r["largest_peak_mb"] is None
-                                                                          else f"largest peak {r['largest_peak_mb']:.1f} MB)")
+        lines += ["", "Memory budgets that bind nothing (every arm's measured peak is under the budget, so these "
+                  "cells ran as without it and the memory axis decides nothing there): "
+                  + ", ".join(f"{n} ({r['memory_budget_mb']:g} MB; "
+                              + ("no peak measured)" if r["largest_peak_mb"] is None
+                                 else f"largest peak {r['largest_peak_mb']:.1f} MB)")
                               for n, r in loose.items())
                   + "."]
     lines += ["", "Noise model against the measurement (loss verdict):", ""]
     lines += [f"- {r['name']}, {r['mode']}: predicted {r['prediction']}; measured {r['loss_verdict']}: {r['agreement']}"
               for r in rows]
-    auto = payload.get("auto_rows") or []
-    if auto:
-        met = sum(r["met"] for r in auto)
-        lines += ["", "## auto", "",
-                  "What the `AutoPruning` callback (its defaults, on the cell's first vanilla batch at the initial weights) does "
-                  "in each cell, and its time to the loss target against same-batch vanilla, the calibration's seconds added to "
-                  f"every seed when it runs (it is skipped when its work exceeds `max_share` {DEFAULT_MAX_SHARE:g} of the run's steps: here "
-                  f"vanilla's steps in the budget). Target: at most 1.05x in every cell; met in {met} of {len(auto)}. "
-                  "The calibration was also run in every cell regardless (forced), to show what it picks and what it costs.", "",
-                  "| cell | auto | loss time vs vanilla [interval] | <= 1.05 | forced calibration: pick, CPU-s (share of vanilla's time to target) | why |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for r in auto:
-            share = "-" if r["calibration_share_of_vanilla"] is None else f"{r['calibration_share_of_vanilla']:.0%}"
-            run = f"{r['choice']} (calibrated)" if r["calibrated"] else f"{r['choice']} (skipped, {r['run_steps']} steps)"
-            lines.append(f"| {r['name']} | {run} | {r['loss_text']} | {'yes' if r['met'] else '**no**'} | "
-                         f"{r['calibrated_choice']}, {r['forced_calibration_s']:.2f} ({share}) | {r['reason']} |")
+    lines += _auto_lines(payload.get("auto_rows") or [])
     missing = payload.get("unfinished") or []
     if missing:
         lines += ["", f"Not finished: {', '.join(missing)}."]

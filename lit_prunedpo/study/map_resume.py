@@ -36,7 +36,8 @@ def cell_settings(study_args: Sequence[str], noise: Mapping[str, Any]) -> dict[s
     settings = {k: v for k, v in vars(parsed).items() if k not in NOT_RESULTS}
     if not settings["sweep"]:
         del settings["tune_seeds"], settings["lr_factors"]
-    return {**settings, "noise_seed": noise.get("seed"), "noise_pairs": noise.get("pairs"), "noise_draws": noise.get("draws")}
+    return {**settings, "noise_seed": noise.get("seed"), "noise_pairs": noise.get("pairs"),
+            "noise_draws": noise.get("draws")}
 
 
 def _option(key: str) -> str:
@@ -120,7 +121,8 @@ def resume_conflicts(cells: Sequence[Any], out: Path, wanted: Mapping[str, dict[
         try:
             had = cell_settings(study["command"].split()[1:], noise)
         except ValueError as exc:
-            raise Refused(f"{cell_dir / 'study.json'}: {exc}; delete the folder {cell_dir} to run that cell again") from None
+            raise Refused(f"{cell_dir / 'study.json'}: {exc}; delete the folder {cell_dir} to run that cell "
+                          "again") from None
         changed = setting_changes(had, wanted[cell.name])
         if changed:
             differing.append(cell.name)
@@ -129,12 +131,13 @@ def resume_conflicts(cells: Sequence[Any], out: Path, wanted: Mapping[str, dict[
         return None
     names = ", ".join(differing[:3]) + (f" and {len(differing) - 3} more" if len(differing) > 3 else "")
     return (f"--resume: {len(differing)} finished cell(s) under {out} ran with other settings than this run's: "
-            f"{'; '.join(diffs)} (cells {names}); reusing them would report their results under settings they did not run "
-            "with. Resume with the first run's settings, or choose another --out to run the map afresh with these")
+            f"{'; '.join(diffs)} (cells {names}); reusing them would report their results under settings they did not "
+            "run with. Resume with the first run's settings, or choose another --out to run the map afresh with these")
 
 
 def recorded_budget(out: Path) -> float | None:
     """The training budget of the last plan in ``out``'s ``progress.jsonl`` (``None``: no plan recorded)."""
     records, _ = read_journal(out / "progress.jsonl")
-    budgets = [r.get("budget_s") for r in records if r.get("kind") == "plan" and isinstance(r.get("budget_s"), (int, float))]
+    budgets = [r.get("budget_s") for r in records
+               if r.get("kind") == "plan" and isinstance(r.get("budget_s"), (int, float))]
     return float(budgets[-1]) if budgets else None

@@ -5,7 +5,8 @@ A spec names the pruning modes and lists **blocks**; each block is a factorial p
 
     modes: [position-coupled, antithetic]
     blocks:
-      - {task: generated, length: [16, 64, 256], head_share: [0.03, 0.25, 0.97], similarity: near-duplicate, batch_size: 8}
+      - {task: generated, length: [16, 64, 256], head_share: [0.03, 0.25, 0.97], similarity: near-duplicate, batch_size:
+        8}
       - {task: generated, length: [16, 64, 256], head_share: 0.25, similarity: unrelated, batch_size: 8}
       - {task: hh-rlhf, length: 64, batch_size: 8}
 
@@ -39,11 +40,13 @@ from lit_prunedpo.study.map_tasks import SIMILARITIES, CellTask, hh_cell
 from lit_prunedpo.study.tasks import StudyTask
 
 TASK_KINDS = ("generated", "hh-rlhf")
-FIELDS = {"generated": ("task", "length", "batch_size", "head_share", "similarity"), "hh-rlhf": ("task", "length", "batch_size")}
+FIELDS = {"generated": ("task", "length", "batch_size", "head_share", "similarity"),
+          "hh-rlhf": ("task", "length", "batch_size")}
 OPTIONAL = ("memory_budget_mb",)  # fields a block may leave out (every kind)
 #: Why a cell needs 2 pairs a step: what a map cell at batch 1 could not conclude.
 ONE_PAIR = (" (at 1 pair a step no vanilla batch is smaller, so the cell has no cost-matched control and the noise "
-            "model's prediction compares with an impossible batch of 1/k pairs; AutoPruning needs 2 pairs to calibrate)")
+            "model's prediction compares with an impossible batch of 1/k pairs; AutoPruning needs 2 pairs to "
+            "calibrate)")
 
 DEFAULT_SPEC: dict[str, Any] = {
     "modes": ["position-coupled", "antithetic"],
@@ -51,7 +54,8 @@ DEFAULT_SPEC: dict[str, Any] = {
         # length x head share, near-duplicate pairs: where token sampling should pay (long, light head) and where not;
         # the head-heavy regime is the old HH-RLHF one: at 16 and 64 tokens only (at 256 its evaluations alone cost
         # more than the rest of the map)
-        {"task": "generated", "length": [16, 64, 256], "head_share": [0.03, 0.25], "similarity": "near-duplicate", "batch_size": 8},
+        {"task": "generated", "length": [16, 64, 256], "head_share": [0.03, 0.25], "similarity": "near-duplicate",
+         "batch_size": 8},
         {"task": "generated", "length": [16, 64], "head_share": 0.97, "similarity": "near-duplicate", "batch_size": 8},
         # pair similarity: unrelated responses, where dropping a whole branch costs least
         {"task": "generated", "length": [16, 64, 256], "head_share": 0.25, "similarity": "unrelated", "batch_size": 8},
@@ -139,7 +143,8 @@ def _cell(where: str, settings: Mapping[str, Any]) -> Cell:
             why = ONE_PAIR if name == "batch_size" else ""
             raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}{why}")
     budget = settings.get("memory_budget_mb")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf")):
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not 0 < budget < float("inf")):
         raise ValueError(f"{where}: memory_budget_mb must be a number > 0 (MiB of peak step memory) or null, got "
                          f"{budget!r}{number_text(budget)}")
     budget = None if budget is None else float(budget)
@@ -188,7 +193,8 @@ def parse_spec(spec: Mapping[str, Any], source: str = "the spec") -> MapSpec:
         extra = sorted(set(block) - set(FIELDS[kind]) - set(OPTIONAL))
         missing = sorted(set(FIELDS[kind]) - set(block))
         if extra or missing:
-            raise ValueError(f"{where}: a {kind} block has the fields {', '.join(FIELDS[kind])} (optional: {', '.join(OPTIONAL)}); "
+            raise ValueError(f"{where}: a {kind} block has the fields {', '.join(FIELDS[kind])} (optional: "
+                             f"{', '.join(OPTIONAL)}); "
                              + (f"unknown {extra}" if extra else "") + ("; " if extra and missing else "")
                              + (f"missing {missing}" if missing else ""))
         axes = {k: _values(v) for k, v in block.items() if k != "task"}
@@ -220,5 +226,6 @@ def load_spec(path: str | Path) -> MapSpec:
     try:
         data = yaml.safe_load(text) if path.suffix != ".json" else json.loads(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ValueError(f"map spec {str(path)!r}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        raise ValueError(f"map spec {str(path)!r}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                         f"{exc}") from None
     return parse_spec(data, f"map spec {str(path)!r}")

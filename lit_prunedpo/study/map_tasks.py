@@ -48,9 +48,12 @@ MAX_LENGTH = 1024
 
 # (largest target share it serves, Llama body); the vocabulary is solved per cell
 BODIES: tuple[tuple[float, dict[str, Any]], ...] = (
-    (0.10, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=16, num_attention_heads=4, num_key_value_heads=2)),
-    (0.60, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
-    (1.00, dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)),
+    (0.10, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=16, num_attention_heads=4,
+                num_key_value_heads=2)),
+    (0.60, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2)),
+    (1.00, dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1)),
 )
 
 
@@ -127,7 +130,8 @@ class CellTask(StudyTask):
 
     def __post_init__(self) -> None:
         if not (isinstance(self.length, int) and 2 <= self.length <= MAX_LENGTH):
-            raise ValueError(f"length must be an integer in [2, {MAX_LENGTH}] (tokens per response, EOS included), got {self.length!r}")
+            raise ValueError(f"length must be an integer in [2, {MAX_LENGTH}] (tokens per response, EOS included), got "
+                             f"{self.length!r}")
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"similarity must be one of {', '.join(SIMILARITIES)}, got {self.similarity!r}")
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
@@ -145,13 +149,15 @@ class CellTask(StudyTask):
         make = edited_pairs if self.similarity == "near-duplicate" else unrelated_pairs
         extra = {"edit_at": "random"} if self.similarity == "near-duplicate" else {}
         letters = self.length - 1  # the data module appends EOS
-        return make(num_rows=self.num_rows, seed=0, min_length=letters, max_length=letters, label_noise=self.label_noise, **extra)
+        return make(num_rows=self.num_rows, seed=0, min_length=letters, max_length=letters,
+                    label_noise=self.label_noise, **extra)
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
         path = Path(work_dir) / f"{self.name}.jsonl"
         _write_jsonl(self.rows(), path)
         dm = PreferenceDataModule(path=str(path), tokenizer="byt5", max_length=MAX_PROMPT_LENGTH + self.length,
-                                  max_prompt_length=MAX_PROMPT_LENGTH, batch_size=self.batch_size, max_rows=self.max_rows)
+                                  max_prompt_length=MAX_PROMPT_LENGTH, batch_size=self.batch_size,
+                                  max_rows=self.max_rows)
         dm.setup("fit")
         return dm
 
@@ -168,6 +174,8 @@ def hh_cell(length: int, batch_size: int, **overrides: Any) -> HHRLHFTask:
     if not (isinstance(length, int) and 2 <= length <= MAX_LENGTH):
         raise ValueError(f"length must be an integer in [2, {MAX_LENGTH}], got {length!r}")
     base = HHRLHFTask()
-    model = {**base.model, "max_position_embeddings": max(base.model["max_position_embeddings"], base.max_prompt_length + length)}
-    return dataclasses.replace(base, name=f"hh-rlhf-L{length}-B{batch_size}", max_length=base.max_prompt_length + length,
+    model = {**base.model, "max_position_embeddings": max(base.model["max_position_embeddings"],
+                                                          base.max_prompt_length + length)}
+    return dataclasses.replace(base, name=f"hh-rlhf-L{length}-B{batch_size}",
+                               max_length=base.max_prompt_length + length,
                                batch_size=batch_size, model=model, **overrides)

@@ -74,10 +74,12 @@ def accumulate(module: PrunedDPO, batch: PreferenceBatch, parts: int) -> torch.T
 def fit_candidates(arm: Arm) -> list[Arm]:
     """Every exact variant of ``arm`` other than itself: chunked scorer, checkpointing, accumulation over 2, 4, ...
     micro-batches (powers of two up to the batch, and the whole batch one pair at a time), and combinations."""
-    micro = sorted({m for m in (2 ** k for k in range(arm.batch_size.bit_length())) if m <= arm.batch_size} | {1, arm.batch_size})
+    micro = sorted({m for m in (2 ** k for k in range(arm.batch_size.bit_length()))
+                    if m <= arm.batch_size} | {1, arm.batch_size})
     out = [dataclasses.replace(arm, chunked=c, checkpointing=g, micro_batches=m)
            for c in (False, True) for g in (False, True) for m in micro]
-    return [a for a in out if (a.chunked, a.checkpointing, a.micro_batches) != (arm.chunked, arm.checkpointing, arm.micro_batches)]
+    return [a for a in out if (a.chunked, a.checkpointing, a.micro_batches) != (arm.chunked, arm.checkpointing,
+                                                                                arm.micro_batches)]
 
 
 def base_of(arm: Arm) -> Arm:
@@ -98,8 +100,9 @@ def choose_fit(table: Mapping[Arm, tuple[float, float]], budget_mb: float, what:
     fitting = [a for a, (peak, _) in table.items() if peak <= budget_mb]
     if not fitting:
         smallest = min(table, key=lambda a: table[a][0])
-        raise ValueError(f"memory budget {budget_mb:g} MB: no exact way of running {what} fits; the smallest measured peak "
-                         f"step memory is {table[smallest][0]:.1f} MB ({smallest.fit}); raise --memory-budget-mb to at least that")
+        raise ValueError(f"memory budget {budget_mb:g} MB: no exact way of running {what} fits; the smallest measured "
+                         f"peak step memory is {table[smallest][0]:.1f} MB ({smallest.fit}); raise --memory-budget-mb "
+                         "to at least that")
     changes = lambda a: int(a.chunked) + int(a.checkpointing) + int(a.micro_batches > 1)  # noqa: E731
     return min(fitting, key=lambda a: (table[a][1], table[a][0], changes(a)))
 
@@ -121,8 +124,9 @@ def not_binding_text(record: Mapping[str, Any]) -> str:
     """One sentence for a budget that binds nothing (:func:`budget_binds`)."""
     top = largest_peak(record)
     largest = f"the largest: {top[0]}, {top[1]:.1f} MB" if top is not None else "none was measured"
-    return (f"the memory budget of {record['budget_mb']:g} MB binds nothing: no arm's peak step memory is over it ({largest}), "
-            "so every arm ran as it would without it and the verdicts say nothing about training under a memory limit")
+    return (f"the memory budget of {record['budget_mb']:g} MB binds nothing: no arm's peak step memory is over it "
+            f"({largest}), so every arm ran as it would without it and the verdicts say nothing about training under a "
+            "memory limit")
 
 
 def needs_gpu(arms: Sequence[Arm]) -> bool:
@@ -185,7 +189,8 @@ def fit_to_budget(budget_mb: float, vanilla: Arm, pruned: Sequence[Arm], control
     chosen = [fitted.get(a, a) for a in [vanilla, *pruned]] + controls_fitting
     record = {
         "budget_mb": budget_mb, "measure": measure_name, "clock": clock,
-        "peaks": {**{a.name: peak(a) for a in everyone}, **{v.name: peak(v) for v in fitted.values() if v.mode != "vanilla"},
+        "peaks": {**{a.name: peak(a) for a in everyone},
+                  **{v.name: peak(v) for v in fitted.values() if v.mode != "vanilla"},
                   **({fitted_vanilla.name: peak(fitted[vanilla])} if fitted_vanilla is not None else {})},
         "tables": tables,
         "fits": {a.name: fitted[a].fit for a in over},

@@ -16,9 +16,9 @@ ratio ``k`` (batch ``B / k``, the same cost per step when a step's cost is propo
     within < (k - 1) between                                          (:func:`predict`)
 
 The variances and the gradients are :mod:`lit_prunedpo.gradient_noise`'s (shared with the ``AutoPruning``
-callback's calibration). Measured (:func:`measure`) at a cell's initial weights, where the policy equals the reference: every margin
-is exactly 0, also the pruned estimate's, so the pruned estimator has no bias there and ``within`` is a pure
-variance. ``between`` is the unbiased sample variance of per-pair gradients ``(1/(n-1)) sum_i |g_i - mean|^2``
+callback's calibration). Measured (:func:`measure`) at a cell's initial weights, where the policy equals the reference:
+every margin is exactly 0, also the pruned estimate's, so the pruned estimator has no bias there and ``within`` is a
+pure variance. ``between`` is the unbiased sample variance of per-pair gradients ``(1/(n-1)) sum_i |g_i - mean|^2``
 (:func:`between_variance`), each ``g_i`` the gradient of the real exact step on pair ``i`` alone; ``within``
 is ``B`` times the mean over ``draws`` real pruned steps (plan, execute, estimate, backward of the module's own
 ``step``) of ``|g_hat - g_B|^2`` (:func:`within_variance`), ``g_B`` the exact step's gradient on the batch.
@@ -95,7 +95,8 @@ def measure(module: PrunedDPO, batch: PreferenceBatch, modes: Sequence[str], dra
     g = torch.Generator().manual_seed(seed)
     per_pair = torch.stack([_gradient(module, pair(batch, i), "vanilla", g) for i in range(batch.num_pairs)])
     exact = _gradient(module, batch, "vanilla", g)
-    within = {m: within_variance([squared_distance(_gradient(module, batch, m, g), exact) for _ in range(draws)], batch.num_pairs)
+    within = {m: within_variance([squared_distance(_gradient(module, batch, m, g), exact) for _ in range(draws)],
+                                 batch.num_pairs)
               for m in modes if m != "vanilla"}
     module.zero_grad(set_to_none=True)
     return NoiseReport(batch.num_pairs, draws, between_variance(per_pair), within, float(exact.double().pow(2).sum()))

@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     cell.add_argument("--epochs", type=_positive(float), default=1.0, help="epochs every design trains (default 1)")
     cell.add_argument("--designs", default=";".join(TABLE_DESIGNS[1:]),
                       help="semicolon-separated designs MODE[:arg=value,...][@BATCH|@x2|@/2][/EPOCHS] beside vanilla "
-                           f"(default: the table's, {';'.join(TABLE_DESIGNS[1:])}); commas separate a design's arguments")
+                           f"(default: the table's, {';'.join(TABLE_DESIGNS[1:])}); commas separate a design's "
+                           "arguments")
     cell.add_argument("--pareto", action="store_true", help="add the sampling-ratio grid and vanilla's frontier: "
                       + "; ".join(PARETO_DESIGNS))
     cell.add_argument("--max-rows", type=_positive(int), default=None, help="only the data's first rows (default all)")
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     cell.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"],
                       help="Lightning's meaning: float32 weights, bf16-mixed runs each step's forward and every "
                            "evaluation under bfloat16 autocast (default 32-true)")
-    cell.add_argument("--evals", type=_positive(int), default=2, help="exact evaluations per run besides step 0 (default 2)")
+    cell.add_argument("--evals", type=_positive(int), default=2,
+                      help="exact evaluations per run besides step 0 (default 2)")
     cell.add_argument("--probe-steps", type=count(0), default=5,
                       help="metered steps per design after training (0: none)")
     cell.add_argument("--threads", type=_positive(int), default=1,
@@ -122,7 +124,8 @@ def provenance(argv: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
 
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True,
                                 timeout=10).stdout.strip() or "unknown (not a git checkout)"
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
@@ -220,7 +223,8 @@ def run_cell_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
         if log:
             log(f"{task.name}: {len(designs)} designs x {len(args.seeds)} seeds, {args.epochs:g} epoch(s) of "
-                f"{len(dm.train_dataset)} pairs: " + ", ".join(f"{d.label} ({d.arm.schedule_steps} steps)" for d in designs))
+                f"{len(dm.train_dataset)} pairs: " + ", ".join(f"{d.label} ({d.arm.schedule_steps} "
+                                                               "steps)" for d in designs))
         epochs.run_cell(task, dm, designs, args.seeds, out, evals=args.evals, probe_steps=args.probe_steps, log=log,
                         on_record=lambda r: append_line(out / "records.jsonl", json.dumps(r)), done=done,
                         precision=args.precision)

@@ -185,8 +185,8 @@ def sentence(mode: str, row: Mapping[str, Any]) -> str:
 
 
 def table_markdown(cells: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> list[str]:
-    lines = ["| cell | design | time saved | step speedup | peak memory | accuracy (vs vanilla) | exact loss (vs vanilla) "
-             "| paper | where we agree, where not |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| cell | design | time saved | step speedup | peak memory | accuracy (vs vanilla) | exact loss (vs "
+             "vanilla) | paper | where we agree, where not |", "|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         batch = cell["vanilla"].split("@")[1]  # the table's designs run at vanilla's batch and epochs
         for mode in modes:
@@ -200,8 +200,10 @@ def table_markdown(cells: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> 
                 "reference" if vanilla else format_interval(row["time_saved"], ".0f", 100, " %"),
                 "1" if vanilla else format_interval(row["step_speedup"], ".2f", suffix="x"),
                 "1" if vanilla else format_interval(row["memory_ratio"], ".2f", suffix="x"),
-                format_interval(row["accuracy"], ".3f") + ("" if vanilla else f" ({format_interval(row['accuracy_change'], '+.3f')})"),
-                format_interval(row["loss"], ".4f") + ("" if vanilla else f" ({format_interval(row['loss_change'], '+.4f')})"),
+                format_interval(row["accuracy"], ".3f")
+                + ("" if vanilla else f" ({format_interval(row['accuracy_change'], '+.3f')})"),
+                format_interval(row["loss"], ".4f") + ("" if vanilla
+                                                       else f" ({format_interval(row['loss_change'], '+.4f')})"),
                 paper, "" if vanilla else sentence(mode, row)]) + " |")
     return lines
 
@@ -212,8 +214,9 @@ def pareto_markdown(cell: Mapping[str, Any]) -> list[str]:
     rows = sorted(cell["rows"].items(), key=lambda item: item[1]["train_cpu_s"][0] if item[1]["train_cpu_s"] else 0)
     for label, row in rows:
         marks = [name for name, key in (("accuracy", "pareto_accuracy"), ("loss", "pareto_loss")) if label in cell[key]]
-        lines.append(f"| `{label}` | {format_interval(row['train_cpu_s'], '.1f')} | {format_interval(row['accuracy'], '.3f')} | "
-                     f"{format_interval(row['loss'], '.4f')} | {', '.join(marks) or '-'} |")
+        lines.append(f"| `{label}` | {format_interval(row['train_cpu_s'], '.1f')} | "
+                     f"{format_interval(row['accuracy'], '.3f')} | {format_interval(row['loss'], '.4f')} | "
+                     f"{', '.join(marks) or '-'} |")
     return lines + [""]
 
 

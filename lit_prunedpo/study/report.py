@@ -66,7 +66,8 @@ class Journal:
         append_line(self.path, json.dumps({"kind": kind, **record}))
 
     def point(self, phase: str, run: Run, point: Any) -> None:
-        self.append("point", phase=phase, arm=run.arm.name, seed=run.seed, lr=run.optimizer.param_groups[0]["initial_lr"],
+        self.append("point", phase=phase, arm=run.arm.name, seed=run.seed,
+                    lr=run.optimizer.param_groups[0]["initial_lr"],
                     **vars(point))
 
     def run(self, phase: str, run: Run) -> None:
@@ -79,7 +80,8 @@ def warm_start_summary(runs: Sequence[Run]) -> dict[str, Any] | None:
     for run in runs:
         w = run.warm_start
         if w is not None and str(run.seed) not in out:
-            out[str(run.seed)] = {"steps": w["steps"], "cpu_s": w["cpu_s"], "wall_s": w["wall_s"], "reused": w["reused"],
+            out[str(run.seed)] = {"steps": w["steps"], "cpu_s": w["cpu_s"], "wall_s": w["wall_s"],
+                                  "reused": w["reused"],
                                   "nll_first": sum(w["losses"][:10]) / len(w["losses"][:10]),
                                   "nll_last": sum(w["losses"][-10:]) / len(w["losses"][-10:]), "path": w["path"]}
     return out or None
@@ -103,7 +105,8 @@ def write_report(payload: dict[str, Any], out: Path) -> list[Path]:
 def payload_of(runs: Sequence[Run], task: dict[str, Any], clock: Clock, budget_s: float, steps: int, evals: int,
                seeds: Sequence[int], eval_pairs: int, command: str, extra: dict[str, Any] | None = None,
                protocol: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole report; ``protocol`` holds :func:`~lit_prunedpo.study.report_summary.summarise`'s keyword arguments (share, bootstrap, controls)."""
+    """The whole report; ``protocol`` holds :func:`~lit_prunedpo.study.report_summary.summarise`'s keyword arguments
+    (share, bootstrap, controls)."""
     return {
         "task": task, "clock": clock, "budget_s": budget_s, "steps": steps, "evals": evals, "seeds": list(seeds),
         "eval_pairs": eval_pairs, "command": command, **(extra or {}),

@@ -39,7 +39,8 @@ def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, sh
     arms: dict[str, list[Run]] = {}
     for run in runs:
         arms.setdefault(run.arm.name, []).append(run)
-    vanilla = [r for r in runs if r.arm.mode == "vanilla" and not r.arm.matched and not r.arm.cost_matched and not r.arm.memory_fitted]
+    vanilla = [r for r in runs
+               if r.arm.mode == "vanilla" and not r.arm.matched and not r.arm.cost_matched and not r.arm.memory_fitted]
     if not vanilla:
         raise ValueError("a study summary needs the vanilla arm")
     vanilla_name = vanilla[0].arm.name
@@ -49,18 +50,21 @@ def summarise(runs: Sequence[Run], clock: Clock, budget_s: float, evals: int, sh
         "loss": improvement_target(mean_curve([_curve(r, "loss") for r in vanilla]), share, True),
         "accuracy": improvement_target(mean_curve([_curve(r, "accuracy") for r in vanilla]), share, False),
     }
-    times = {what: {name: _seed_times(rs, seeds, clock, what, targets[what]) for name, rs in arms.items()} for what in targets}
+    times = {what: {name: _seed_times(rs, seeds, clock, what, targets[what]) for name,
+                    rs in arms.items()} for what in targets}
     rows = []
     for name, rs in arms.items():
         refs = _references(rs[0].arm, vanilla_name, controls, same_batch_reference)
         row = _quality_row(rs, clock, resamples, confidence, seed)
         row["references"] = refs
         for what in targets:
-            ratio = time_ratio(times[what][name], {ref: times[what][ref] for ref in refs}, budget_s, resamples, confidence, seed)
+            ratio = time_ratio(times[what][name], {ref: times[what][ref] for ref in refs}, budget_s, resamples,
+                               confidence, seed)
             row[f"{what}_time_ratio"] = ratio.as_dict()
             row[f"{what}_seed_times"] = times[what][name]
             if len(refs) > 1 or refs != [vanilla_name]:
-                same = time_ratio(times[what][name], {vanilla_name: times[what][vanilla_name]}, budget_s, resamples, confidence, seed)
+                same = time_ratio(times[what][name], {vanilla_name: times[what][vanilla_name]}, budget_s, resamples,
+                                  confidence, seed)
                 row[f"{what}_time_ratio_same_batch"] = same.as_dict()
         rows.append(row)
     grid = [0.0] + [budget_s * k / evals for k in range(1, evals + 1)]
@@ -96,7 +100,8 @@ def _seed_times(rs: Sequence[Run], seeds: Sequence[int], clock: Clock, what: str
                            what == "loss") for s in seeds]
 
 
-def _references(arm: Any, vanilla_name: str, controls: Mapping[str, list[str]], same_batch_reference: bool) -> list[str]:
+def _references(arm: Any, vanilla_name: str, controls: Mapping[str, list[str]],
+                same_batch_reference: bool) -> list[str]:
     """The vanilla arms ``arm`` is judged against: same-batch vanilla (unless over a memory budget) and its mode's
     controls; vanilla arms are judged against same-batch vanilla.
 
@@ -105,9 +110,11 @@ def _references(arm: Any, vanilla_name: str, controls: Mapping[str, list[str]], 
     """
     if arm.mode == "vanilla":
         return [vanilla_name]
-    refs = ([vanilla_name] if same_batch_reference else []) + [c for c in controls.get(arm.mode, []) if c != vanilla_name]
+    refs = ([vanilla_name] if same_batch_reference else []) + [c for c in controls.get(arm.mode, [])
+                                                               if c != vanilla_name]
     if not refs:
-        raise ValueError(f"arm {arm.name}: no vanilla reference (the same-batch arm is excluded and mode {arm.mode!r} has no control)")
+        raise ValueError(f"arm {arm.name}: no vanilla reference (the same-batch arm is excluded and mode {arm.mode!r} "
+                         "has no control)")
     return refs
 
 

@@ -188,12 +188,14 @@ class Run:
             "cost_matched": self.arm.cost_matched, "memory_fitted": self.arm.memory_fitted, "fit": self.arm.fit,
             "micro_batches": self.arm.micro_batches, "precision": self.precision,
             "lr": self.optimizer.param_groups[0]["initial_lr"],
-            "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step, "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
+            "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step,
+            "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
             "eval_wall_s": self.eval_wall_s,
             "median_step_wall_s": sorted(self.step_wall)[steps // 2] if self.step_wall else None,
             "median_step_cpu_s": sorted(self.step_cpu)[steps // 2] if self.step_cpu else None,
             "initial_weights_checksum": self.initial_checksum,
-            "warm_start": None if self.warm_start is None else {k: v for k, v in self.warm_start.items() if k not in ("losses", "trained_rows")},
+            "warm_start": None if self.warm_start is None else {k: v for k, v in self.warm_start.items()
+                                                                if k not in ("losses", "trained_rows")},
             "points": [vars(p) for p in self.points],
             "load": load_record(self.wall_s, self.cpu_s, self.loadavg, torch.get_num_threads(), self.turn_steps),
         }
@@ -208,7 +210,8 @@ def weights_checksum(model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
-def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch], precision: str = "32-true") -> tuple[float, float]:
+def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch],
+               precision: str = "32-true") -> tuple[float, float]:
     """Mean exact DPO loss and accuracy over every pair of ``batches``: the module's own validation computation
     (:meth:`PrunedDPO.exact_pair_metrics`), averaged over pairs, at ``precision`` (as Lightning validates)."""
     was_training = module.training
@@ -243,7 +246,8 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
         raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
     prefix, position, branch = arm.samplers()
     module = PrunedDPO(
-        policy=policy if policy is not None else task.policy(seed), beta=0.1, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
+        policy=policy if policy is not None else task.policy(seed), beta=0.1, prefix_sampler=prefix,
+        position_sampler=position, branch_sampler=branch,
         scorer=ChunkedScorer() if arm.chunked else None, gradient_checkpointing=arm.checkpointing,
         optimizer=partial(torch.optim.AdamW, lr=arm.lr if arm.lr is not None else task.lr, weight_decay=0.0),
     )
@@ -276,7 +280,8 @@ def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list
         kept.append(batch)
         total += batch.num_pairs
     if total == 0:
-        raise ValueError("the study needs held-out pairs to evaluate on, and the data module's validation split has none")
+        raise ValueError("the study needs held-out pairs to evaluate on, and the data module's validation split has "
+                         "none")
     return kept
 
 
@@ -318,7 +323,8 @@ def run_study(
     steps_of = steps if callable(steps) else (lambda arm: steps)
     _check_study(arms, seeds, budget_s, steps_of, evals, clock)
     if turn_steps is not None and not (isinstance(turn_steps, int) and turn_steps >= 1):
-        raise ValueError(f"turn_steps must be an integer >= 1 (or None: a whole evaluation interval), got {turn_steps!r}")
+        raise ValueError("turn_steps must be an integer >= 1 (or None: a whole evaluation interval), got "
+                         f"{turn_steps!r}")
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
@@ -326,7 +332,8 @@ def run_study(
     records: dict[int, dict[str, Any] | None] = dict(sources)
     if task.warm_start_steps > 0:
         for seed in seeds:
-            sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps, lr=task.warm_start_lr, log=log)
+            sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps,
+                                                      lr=task.warm_start_lr, log=log)
     runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed], precision=precision)
             for seed in seeds for arm in arms]
     for run in runs:

@@ -53,7 +53,8 @@ def sweep(arms: Sequence[Arm], base_lr: float, factors: Sequence[float], seeds: 
     if not factors or any(not f > 0 for f in factors):
         raise ValueError(f"the sweep needs positive learning-rate factors, got {list(factors)!r}")
     candidates = {arm: [dataclasses.replace(arm, lr=(arm.lr or base_lr) * f) for f in factors] for arm in arms}
-    runs = run(arms=[c for cs in candidates.values() for c in cs], seeds=seeds, evals=evals, stop_on_nonfinite=True, **study)
+    runs = run(arms=[c for cs in candidates.values() for c in cs], seeds=seeds, evals=evals, stop_on_nonfinite=True,
+               **study)
     window = window_of(evals)
     scores: dict[Arm, list[float]] = {}
     for r in runs:

@@ -72,7 +72,8 @@ class StudyTask(ABC):
 
     def describe(self) -> dict[str, Any]:
         """What the report says about the task."""
-        return {"name": self.name, "lr": self.lr, "warmup_steps": self.warmup_steps, "best_accuracy": self.best_accuracy,
+        return {"name": self.name, "lr": self.lr, "warmup_steps": self.warmup_steps,
+                "best_accuracy": self.best_accuracy,
                 "batch_size": self.batch_size, "max_rows": self.max_rows, "model": getattr(self, "model", None),
                 "warm_start_steps": self.warm_start_steps, "warm_start_lr": self.warm_start_lr,
                 "model_type": getattr(self, "model_type", "llama")}
@@ -94,7 +95,8 @@ class QuickstartTask(StudyTask):
     model_type: str = "llama"  # the transformers model type ``model`` configures (:func:`with_family`)
 
     def datamodule(self, work_dir: Path) -> PreferenceDataModule:
-        dm = PreferenceDataModule(path=None, tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=self.batch_size,
+        dm = PreferenceDataModule(path=None, tokenizer="byt5", max_length=64, max_prompt_length=24,
+                                  batch_size=self.batch_size,
                                   max_rows=self.max_rows)
         dm.setup("fit")
         return dm
@@ -132,7 +134,8 @@ class EditedTask(StudyTask):
         with path.open("w") as f:
             for row in rows:
                 f.write(json.dumps({k: row[k] for k in ("prompt", "chosen", "rejected")}) + "\n")
-        dm = PreferenceDataModule(path=str(path), tokenizer="byt5", max_length=64, max_prompt_length=24, batch_size=self.batch_size,
+        dm = PreferenceDataModule(path=str(path), tokenizer="byt5", max_length=64, max_prompt_length=24,
+                                  batch_size=self.batch_size,
                                   max_rows=self.max_rows)
         dm.setup("fit")
         return dm
@@ -181,7 +184,8 @@ class HHRLHFTask(StudyTask):
                                     "lit-prunedpo-study --data-path (HHRLHFTask(path=...))")
         if self.tokenizer is None and not GPT2_TOKENIZER.is_dir():
             raise FileNotFoundError(f"hh-rlhf task: tokenizer {str(GPT2_TOKENIZER)!r} not found; give its location "
-                                    "with lit-prunedpo-study --tokenizer (HHRLHFTask(tokenizer=...): a folder or a hub name)")
+                                    "with lit-prunedpo-study --tokenizer (HHRLHFTask(tokenizer=...): a folder or a hub "
+                                    "name)")
         dm = PreferenceDataModule(
             path=str(path), tokenizer=tokenizer, max_length=self.max_length, max_prompt_length=self.max_prompt_length,
             val_fraction=0.1, batch_size=self.batch_size, max_rows=self.max_rows, on_bad_row=self.on_bad_row,
@@ -261,13 +265,14 @@ def family_config(llama: dict[str, Any], family: str) -> dict[str, Any]:
     last = llama["vocab_size"] - 1  # GPT-2's default special ids (50256) lie outside a small vocabulary
     return dict(vocab_size=llama["vocab_size"], n_embd=llama["hidden_size"], n_layer=llama["num_hidden_layers"],
                 n_head=llama["num_attention_heads"], n_inner=llama["intermediate_size"],
-                n_positions=llama["max_position_embeddings"], tie_word_embeddings=llama.get("tie_word_embeddings", False),
+                n_positions=llama["max_position_embeddings"],
+                tie_word_embeddings=llama.get("tie_word_embeddings", False),
                 bos_token_id=min(50256, last), eos_token_id=min(50256, last))
 
 
 def with_family(task: StudyTask, family: str) -> StudyTask:
-    """``task`` with its model swapped for ``family``'s at the same sizes, named ``<task>-<family>`` (``llama``: the task
-    itself)."""
+    """``task`` with its model swapped for ``family``'s at the same sizes, named ``<task>-<family>`` (``llama``: the
+    task itself)."""
     if family not in FAMILIES:
         raise ValueError(f"model family must be one of {', '.join(FAMILIES)}, got {family!r}")
     if family == getattr(task, "model_type", "llama"):

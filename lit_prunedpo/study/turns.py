@@ -172,7 +172,8 @@ def load_summary(records: Sequence[Mapping[str, Any]], threads: int | None = Non
             "before_interleaving": sum(1 for r in records if not r.get("load")),
             "wall_per_cpu_median": ratios[len(ratios) // 2] if ratios else None,
             "loadavg_mean": sum(means) / len(means) if means else None,
-            "under_load": [f"{r.get('design') or r.get('arm')} seed {r['seed']}: {why}" for r, load in zip(records, loads)
+            "under_load": [f"{r.get('design') or r.get('arm')} seed {r['seed']}: {why}" for r,
+                           load in zip(records, loads)
                            if (why := under_load(load))]}
 
 

@@ -74,7 +74,8 @@ def chosen_nll(model: torch.nn.Module, batch: PreferenceBatch, scorer: TokenScor
 def cache_key(task: Any, seed: int, steps: int, lr: float, batch_size: int) -> str:
     """The digest naming a warm start: the task's settings that shape the warmed weights, and the pass's own."""
     settings = {k: v for k, v in dataclasses.asdict(task).items() if k not in _DPO_ONLY}
-    text = json.dumps({"task": settings, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size}, sort_keys=True, default=str)
+    text = json.dumps({"task": settings, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size},
+                      sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
@@ -114,11 +115,14 @@ def warm_start(
     data = copy.copy(dm)  # the training split only; the order follows the seed, as an arm's does
     data.batch_size, data.seed = batch_size, seed
     trained = _train(model, data.train_dataloader(), steps, lr, warmup_steps, f"warm start seed {seed}", log)
-    record = {"task": task.name, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size, "warmup_steps": warmup_steps,
-              "cpu_s": trained.cpu_s, "wall_s": trained.wall_s, "losses": trained.losses, "trained_rows": sorted(trained.seen)}
+    record = {"task": task.name, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size,
+              "warmup_steps": warmup_steps,
+              "cpu_s": trained.cpu_s, "wall_s": trained.wall_s, "losses": trained.losses,
+              "trained_rows": sorted(trained.seen)}
     _save(model, record, path)
     losses = trained.losses
-    log(f"warm start seed {seed}: {steps} steps, NLL {losses[0]:.3f} -> {losses[-1]:.3f}, {trained.cpu_s:.1f} CPU-s, saved {path}")
+    log(f"warm start seed {seed}: {steps} steps, NLL {losses[0]:.3f} -> {losses[-1]:.3f}, {trained.cpu_s:.1f} CPU-s, "
+        f"saved {path}")
     return Pretrained(str(path), dtype="float32"), {**record, "path": str(path), "reused": False}
 
 

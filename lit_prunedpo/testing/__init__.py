@@ -33,7 +33,8 @@ Carlo comparisons), :mod:`~lit_prunedpo.testing.samplers` (one sampler at a time
 loss's reward estimate and coefficient bias).
 """
 
-from lit_prunedpo.testing.end_to_end import at_scored, check_step_unbiased, check_unbiased, scored_values, synthetic_batch
+from lit_prunedpo.testing.end_to_end import (at_scored, check_step_unbiased, check_unbiased, scored_values,
+                                             synthetic_batch)
 from lit_prunedpo.testing.losses import CoefficientBias, check_reward_estimate, coefficient_bias
 from lit_prunedpo.testing.report import EXACT_TOL, SamplerReport
 from lit_prunedpo.testing.samplers import (

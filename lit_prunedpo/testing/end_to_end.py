@@ -92,7 +92,8 @@ def check_unbiased(
     R = rho.sum(-1)
     stacked, dirs = torch.stack(r_hats), torch.stack(directions)
     check_monte_carlo(report, "E[R_hat] per branch", stacked.mean(0), R, stacked.std(0) / math.sqrt(num_draws), z)
-    check_monte_carlo(report, "E[branch-weighted R_hat]", dirs.mean(0), R[:, 0] - R[:, 1], dirs.std(0) / math.sqrt(num_draws), z)
+    check_monte_carlo(report, "E[branch-weighted R_hat]", dirs.mean(0), R[:, 0] - R[:, 1],
+                      dirs.std(0) / math.sqrt(num_draws), z)
     return report
 
 

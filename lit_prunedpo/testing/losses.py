@@ -139,11 +139,13 @@ def coefficient_bias(position: PositionSampler, rho: Tensor, grads: Tensor, loss
         ValueError: on mismatched shapes, or a sampler whose support is not enumerable within ``max_support``.
     """
     if rho.ndim != 2 or rho.shape[0] != 2 or grads.ndim != 3 or grads.shape[:2] != rho.shape:
-        raise ValueError(f"coefficient_bias needs rho [2, L] and grads [2, L, P], got {tuple(rho.shape)} and {tuple(grads.shape)}")
+        raise ValueError(f"coefficient_bias needs rho [2, L] and grads [2, L, P], got {tuple(rho.shape)} and "
+                         f"{tuple(grads.shape)}")
     L = rho.shape[1]
     outcomes = enumerate_support(position, L, max_support)
     if outcomes is None:
-        raise ValueError(f"{type(position).__name__} does not enumerate a support of at most {max_support} outcomes at L={L}")
+        raise ValueError(f"{type(position).__name__} does not enumerate a support of at most {max_support} outcomes at "
+                         f"L={L}")
     rho, grads = rho.to(torch.float64), grads.to(torch.float64)
     p = position.inclusion(torch.tensor([L]), L)[0].to(torch.float64)
     lengths = torch.full((1, 2), float(L), dtype=torch.float64)

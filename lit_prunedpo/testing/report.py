@@ -40,8 +40,8 @@ def check_monte_carlo(report: SamplerReport, what: str, observed: Tensor, expect
     if worst > z:
         i = int(dev.argmax())
         raise AssertionError(
-            f"{what}: Monte Carlo mean {float(observed.flatten()[i]):.6g} vs expected {float(expected.flatten()[i]):.6g} "
-            f"is {worst:.2f} standard errors away (tolerance {z})"
+            f"{what}: Monte Carlo mean {float(observed.flatten()[i]):.6g} vs expected "
+            f"{float(expected.flatten()[i]):.6g} is {worst:.2f} standard errors away (tolerance {z})"
         )
 
 

@@ -35,18 +35,22 @@ def check_position_sampler(
         rho = torch.randn(L, generator=g, dtype=torch.float64)
         if outcomes is not None:
             total = sum(prob for _, prob in outcomes)
-            check_exact(report, f"L={L}: support probabilities sum", torch.tensor([total], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+            check_exact(report, f"L={L}: support probabilities sum", torch.tensor([total], dtype=torch.float64),
+                        torch.tensor([1.0], dtype=torch.float64))
             marginal = sum(prob * mask.to(torch.float64) for mask, prob in outcomes)
             check_exact(report, f"L={L}: inclusion probabilities", marginal, p[:L])
             mean = sum(prob * (mask * rho / p[:L]).sum() for mask, prob in outcomes)
             check_exact(report, f"L={L}: E[R_hat]", torch.tensor([float(mean)], dtype=torch.float64), rho.sum()[None])
         masks = sampler.draw(kept.expand(num_draws), width, g)
-        assert masks.shape == (num_draws, width) and masks.dtype == torch.bool, "draw() must return a bool [N, width] mask"
+        assert (masks.shape == (num_draws, width)
+                and masks.dtype == torch.bool), "draw() must return a bool [N, width] mask"
         assert not bool(masks[:, L:].any()), f"L={L}: draw() scored a position past the kept prefix"
         freq = masks[:, :L].double().mean(0)
-        check_monte_carlo(report, f"L={L}: inclusion frequency", freq, p[:L], (p[:L] * (1 - p[:L]) / num_draws).sqrt(), z)
+        check_monte_carlo(report, f"L={L}: inclusion frequency", freq, p[:L], (p[:L] * (1 - p[:L]) / num_draws).sqrt(),
+                          z)
         est = (masks[:, :L] * rho / p[:L]).sum(1)
-        check_monte_carlo(report, f"L={L}: E[R_hat]", est.mean()[None], rho.sum()[None], (est.std() / math.sqrt(num_draws))[None], z)
+        check_monte_carlo(report, f"L={L}: E[R_hat]", est.mean()[None], rho.sum()[None],
+                          (est.std() / math.sqrt(num_draws))[None], z)
     return report
 
 
@@ -73,7 +77,8 @@ def check_prefix_sampler(
     rho = torch.randn(len(lengths), width, generator=g, dtype=torch.float64) * valid
     # E[R_hat | L] = sum_{t<=L} rho_t / s_t, exactly over the pmf.
     exact_mean = torch.stack(
-        [sum(pmf[i, l - 1] * (rho[i, :l] / s[i, :l]).sum() for l in range(1, int(T[i]) + 1)) for i in range(len(lengths))]
+        [sum(pmf[i, l - 1] * (rho[i, :l] / s[i, :l]).sum() for l in range(1, int(T[i]) + 1))
+         for i in range(len(lengths))]
     )
     check_exact(report, "E[R_hat] over the pmf", exact_mean, rho.sum(1))
 
@@ -108,12 +113,15 @@ def check_branch_sampler(
         target = grads[:, 0] - grads[:, 1]
         outcomes = enumerate_support(sampler, B, max_support)
         if outcomes is not None:
-            check_exact(report, f"B={B}: support probabilities sum", torch.tensor([sum(p for _, p in outcomes)], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))
+            check_exact(report, f"B={B}: support probabilities sum", torch.tensor([sum(p for _, p in outcomes)],
+                                                                                  dtype=torch.float64),
+                        torch.tensor([1.0], dtype=torch.float64))
             check_exact(report, f"B={B}: branch probabilities", sum(p * m.to(torch.float64) for m, p in outcomes), q)
             mean = sum(p * (m * sign * grads / q).sum(1) for m, p in outcomes)
             check_exact(report, f"B={B}: E[branch-weighted gradient]", mean, target)
         masks = torch.stack([sampler.draw(B, g) for _ in range(num_draws)]).to(torch.float64)  # [n, B, 2]
         check_monte_carlo(report, f"B={B}: branch frequency", masks.mean(0), q, (q * (1 - q) / num_draws).sqrt(), z)
         est = (masks * sign * grads / q).sum(-1)
-        check_monte_carlo(report, f"B={B}: E[branch-weighted gradient]", est.mean(0), target, est.std(0) / math.sqrt(num_draws), z)
+        check_monte_carlo(report, f"B={B}: E[branch-weighted gradient]", est.mean(0), target,
+                          est.std(0) / math.sqrt(num_draws), z)
     return report

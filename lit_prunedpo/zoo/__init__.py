@@ -38,7 +38,8 @@ with the first 15 positions unchanged when the last 5 tokens change (causal). Le
 encoder-decoder models (and decoders with cross-attention to an encoder), causal-LM classes that take image or
 audio inputs, speculative-decoding assistants, models over :data:`MAX_PARAMETERS` after shrinking, classes without
 the requested ``attn_implementation`` (``None``, the default: transformers' own choice, ``sdpa`` where the class
-has it and ``eager`` otherwise, as a user who names none gets), and whatever transformers fails to build or run, or that fails a check.
+has it and ``eager`` otherwise, as a user who names none gets), and whatever transformers fails to build or run, or that
+fails a check.
 """
 
 from lit_prunedpo.zoo.build import CHECK_SHAPE, MAX_PARAMETERS, build_tiny, zoo

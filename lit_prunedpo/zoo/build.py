@@ -78,7 +78,8 @@ def _meta_model(config, attn_implementation: str | None) -> torch.nn.Module | No
 _ENCODER_ATTENTION = re.compile(r"(^|\.)(encoder_attn|crossattention)\.")
 
 
-def build_tiny(model_type: str, *, attn_implementation: str | None = None, sliding_window: int = 8, vocab_size: int = 128,
+def build_tiny(model_type: str, *, attn_implementation: str | None = None, sliding_window: int = 8,
+               vocab_size: int = 128,
                seed: int = 0, perturb: float = 0.02) -> torch.nn.Module:
     """A tiny float32 ``AutoModelForCausalLM`` of ``model_type`` (:func:`tiny_config`), its random weights seeded by
     ``seed`` without touching the global RNG, checked with forwards (see the module docstring). The model is
