@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ impo
     from .validation_samples import ValidationSamples
 
 __all__ = [
-    "AutoPruning", "CompileModel", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor", "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
+    "AutoPruning", "CompileModel", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor",
+    "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
     "TRLKeys", "ValidationSamples",
     # the unit the memory callbacks are built from, for harnesses that measure outside a Trainer (lit_prunedpo.bench,
     # lit_prunedpo.study): the peak-memory meter

@@ -31,8 +31,8 @@ A calibration is worth running only if the run is long enough to repay it: with 
 callback first bounds the calibration's work by :func:`calibration_steps` (in vanilla steps, counting every pass as
 a full step) and skips it when that exceeds ``max_share`` of the run's optimizer steps, training vanilla and logging
 why. A skipped calibration is not a choice: a resume whose steps left (a larger ``max_steps``) now repay one
-calibrates at its first batch, and says so. On the regime map's 10-CPU-second runs a calibration cost 4 % to 200 % of vanilla's time to target, and it
-never picked a pruning mode there (``docs/time-to-quality.md``).
+calibrates at its first batch, and says so. On the regime map's 10-CPU-second runs a calibration cost 4 % to 200 % of
+vanilla's time to target, and it never picked a pruning mode there (``docs/time-to-quality.md``).
 
 Single process only: under DDP or FSDP each rank would measure its own batch (and pick on its own); calibrate with
 one process and put the mode it picks into the distributed config.
@@ -134,7 +134,8 @@ class AutoDecision:
         return cls(**{**state, "arms": tuple(ArmCalibration(**a) for a in state["arms"]), "skipped": skipped})
 
 
-def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, float]], min_gain: float) -> tuple[str, str, tuple[ArmCalibration, ...]]:
+def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, float]],
+           min_gain: float) -> tuple[str, str, tuple[ArmCalibration, ...]]:
     """The choice rule on measured figures: ``candidates`` maps a mode to ``(step_s, within)``.
 
     Returns:
@@ -151,8 +152,10 @@ def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, 
     figures = "; ".join(f"{a.mode}: k {a.k:.2f}, within/between {a.within / between if between else float('nan'):.2f}, "
                         f"(1 + within/between)/k {a.inefficiency:.2f}" for a in arms[1:])
     if best is not None and best.inefficiency <= 1.0 - min_gain:
-        return best.mode, f"{best.mode}: (1 + within/between)/k {best.inefficiency:.2f} <= {1 - min_gain:.2f} ({figures})", tuple(arms)
-    return VANILLA, f"no candidate reaches (1 + within/between)/k <= {1 - min_gain:.2f}: vanilla ({figures})", tuple(arms)
+        return (best.mode, f"{best.mode}: (1 + within/between)/k {best.inefficiency:.2f} <= {1 - min_gain:.2f} "
+                f"({figures})", tuple(arms))
+    return (VANILLA, f"no candidate reaches (1 + within/between)/k <= {1 - min_gain:.2f}: vanilla ({figures})",
+            tuple(arms))
 
 
 def calibrate(module: Any, batch: PreferenceBatch, candidates: dict[str, Sequence[Any]], pairs: int = 8, draws: int = 4,
@@ -243,7 +246,8 @@ class AutoPruning(Callback):
         known = mode_names()
         unknown = [m for m in candidates if m not in known]
         if unknown:
-            raise ValueError(f"AutoPruning: unknown candidate mode(s) {unknown}; the shipped modes are {', '.join(known)}")
+            raise ValueError(f"AutoPruning: unknown candidate mode(s) {unknown}; the shipped modes are "
+                             f"{', '.join(known)}")
         if VANILLA in candidates:
             raise ValueError("AutoPruning: 'vanilla' is always measured; list only pruning modes as candidates")
         if len(set(candidates)) != len(candidates):
@@ -274,7 +278,8 @@ class AutoPruning(Callback):
                              f"{', '.join(pruned)}; leave them unset")
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         if self._applied:
             return
         if self.decision is not None and self.decision.skipped:
@@ -290,9 +295,11 @@ class AutoPruning(Callback):
                 self.decision = calibrate(pl_module, batch, modes, self.pairs, self.draws, self.min_gain, self.seed,
                                           self.budget_s)
                 rank_zero_info(f"AutoPruning: chose {self.decision.choice} in {self.decision.calibration_s:.1f} s of "
-                               f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: {self.decision.reason}")
+                               f"calibration on {self.decision.pairs} pairs x {self.decision.draws} draws: "
+                               f"{self.decision.reason}")
         elif not self.decision.skipped:
-            rank_zero_info(f"AutoPruning: resumed with {self.decision.choice} (calibrated before: {self.decision.reason})")
+            rank_zero_info(f"AutoPruning: resumed with {self.decision.choice} (calibrated before: "
+                           f"{self.decision.reason})")
         if self.decision.choice != VANILLA:
             pl_module.use_samplers(*load_mode(self.decision.choice).samplers)
         self._applied = True
@@ -310,8 +317,8 @@ class AutoPruning(Callback):
         left = None if run_steps is None else run_steps - trainer.global_step
         again = skip_reason(left, self.pairs, self.draws, len(self.candidates), self.max_share)
         if again is None:
-            rank_zero_info(f"AutoPruning: resumed at step {trainer.global_step} with {left} steps left, enough to repay "
-                           "a calibration (skipped before: too short a run): calibrating now")
+            rank_zero_info(f"AutoPruning: resumed at step {trainer.global_step} with {left} steps left, enough to "
+                           "repay a calibration (skipped before: too short a run): calibrating now")
             self.decision = None
         else:
             self.decision = dataclasses.replace(self.decision, reason=again)

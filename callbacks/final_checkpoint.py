@@ -8,8 +8,8 @@ order) and on Lightning's own ``SIGTERMException``, through ``trainer.save_check
 the strategy's checkpoint format and I/O apply: a folder of shards under FSDP2). The name is ``last`` on purpose:
 Lightning's implicit resume (with an ``OnExceptionCheckpoint``) looks for ``last*.ckpt`` in the ``ModelCheckpoint``
 folder, which is this one's folder by default; ``--ckpt_path last`` finds it as the newest checkpoint of the
-previous runs (``lit_prunedpo.checkpoint.resolve_resume``). With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint` in the callbacks, a
-SIGTERM is saved by that callback (to the same file); this one then only reports it.
+previous runs (``lit_prunedpo.checkpoint.resolve_resume``). With :class:`~lit_prunedpo.callbacks.PreemptionCheckpoint`
+in the callbacks, a SIGTERM is saved by that callback (to the same file); this one then only reports it.
 
 The last lines of the log are a summary: the checkpoint, the last validation's metrics and its step, the
 median step time (``StepTimeMonitor``) and the peak memory (``PeakMemoryMonitor``) when those callbacks run,
@@ -181,7 +181,8 @@ class FinalCheckpoint(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._interrupt_requested = self._stopping = False
         # only over Python's own handler: a handler the user installed stays theirs
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -264,12 +265,14 @@ class FinalCheckpoint(Callback):
                 self._saving = False
             self.saved_path = path
             checkpoint = trainer.checkpoint_callback
-            if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath and Path(checkpoint.dirpath) == Path(path).parent:
+            if (isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath
+                    and Path(checkpoint.dirpath) == Path(path).parent):
                 checkpoint.last_model_path = path  # its own next save_last replaces this file instead of adding one
         self._saved_step = trainer.global_step
 
     @override
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
         # When max_steps (or max_time, or a stop request) ends the fit in the middle of an epoch, Lightning has
         # already counted that epoch as completed by on_train_end; a checkpoint saved there would resume with
         # the *next* epoch (a new shuffle), not the next batch. Write the epoch as still running, exactly as a

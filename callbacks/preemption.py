@@ -118,7 +118,8 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         self._saved_step = trainer.global_step
         self.saved_path = self.ckpt_path
         checkpoint = trainer.checkpoint_callback
-        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath and Path(checkpoint.dirpath) == Path(self.dirpath):
+        if (isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath
+                and Path(checkpoint.dirpath) == Path(self.dirpath)):
             checkpoint.last_model_path = self.ckpt_path  # its own next "last" overwrites this one
         rank_zero_info(f"{reason}: saved {self.ckpt_path} at step {trainer.global_step}; stopping")
 

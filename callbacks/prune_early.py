@@ -50,11 +50,13 @@ class PruneEarly(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.max_steps is None or trainer.max_steps < 1:
-            raise ValueError(f"PruneEarly needs trainer.max_steps >= 1 to know when to stop pruning, got {trainer.max_steps!r}")
+            raise ValueError("PruneEarly needs trainer.max_steps >= 1 to know when to stop pruning, got "
+                             f"{trainer.max_steps!r}")
         self._configured = (pl_module.prefix_sampler, pl_module.position_sampler, pl_module.branch_sampler)
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         assert self._configured is not None
         exact = trainer.global_step >= self.prune_fraction * trainer.max_steps
         pl_module.use_samplers(*(exact_samplers() if exact else self._configured))

@@ -146,7 +146,8 @@ class ValidationSamples(Callback):
         for logger in trainer.loggers:
             if hasattr(logger, "log_text"):  # WandbLogger
                 logger.log_text(key="samples", columns=["step", "prompt", "completion"],
-                                data=[[s["step"], s["prompt"], s["completion"]] for s in samples], step=trainer.global_step)
+                                data=[[s["step"], s["prompt"], s["completion"]] for s in samples],
+                                step=trainer.global_step)
             elif hasattr(getattr(logger, "experiment", None), "add_text"):  # TensorBoardLogger
                 text = "\n\n".join(f"**{s['prompt']}** {s['completion']}" for s in samples)
                 logger.experiment.add_text("samples", text, global_step=trainer.global_step)

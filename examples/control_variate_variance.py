@@ -120,7 +120,8 @@ def measure(module: PrunedDPO, batch: Any, cached: CachedReference, draws: int, 
         parts = parts_for(module, mode, cached if reference == "cached" else module.reference)
         distances = [squared_distance(gradient(module, batch, parts, g), exact) for _ in range(draws)]
         rows.append(dict(mode=mode, reference=reference, between=between,
-                         within=within_variance(distances, batch.num_pairs), k=cost_ratio(module, batch, mode, reference)))
+                         within=within_variance(distances, batch.num_pairs),
+                         k=cost_ratio(module, batch, mode, reference)))
     module.zero_grad(set_to_none=True)
     for row in rows:
         row["ratio"] = row["within"] / row["between"] if row["between"] > 0 else float("inf")
@@ -164,14 +165,16 @@ def print_table(rows: list[dict]) -> None:
     print("| task | step | mode | reference | between | within | within / between | k | (1 + within/between) / k |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['task']} | {r['step']} | {r['mode']} | {r['reference']} | {r['between']:.3g} | {r['within']:.3g} | "
-              f"{r['ratio']:.3g} | {r['k']:.3f} | {r['inefficiency']:.3g} |", flush=True)
+        print(f"| {r['task']} | {r['step']} | {r['mode']} | {r['reference']} | {r['between']:.3g} | {r['within']:.3g} "
+              f"| {r['ratio']:.3g} | {r['k']:.3f} | {r['inefficiency']:.3g} |", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default=",".join(TASK_NAMES), help=f"comma-separated (default {','.join(TASK_NAMES)})")
-    parser.add_argument("--steps", default="0,50,200", help="checkpoints of the vanilla run, in steps (default 0,50,200)")
+    parser.add_argument("--tasks", default=",".join(TASK_NAMES),
+                        help=f"comma-separated (default {','.join(TASK_NAMES)})")
+    parser.add_argument("--steps", default="0,50,200",
+                        help="checkpoints of the vanilla run, in steps (default 0,50,200)")
     parser.add_argument("--draws", type=int, default=12, help="pruned steps per mode and checkpoint (default 12)")
     parser.add_argument("--pairs", type=int, default=8, help="pairs in the measured batch (default 8)")
     parser.add_argument("--seed", type=int, default=0)

@@ -32,7 +32,8 @@ from lit_prunedpo.bench import cost
 from lit_prunedpo.losses.margin import SigmoidLoss
 from lit_prunedpo.plan import exact_plan, plan_step
 from lit_prunedpo.samplers import (
-    AllPositions, AntitheticBranch, BernoulliPositions, BothBranches, CoupledStratifiedPositions, DivergentBranch, FullPrefix,
+    AllPositions, AntitheticBranch, BernoulliPositions, BothBranches, CoupledStratifiedPositions, DivergentBranch,
+    FullPrefix,
     RandomBranch, StratifiedPositions,
 )
 from lit_prunedpo.scoring import TokenScorer, group_inputs, split_causal_lm
@@ -70,7 +71,8 @@ def gradient(module, batch, samplers, generator) -> torch.Tensor:
 
 
 def cost_ratio(batch, samplers, dims, generator, plans: int = 20) -> float:
-    vanilla = [cost.step_flops(plan_step(batch, *DESIGNS["vanilla (shipped)"](), generator), dims) for _ in range(plans)]
+    vanilla = [cost.step_flops(plan_step(batch, *DESIGNS["vanilla (shipped)"](), generator),
+                               dims) for _ in range(plans)]
     pruned = [cost.step_flops(plan_step(batch, *bound(samplers, batch), generator), dims) for _ in range(plans)]
     return cost.ideal_speedup(vanilla, pruned)
 
@@ -155,7 +157,8 @@ def control_variate_rows(name: str, module, batch, draws: int, seed: int, dims) 
             w = sampler.draw(lengths, T, g)[slot, t].float() / inclusion
             shipped.append(squared_distance(grad(w, w), exact))
             cv.append(squared_distance(grad(ones, w), exact))
-        for design, d in ((f"stratified-coupled {rate}, hand-rolled", shipped), (f"stratified-coupled {rate} + target-logit CV (new)", cv)):
+        for design, d in ((f"stratified-coupled {rate}, hand-rolled", shipped),
+                          (f"stratified-coupled {rate} + target-logit CV (new)", cv)):
             within = within_variance(d, B)
             rows.append(dict(cell=name, design=design, between=between, within=within, k=k, ratio=within / between,
                              prediction=predict(between, within, k)))
@@ -175,7 +178,8 @@ def coefficient_table(seed: int) -> None:
             rho = torch.randn(2, 8, generator=g, dtype=torch.float64) * 0.5
             rho[0] += margin / 16
             rho[1] -= margin / 16
-            r = coefficient_bias(sampler, rho, torch.randn(2, 8, 16, generator=g, dtype=torch.float64), SigmoidLoss(), 0.1)
+            r = coefficient_bias(sampler, rho, torch.randn(2, 8, 16, generator=g, dtype=torch.float64), SigmoidLoss(),
+                                 0.1)
             print(f"| {margin:g} | {type(sampler).__name__}(0.25) | {r.bias_norm / r.exact_norm:.3f} | "
                   f"{r.variance / r.exact_norm ** 2:.2f} | {r.variance_exact_coefficient / r.exact_norm ** 2:.2f} |")
     print("(variances relative to |exact gradient|^2)")
@@ -186,8 +190,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=30, help="pruned steps per design (default 30)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm-start-steps", type=int, default=0,
-                        help="first fit the model to the near-duplicate cell's chosen responses (NLL) for this many steps; "
-                             "it is then its own reference (default 0: the initial weights)")
+                        help="first fit the model to the near-duplicate cell's chosen responses (NLL) for this many "
+                             "steps; it is then its own reference (default 0: the initial weights)")
     parser.add_argument("--coefficient-bias", action="store_true",
                         help="print item 4's table instead: the coefficient's bias by exact enumeration (seconds)")
     args = parser.parse_args()
@@ -206,7 +210,8 @@ def main() -> None:
     cells = {"near-duplicate": near, "unrelated": unrelated, "mixed (4 + 4)": mixed_batch(near, unrelated)}
     for name, batch in cells.items():
         dims = cost.ModelDims.from_model(module.policy)
-        for r in measure_cell(name, module, batch, args.draws, args.seed) + control_variate_rows(name, module, batch, args.draws, args.seed, dims):
+        for r in measure_cell(name, module, batch, args.draws,
+                              args.seed) + control_variate_rows(name, module, batch, args.draws, args.seed, dims):
             print(f"| {r['cell']} | {r['design']} | {r['between']:.3g} | {r['within']:.3g} | {r['ratio']:.3g} | "
                   f"{r['k']:.2f} | {r['k'] - 1:.2f} | {r['prediction']} |", flush=True)
 

@@ -126,7 +126,8 @@ def main() -> None:
         noise = math.sqrt(float(((stacked - exact) ** 2).sum(1).mean())) / norm
         cosine = float(torch.nn.functional.cosine_similarity(stacked, exact[None], dim=1).mean())
         n = args.draws
-        print(f"| {name} | {bias:.3f} (± {se:.3f}) | {noise:.2f} | {cosine:.3f} | {tokens / n:.2f} | {positions / n:.2f} |")
+        print(f"| {name} | {bias:.3f} (± {se:.3f}) | {noise:.2f} | {cosine:.3f} | {tokens / n:.2f} | "
+              f"{positions / n:.2f} |")
 
 
 if __name__ == "__main__":

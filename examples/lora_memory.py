@@ -10,8 +10,8 @@ blocks come from the heap, where freed ones stay resident. The peak RSS then mea
 fragmented more than what the step needed; it made vanilla LoRA on ``medium`` peak ~300 MiB *above* full
 fine-tuning although LoRA's peak of live tensors is ~120 MiB *below* it (torch profiler memory events). A
 fixed threshold returns every large block to the system when freed, for both configurations alike:
-``--mmap-threshold 0`` keeps glibc's default to see the effect. Full fine-tuning keeps a frozen copy of the policy as the online
-reference and AdamW state for every weight; LoRA (``r=16`` on every linear layer but the LM head) scores
+``--mmap-threshold 0`` keeps glibc's default to see the effect. Full fine-tuning keeps a frozen copy of the policy as
+the online reference and AdamW state for every weight; LoRA (``r=16`` on every linear layer but the LM head) scores
 the reference with the adapters off and keeps AdamW state for the adapters only. Same synthetic batches,
 samplers and seeds as ``lit-prunedpo-bench`` (``lit_prunedpo.bench.batches.make_batches``). Run from the
 repository root::
@@ -99,7 +99,8 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
     mib = 1024 * 1024
     return {
         "model_state_mib": (weight_bytes + grad_bytes + state_bytes) / mib,
-        "policy": policy_kind, "mode": mode, "peak_mib": reading.peak / mib, "peak_above_start_mib": reading.above_start / mib,
+        "policy": policy_kind, "mode": mode, "peak_mib": reading.peak / mib,
+        "peak_above_start_mib": reading.above_start / mib,
         "params": sum(p.numel() for p in module.parameters()),
         "trainable": sum(p.numel() for p in module.parameters() if p.requires_grad),
         "optimizer_state_mib": state_bytes / mib, "median_step_s": statistics.median(times),
@@ -143,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
                  else "glibc's default (dynamic) mmap threshold")
     print(f"preset {args.preset}, {args.steps} measured steps after {args.warmup} warm-up, LoRA r={args.rank}, "
           f"online reference, {allocator}, median of {args.repeats} processes")
-    print("| policy | mode | peak RSS (MiB) | peak above start (MiB) | parameters | trainable | optimizer state (MiB) | "
-          "weights + grads + optimizer (MiB) | share of peak above start | median step (s) |")
+    print("| policy | mode | peak RSS (MiB) | peak above start (MiB) | parameters | trainable | optimizer state (MiB) "
+          "| weights + grads + optimizer (MiB) | share of peak above start | median step (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['policy']} | {r['mode']} | {r['peak_mib']:.0f} | {r['peak_above_start_mib']:.0f} | {r['params']:,} | "
-              f"{r['trainable']:,} | {r['optimizer_state_mib']:.1f} | {r['model_state_mib']:.0f} | "
+        print(f"| {r['policy']} | {r['mode']} | {r['peak_mib']:.0f} | {r['peak_above_start_mib']:.0f} | "
+              f"{r['params']:,} | {r['trainable']:,} | {r['optimizer_state_mib']:.1f} | {r['model_state_mib']:.0f} | "
               f"{r['model_state_mib'] / r['peak_above_start_mib']:.0%} | {r['median_step_s']:.3f} |")
     for mode in args.modes.split(","):
         full, lora = (next(r for r in rows if r["mode"] == mode and r["policy"] == k) for k in ("full", "lora"))

@@ -5,8 +5,8 @@ as training built them (chat template, BOS as the data module adds it), greedy d
 
     python scripts/real-model-samples.py --after /tmp/learn/export-seed0 --out docs/real-model/samples.md [--n 6]
 
-The prompts are the first ``--n`` pairs of seed 0's held-out split whose prompt fits in 128 tokens (same data settings as the learning run), whose
-chosen and rejected responses are printed beside the generations.
+The prompts are the first ``--n`` pairs of seed 0's held-out split whose prompt fits in 128 tokens (same data settings
+as the learning run), whose chosen and rejected responses are printed beside the generations.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def main() -> None:
              "export of `scripts/real-model-learning.py`. Prompts are shown as the model read them (its chat "
              "template), the first held-out pairs whose prompt was not cut.", ""]
     for i, row in enumerate(rows):
-        lines += [f"## Held-out pair {i + 1}", "", "Prompt:", "", "```", tok.decode(row["prompt_ids"]).strip(), "```", ""]
+        lines += [f"## Held-out pair {i + 1}", "", "Prompt:", "", "```", tok.decode(row["prompt_ids"]).strip(), "```",
+                  ""]
         for name, ids in (("chosen (HH)", row["chosen_ids"]), ("rejected (HH)", row["rejected_ids"])):
             lines += [f"{name}:", "", "```", tok.decode(ids, skip_special_tokens=True).strip(), "```", ""]
         for name, model in models.items():
