@@ -61,7 +61,8 @@ def test_full_step_matches_plain_scorer(tied, mode, chunk_size):
         torch.testing.assert_close(est_c.objective, est_p.objective, **TOL)
         torch.testing.assert_close(est_c.policy_logps, est_p.policy_logps, **TOL)
         assert grads_c.keys() == grads_p.keys()
-        head_name = next(n for n, p in chunked.policy.named_parameters() if p is chunked.policy.get_output_embeddings().weight)
+        head_name = next(n for n,
+                         p in chunked.policy.named_parameters() if p is chunked.policy.get_output_embeddings().weight)
         assert head_name in grads_c  # the (shared, when tied) head weight gets its gradient
         for name in grads_p:
             torch.testing.assert_close(grads_c[name], grads_p[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
@@ -95,7 +96,8 @@ def test_no_grad_and_empty():
     head = nn.Linear(8, 20)
     hidden, targets = torch.randn(5, 8), torch.randint(0, 20, (5,))
     with torch.no_grad():
-        torch.testing.assert_close(ChunkedScorer(2).log_probs(head, hidden, targets), TokenScorer().log_probs(head, hidden, targets))
+        torch.testing.assert_close(ChunkedScorer(2).log_probs(head, hidden, targets),
+                                   TokenScorer().log_probs(head, hidden, targets))
     assert ChunkedScorer(2).log_probs(head, hidden[:0], targets[:0]).shape == (0,)
 
 
@@ -117,7 +119,8 @@ def _peak_step_bytes(scorer, head, hidden, targets) -> int:
     return peak - before
 
 
-@pytest.mark.skipif(_memory.cpu_peak_rss_status() != "resettable", reason="needs a resettable peak RSS (Linux clear_refs)")
+@pytest.mark.skipif(_memory.cpu_peak_rss_status() != "resettable",
+                    reason="needs a resettable peak RSS (Linux clear_refs)")
 def test_chunked_head_lowers_peak_memory():
     V, K, d = 32_000, 2048, 64
     g = torch.Generator().manual_seed(0)

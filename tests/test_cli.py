@@ -61,7 +61,8 @@ def offline_overrides(path, tmp_path):
         template.write_text(CHATML)
         return [f"--model.policy.init_args.name_or_path={tiny}", *data, f"--data.init_args.chat_template={template}"]
     tiny = tmp_path / "tiny-gpt2"
-    FromConfig("gpt2", dict(vocab_size=50257, n_embd=32, n_layer=1, n_head=2, n_positions=1024)).build().save_pretrained(tiny)
+    FromConfig("gpt2", dict(vocab_size=50257, n_embd=32, n_layer=1, n_head=2,
+                            n_positions=1024)).build().save_pretrained(tiny)
     return [f"--model.policy.init_args.name_or_path={tiny}", *data]
 
 
@@ -69,7 +70,8 @@ def offline_overrides(path, tmp_path):
 def test_every_yaml_instantiates_through_the_cli(path, tmp_path, examples_importable):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and "--config" in first, f"{path} must open with the command that runs it"
-    # Overlays (configs/modes/, configs/losses/) are composed after the configs their command names: load them the same way.
+    # Overlays (configs/modes/, configs/losses/) are composed after the configs their command names: load them the same
+    # way.
     configs = re.findall(r"--config (\S+)", first)
     assert configs[-1] == path.relative_to(REPO).as_posix(), f"{path}'s first line must be the command that runs it"
     composed = [arg for config in configs for arg in ("--config", str(REPO / config))]
@@ -148,7 +150,8 @@ def test_quickstart_trains_on_a_users_jsonl(tmp_path):
         for i in range(40):
             f.write(json.dumps({"prompt": f"Q{i}: say yes", "chosen": "yes" * (1 + i % 3), "rejected": "no"}) + "\n")
     cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--data.path={pairs}",
-                     f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
+                     f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2",
+                     "--trainer.val_check_interval=2",
                      "--data.init_args.batch_size=4", *FAST])
     assert cli.trainer.global_step == 2
     stats = cli.datamodule.stats  # FAST holds out a quarter for validation

@@ -37,7 +37,8 @@ def test_data_errors_end_the_output(tmp_path):
 
 
 def test_a_misspelt_model_config_key_ends_the_output(tmp_path):
-    with pytest.raises(ValueError, match=r"^FromConfig: unknown config key 'hiden_size' \(closest valid names: hidden_size") as caught:
+    with pytest.raises(ValueError, match=r"^FromConfig: unknown config key 'hiden_size' \(closest valid names: "
+                                         r"hidden_size") as caught:
         main(["fit", f"--trainer.default_root_dir={tmp_path}", *FAST, "--model.policy.init_args.config.hiden_size=128"])
     error = caught.value
     assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
@@ -50,11 +51,13 @@ def test_the_command_prints_its_own_checks_as_one_line_and_keeps_other_traceback
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "lit_prunedpo", "fit", f"--trainer.default_root_dir={tmp_path}", "--ckpt_path=last"]
+    command = [sys.executable, "-m", "lit_prunedpo", "fit", f"--trainer.default_root_dir={tmp_path}",
+               "--ckpt_path=last"]
     env = {**os.environ, "LIT_PRUNEDPO_TRACEBACK": "0"}
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert run.stderr.strip().splitlines()[-1].startswith("error: resume (ckpt_path=last): no checkpoint of a previous run")
+    assert run.stderr.strip().splitlines()[-1].startswith("error: resume (ckpt_path=last): no checkpoint of a previous "
+                                                          "run")
     run = subprocess.run(command, cwd=tmp_path, env={**env, "LIT_PRUNEDPO_TRACEBACK": "1"}, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 1 and "Traceback" in run.stderr and "FileNotFoundError: resume" in run.stderr

@@ -31,7 +31,8 @@ def test_docs_build_strict(tmp_path):
     assert not missing, f"{', '.join(missing)} not installed: pip install -e \".[test]\" installs the docs build"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d",
+         str(tmp_path / "site")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -45,7 +46,8 @@ def test_docs_build_strict(tmp_path):
 
 def test_readme_is_short():
     lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; at most {MAX_README_LINES} (move detail to docs/)"
+    assert len(lines) <= MAX_README_LINES, (f"README.md has {len(lines)} lines; at most {MAX_README_LINES} "
+                                            "(move detail to docs/)")
 
 
 def test_readme_keeps_the_quickstart_commands_verbatim():

@@ -20,7 +20,8 @@ def custom_sampler(monkeypatch):
 
 
 def test_custom_sampler_is_unbiased(custom_sampler):
-    report = check_position_sampler(custom_sampler.TailWeightedPositions(0.2, 0.8), lengths=(1, 2, 5, 9), num_draws=6000)
+    report = check_position_sampler(custom_sampler.TailWeightedPositions(0.2, 0.8), lengths=(1, 2, 5, 9),
+                                    num_draws=6000)
     assert report.exact_checks == 12
     check_unbiased(position=custom_sampler.TailWeightedPositions(0.3, 0.9), num_draws=1500)
 
@@ -31,7 +32,8 @@ def test_custom_sampler_arguments_checked(custom_sampler):
 
 
 def test_custom_sampler_config_trains(custom_sampler, tmp_path):
-    cli = build_cli(["fit", "--config", str(REPO / "examples/custom_sampler.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    cli = build_cli(["fit", "--config", str(REPO / "examples/custom_sampler.yaml"),
+                     f"--trainer.default_root_dir={tmp_path}",
                      "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
                      "--data.init_args.max_rows=64", "--trainer.enable_progress_bar=false"])
     assert type(cli.model.position_sampler).__name__ == "TailWeightedPositions"
@@ -63,7 +65,8 @@ def test_control_variate_variance_script_quick(monkeypatch, capsys):
 
     rows = main(["--quick"])
     assert "| quickstart | 2 | stratified-coupled-reference-lse | cached |" in capsys.readouterr().out
-    assert [(r["step"], r["mode"]) for r in rows] == [(s, m) for s in (0, 2) for m in ("vanilla", *(m for m, _ in MODES))]
+    assert [(r["step"], r["mode"]) for r in rows] == [(s, m) for s in (0, 2)
+                                                      for m in ("vanilla", *(m for m, _ in MODES))]
     by_mode = {r["mode"]: r for r in rows if r["step"] == 0}
     assert all(r["between"] > 0 and r["within"] >= 0 and r["k"] >= 1 for r in rows)
     wrapped = by_mode["stratified-coupled"]

@@ -106,8 +106,10 @@ def test_lora_exports_merged_weights_or_the_adapter(tmp_path):
 
     from peft import PeftModel
 
-    export(str(tmp_path / "run/lightning_logs/version_0/checkpoints/last.ckpt"), str(tmp_path / "adapter"), adapter="adapter")
-    assert (tmp_path / "adapter/adapter_model.safetensors").exists() and not (tmp_path / "adapter/model.safetensors").exists()
+    export(str(tmp_path / "run/lightning_logs/version_0/checkpoints/last.ckpt"), str(tmp_path / "adapter"),
+           adapter="adapter")
+    assert ((tmp_path / "adapter/adapter_model.safetensors").exists()
+            and not (tmp_path / "adapter/model.safetensors").exists())
     model = PeftModel.from_pretrained(cli.model.policy_source.base.build(), tmp_path / "adapter").eval()
     torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
 
@@ -174,14 +176,17 @@ def test_export_of_what_is_not_a_checkpoint_names_the_file(trained, tmp_path):
     (tmp_path / "shards").mkdir()
     torch.save({"epoch": 0}, tmp_path / "shards/meta.pt")  # a meta.pt but no shards
     cases = {"text.ckpt": "not a readable Lightning checkpoint", "cut.ckpt": "not a readable Lightning checkpoint",
-             "tensor.ckpt": r"not a Lightning checkpoint \(it holds a Tensor", "nodict.ckpt": r"not a Lightning checkpoint \(no 'state_dict' in it\)",
+             "tensor.ckpt": r"not a Lightning checkpoint \(it holds a Tensor",
+             "nodict.ckpt": r"not a Lightning checkpoint \(no 'state_dict' in it\)",
              "shards": "not a readable Lightning checkpoint", "plain": "not a sharded Lightning checkpoint"}
     (tmp_path / "plain").mkdir()
     for name, message in cases.items():
-        with pytest.raises(ValueError, match=rf"^cannot load checkpoint {re.escape(str(tmp_path / name))}: {message}") as caught:
+        with pytest.raises(ValueError,
+                           match=rf"^cannot load checkpoint {re.escape(str(tmp_path / name))}: {message}") as caught:
             main(["export", f"--ckpt_path={tmp_path / name}", f"--out={tmp_path / 'hf'}"])
         assert "\n" not in str(caught.value), name  # one line: the output's last
-    with pytest.raises(FileNotFoundError, match=rf"^checkpoint not found: {re.escape(str(tmp_path / 'missing.ckpt'))}$"):
+    with pytest.raises(FileNotFoundError,
+                       match=rf"^checkpoint not found: {re.escape(str(tmp_path / 'missing.ckpt'))}$"):
         main(["export", f"--ckpt_path={tmp_path / 'missing.ckpt'}", f"--out={tmp_path / 'hf'}"])
 
 

@@ -45,7 +45,8 @@ def test_the_example_sets_the_folder_and_the_prompt_it_documents():
 
 def test_the_example_writes_text_from_a_short_quickstart(tmp_path, monkeypatch, capsys):
     fit_and_export(tmp_path, "--trainer.max_steps=20", "--trainer.val_check_interval=20",
-                   "--trainer.limit_val_batches=1", "--data.init_args.max_rows=64", "--data.init_args.val_fraction=0.25",
+                   "--trainer.limit_val_batches=1", "--data.init_args.max_rows=64",
+                   "--data.init_args.val_fraction=0.25",
                    "--data.init_args.batch_size=8", "--model.scheduler.init_args.warmup_steps=4",
                    "--trainer.log_every_n_steps=5")
     text = run_example(tmp_path, monkeypatch, capsys)

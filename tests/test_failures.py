@@ -106,7 +106,8 @@ class NaNGradientAt(PrunedDPO):
 
 def test_a_nan_gradient_with_a_finite_loss_is_skipped_not_applied(tiny_source, tmp_path):
     module = NaNGradientAt(policy=tiny_source, at=(1,), on_nonfinite="skip")
-    with pytest.warns(UserWarning, match=r"skipping step 1 \(batch 1\): non-finite gradient \(norm nan\) with a finite loss"):
+    with pytest.warns(UserWarning,
+                      match=r"skipping step 1 \(batch 1\): non-finite gradient \(norm nan\) with a finite loss"):
         trainer(tmp_path, steps=4).fit(module, datamodule=data())
     assert module.skipped_steps == 1 and module.skipped_in_a_row == 0
     assert all(torch.isfinite(p).all() for p in module.policy.parameters())  # AdamW would have spread the NaN
@@ -178,7 +179,8 @@ def test_from_config_unknown_model_type():
 
 
 def test_pretrained_policy_trains_in_training_mode_without_dropout(tmp_path):
-    FromConfig("gpt2", dict(vocab_size=32, n_embd=32, n_layer=1, n_head=2, n_positions=64)).build().save_pretrained(tmp_path / "g")
+    FromConfig("gpt2", dict(vocab_size=32, n_embd=32, n_layer=1, n_head=2,
+                            n_positions=64)).build().save_pretrained(tmp_path / "g")
     module = PrunedDPO(policy=Pretrained(str(tmp_path / "g")))
     assert module.policy.training
     dropouts = [m for m in module.policy.modules() if isinstance(m, torch.nn.Dropout)]

@@ -18,7 +18,8 @@ import pytest
 
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, paper,
                             paper_row, pct, peer, spread, verdicts, x)
-from figures_pages import (BF16, LEARNS, CV512, CVCONF, CVLONG, CVMAP, CVMAP2, DESIGNS, FP32, HBT, HGT, HH, LEARN, LONG, LONG2,
+from figures_pages import (BF16, LEARNS, CV512, CVCONF, CVLONG, CVMAP, CVMAP2, DESIGNS, FP32, HBT, HGT, HH, LEARN, LONG,
+                           LONG2,
                            MAP, MED, PAGE_FIGURES, PAPER, SCALING)
 from helpers import REPO
 

@@ -24,7 +24,8 @@ def nan_module(**kwargs) -> PrunedDPO:
 
 
 def fit(module, tmp_path, datamodule=None, steps=12, checkpoints=False):
-    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True)] if checkpoints else []
+    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1,
+                                 save_last=True)] if checkpoints else []
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=callbacks,
                         enable_checkpointing=checkpoints,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -84,7 +85,8 @@ def test_skip_streak_survives_a_resume(tmp_path, tiny_source):
     data = SyntheticPreferenceData(vocab_size=32, num_train=64, num_val=8, batch_size=4)
     # 2 skips before the checkpoint + 2 after it: stopped at step 3, not after 4 more skips (step 5)
     with pytest.warns(UserWarning, match="skipping step 2"):
-        with pytest.raises(FloatingPointError, match=r"4 steps in a row had a non-finite DPO loss or gradient \(the last at step 3,"):
+        with pytest.raises(FloatingPointError,
+                           match=r"4 steps in a row had a non-finite DPO loss or gradient \(the last at step 3,"):
             trainer.fit(resumed, datamodule=data, ckpt_path=tmp_path / "two_skips.ckpt")
     assert resumed.skipped_steps == 4
 

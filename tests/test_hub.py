@@ -62,8 +62,8 @@ def test_in_hub_cache_looks_for_the_repository_snapshots(tmp_path: Path, monkeyp
 
 
 def test_hub_names_fail_in_seconds_when_the_hub_does_not_answer(tmp_path: Path) -> None:
-    """The real loaders (tokenizer, data, model) with HF_HUB_OFFLINE unset and an endpoint nothing answers: without the probe, transformers and
-    datasets retry for 47 s and 23 s. The bound is about correctness (no retries), not speed."""
+    """The real loaders (tokenizer, data, model) with HF_HUB_OFFLINE unset and an endpoint nothing answers: without the
+    probe, transformers and datasets retry for 47 s and 23 s. The bound is about correctness (no retries), not speed."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
                                                              "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))

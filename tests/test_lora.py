@@ -19,7 +19,8 @@ from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.lora import LoRA, is_peft_model
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceRuntime
-from lit_prunedpo.samplers import AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix, StratifiedPositions
+from lit_prunedpo.samplers import (AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix,
+                                  StratifiedPositions)
 from lit_prunedpo.scoring import TokenScorer, group_inputs
 
 from helpers import REPO, TINY_LLAMA, score_policy
@@ -115,7 +116,8 @@ def test_checkpoint_holds_the_adapters_only_and_resume_is_exact(tmp_path):
     trainable = {"policy." + n for n, p in full.model.policy.named_parameters() if p.requires_grad}
     assert set(state) == trainable
     resumed = _fit(tmp_path / "resumed", 4, f"--ckpt_path={ckpt}")
-    for (name, a), b in zip(full.model.policy.state_dict().items(), resumed.model.policy.state_dict().values(), strict=True):
+    for (name, a), b in zip(full.model.policy.state_dict().items(), resumed.model.policy.state_dict().values(),
+                            strict=True):
         assert torch.equal(a, b), name
 
 
@@ -184,7 +186,8 @@ def test_a_replaced_base_is_refused_by_resume_and_export(tmp_path):
 
     base = tmp_path / "base"
     _save_base(base, seed=0)
-    pretrained = f'--model.policy.init_args.base={{"class_path": "lit_prunedpo.models.Pretrained", "init_args": {{"name_or_path": "{base}"}}}}'
+    pretrained = (f'--model.policy.init_args.base={{"class_path": "lit_prunedpo.models.Pretrained", "init_args": '
+                  f'{{"name_or_path": "{base}"}}}}')
     _fit(tmp_path / "run", 1, pretrained)
     ckpt = tmp_path / "run/lightning_logs/version_0/checkpoints/last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)["policy"]["base_digest"]
@@ -193,7 +196,8 @@ def test_a_replaced_base_is_refused_by_resume_and_export(tmp_path):
 
     _save_base(base, seed=1)  # same architecture, other weights
     refused = (rf"^checkpoint {re.escape(str(ckpt))}: the LoRA base '{re.escape(str(base))}' is not the model the "
-               rf"adapters were trained on: its weights' sha256 is [0-9a-f]{{64}}, the checkpoint was trained on {saved} ")
+               rf"adapters were trained on: its weights' sha256 is [0-9a-f]{{64}}, the checkpoint was trained on "
+               rf"{saved} ")
     with pytest.raises(ValueError, match=refused):
         export(str(ckpt), str(tmp_path / "other"))
     with pytest.raises(ValueError, match=refused):

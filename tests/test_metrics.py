@@ -212,7 +212,8 @@ class Recorder(Callback):
 
 def test_a_pruned_fit_through_the_cli_logs_trls_names_with_their_values(tmp_path):
     cli = build_cli([
-        *config_args("all"), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=4", "--trainer.val_check_interval=4",
+        *config_args("all"), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=4",
+        "--trainer.val_check_interval=4",
         "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", "--trainer.gradient_clip_val=1e-3",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
@@ -242,7 +243,8 @@ def test_a_pruned_fit_through_the_cli_logs_trls_names_with_their_values(tmp_path
 
 def test_token_metrics_are_computed_only_on_the_steps_whose_logs_are_written(tmp_path):
     cli = build_cli([
-        *config_args("all"), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=4", "--trainer.val_check_interval=4",
+        *config_args("all"), f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=4",
+        "--trainer.val_check_interval=4",
         "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=2", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
         f"--trainer.logger.save_dir={tmp_path}", "--data.init_args.max_rows=96", "--data.init_args.batch_size=8",
@@ -270,7 +272,8 @@ def test_logged_training_metrics_are_means_over_the_logging_window_as_trls(tmp_p
                    "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={root}",
                    "--data.init_args.max_rows=96", "--data.init_args.batch_size=8"])
         rows = csv.DictReader(next(root.rglob("metrics.csv")).open())
-        return {int(r["step"]): {k: float(v) for k, v in r.items() if v and k != "step"} for r in rows if r.get("train/loss")}
+        return {int(r["step"]): {k: float(v) for k,
+                                 v in r.items() if v and k != "step"} for r in rows if r.get("train/loss")}
 
     each, windowed = fit(1, tmp_path / "each"), fit(3, tmp_path / "windowed")
     assert sorted(each) == list(range(6)) and sorted(windowed) == [2, 5]

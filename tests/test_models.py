@@ -35,7 +35,8 @@ def test_from_config_takes_the_tokenizers_vocabulary_when_unset(tmp_path):
 
 
 def test_lora_base_and_synthetic_data_vocabulary(tmp_path):
-    cli = build_cli(["--config", str(REPO / "configs/lora.yaml"), f"--model.policy.init_args.base.init_args.config={NO_VOCAB}",
+    cli = build_cli(["--config", str(REPO / "configs/lora.yaml"),
+                     f"--model.policy.init_args.base.init_args.config={NO_VOCAB}",
                      "--data=lit_prunedpo.data.SyntheticPreferenceData", "--data.vocab_size=48",
                      f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert cli.model.policy.get_input_embeddings().num_embeddings == 48
@@ -45,7 +46,8 @@ def test_a_given_vocab_size_larger_than_the_tokenizers_is_kept_and_said(tmp_path
     config = dict(TINY_LLAMA, vocab_size=512)
     import json
 
-    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--model.policy.init_args.config={json.dumps(config)}",
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"),
+                     f"--model.policy.init_args.config={json.dumps(config)}",
                      f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert cli.model.policy.get_input_embeddings().num_embeddings == 512
     assert "vocab_size 512 kept, larger than the data's 384" in caplog.text
@@ -65,7 +67,8 @@ def test_a_vocab_size_smaller_than_the_tokenizers_is_refused_naming_both(tmp_pat
     # a config written for ByT5 (384) run with GPT-2's tokenizer: ids up to 50256 would index past the embedding
     with pytest.raises(ValueError, match="vocab_size is 384 but the tokenizer .*gpt2.* has 50257 tokens"):
         build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--data.init_args.tokenizer={GPT2_TOKENIZER}",
-                   "--model.policy.init_args.config.vocab_size=384", f"--trainer.default_root_dir={tmp_path}"], run=False)
+                   "--model.policy.init_args.config.vocab_size=384", f"--trainer.default_root_dir={tmp_path}"],
+                  run=False)
 
 
 def test_whole_file_training_without_validation(tmp_path):
@@ -91,10 +94,10 @@ def test_from_config_accepts_the_config_classes_own_and_common_keys(model_type):
 @pytest.mark.parametrize(
     ("model_type", "config", "message"),
     [
-        ("llama", {"hiden_size": 128}, r"^FromConfig: unknown config key 'hiden_size' \(closest valid names: hidden_size\b.*\) "
-                                       r"for model_type 'llama' \(LlamaConfig\)$"),
-        ("gpt2", {"n_emb": 8, "zzqq": 1}, r"'n_emb' \(closest valid names: n_embd\); 'zzqq' \(no close valid name\) for "
-                                          r"model_type 'gpt2' \(GPT2Config\); its keys are: .*\bn_embd\b"),
+        ("llama", {"hiden_size": 128}, r"^FromConfig: unknown config key 'hiden_size' \(closest valid names: "
+                                       r"hidden_size\b.*\) for model_type 'llama' \(LlamaConfig\)$"),
+        ("gpt2", {"n_emb": 8, "zzqq": 1}, r"'n_emb' \(closest valid names: n_embd\); 'zzqq' \(no close valid name\) "
+                                          r"for model_type 'gpt2' \(GPT2Config\); its keys are: .*\bn_embd\b"),
         ("gpt2", {"rope_theta": 1e4}, r"'rope_theta' \(this model has no rotary position embeddings\)"),
         ("llama", {"model_type": "gpt2"}, r"give it as FromConfig's model_type"),
         ("lama", {}, r"^FromConfig: unknown model_type 'lama' .*closest model types: llama"),
@@ -115,7 +118,8 @@ def test_a_model_folder_that_is_gone_is_named_not_taken_for_a_hub_name(tmp_path,
     moved = tmp_path / "moved"
     folder.rename(moved)
     for name in (str(folder), "./policy", "~/no/such/policy"):
-        with pytest.raises(FileNotFoundError, match=rf"model folder {re.escape(name)} does not exist \(moved or deleted\?\)"):
+        with pytest.raises(FileNotFoundError,
+                           match=rf"model folder {re.escape(name)} does not exist \(moved or deleted\?\)"):
             Pretrained(name).build()
 
 
@@ -145,5 +149,6 @@ def test_a_moved_adapter_export_names_its_gone_base_and_where_it_is_now(tmp_path
     with pytest.raises(FileNotFoundError) as refused:
         Pretrained(str(moved)).build()
     assert str(refused.value) == (
-        f"LoRA adapter folder {moved}: its base model {gone} (base_model_name_or_path in {moved / 'adapter_config.json'}"
-        f") does not exist (moved or deleted?): the folder was moved with its base: set it to {moved / 'base'}")
+        f"LoRA adapter folder {moved}: its base model {gone} (base_model_name_or_path in "
+        f"{moved / 'adapter_config.json'}) does not exist (moved or deleted?): the folder was moved with its base: set "
+        f"it to {moved / 'base'}")

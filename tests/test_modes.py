@@ -26,7 +26,8 @@ SCANNED = ("lit_prunedpo", "examples", "tests")
 
 def described(sampler) -> tuple[str, dict]:
     """A sampler's class and arguments; a sampler it wraps (``ExactTargetLogits(positions=...)``) described in turn."""
-    return type(sampler).__name__, {k: described(v) if isinstance(v, SAMPLER_BASES) else v for k, v in vars(sampler).items()}
+    return type(sampler).__name__, {k: described(v) if isinstance(v, SAMPLER_BASES) else v for k,
+                                    v in vars(sampler).items()}
 
 
 def test_every_overlay_in_configs_modes_is_a_mode():
@@ -37,7 +38,8 @@ def test_every_overlay_in_configs_modes_is_a_mode():
 
 @pytest.mark.parametrize("name", mode_names())
 def test_mode_is_what_the_cli_instantiates(name, tmp_path):
-    """The loader's triple equals the CLI's for ``--config configs/quickstart.yaml --config configs/modes/<name>.yaml``."""
+    """The loader's triple equals the CLI's for ``--config configs/quickstart.yaml --config
+    configs/modes/<name>.yaml``."""
     mode = load_mode(name)
     assert mode.path == REPO / "configs/modes" / f"{name}.yaml" and mode.description
     cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), "--config", str(mode.path),

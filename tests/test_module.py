@@ -148,7 +148,8 @@ def test_prefix_and_position_pruning_unbiased_by_enumeration(tiny_source):
             mask = torch.zeros(2, T, dtype=torch.bool)
             mask[0, :L], mask[1, :L] = mw, ml
             est, _ = step_objective(
-                module, batch, ForcedPrefix(torch.tensor([L, L]), prefix), ForcedPositions(mask, position), BothBranches()
+                module, batch, ForcedPrefix(torch.tensor([L, L]), prefix), ForcedPositions(mask, position),
+                BothBranches()
             )
             mean_value += prob * est.policy_logps[0].detach()
             for b in range(2):
@@ -168,7 +169,8 @@ def test_monte_carlo_all_pruning_matches_exact_log_ratio(tiny_source):
         exact = handwritten_logps(module.policy, batch)
         g = torch.Generator().manual_seed(0)
         draws = torch.stack([
-            step_objective(module, batch, SharedFractionPrefix(0.5), BernoulliPositions(0.4, 1.0), AntitheticBranch(), g)[0].policy_logps
+            step_objective(module, batch, SharedFractionPrefix(0.5), BernoulliPositions(0.4, 1.0), AntitheticBranch(),
+                           g)[0].policy_logps
             for _ in range(600)
         ])
     stderr = draws.std(0) / 600**0.5

@@ -29,7 +29,8 @@ def test_warmup_then_cosine():
 
 
 @pytest.mark.parametrize("kwargs, name", [({"warmup_steps": -1}, "warmup_steps"), ({"total_steps": 0}, "total_steps"),
-                                          ({"min_lr_ratio": 2.0}, "min_lr_ratio"), ({"on_extension": "jump"}, "on_extension")])
+                                          ({"min_lr_ratio": 2.0}, "min_lr_ratio"), ({"on_extension": "jump"},
+                                                                                    "on_extension")])
 def test_bad_arguments(kwargs, name):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=name):
@@ -80,7 +81,8 @@ def test_an_extension_continues_from_the_resume_steps_rate_without_a_jump(caplog
 def test_a_finished_schedule_is_not_continued_at_rate_zero():
     with pytest.raises(ValueError, match=r"extended from 4 to 8 steps .* had ended at rate 0 at step 4: continued, "
                                          r"every added step would train at rate 0. Set model.scheduler.init_args."
-                                         r"on_extension=stretch to re-fit the warm-up and cosine to 8 steps \(rate 0.5"):
+                                         r"on_extension=stretch to re-fit the warm-up and cosine to 8 steps \(rate "
+                                         r"0.5"):
         _extended(4, 4, 8)
     _, floor = _extended(4, 4, 8, min_lr_ratio=0.2)  # a floor above 0 goes on at the floor
     assert rates(floor, 4) == pytest.approx([0.2] * 4)

@@ -174,7 +174,8 @@ def test_an_unknown_name_lists_the_shipped_ones(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     for value in ("quickstrat", "configs/modes/brunch.yaml", "my.yaml"):
-        with pytest.raises(ValueError, match=f"--config {value}: no such file in {tmp_path}, nor a shipped config") as err:
+        with pytest.raises(ValueError,
+                           match=f"--config {value}: no such file in {tmp_path}, nor a shipped config") as err:
             resolve_config(value)
         assert ", ".join(SHIPPED_NAMES) in str(err.value)
 
@@ -185,7 +186,8 @@ def test_every_config_argument_is_resolved(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args, said = resolve_config_args(["fit", "-c", "quickstart", "--config=modes/branch", "--config",
                                       "{seed_everything: 3}", "--trainer.max_steps", "2"])
-    assert args == ["fit", "-c", str(REPO / "configs/quickstart.yaml"), f"--config={REPO / 'configs/modes/branch.yaml'}",
+    assert args == ["fit", "-c", str(REPO / "configs/quickstart.yaml"),
+                    f"--config={REPO / 'configs/modes/branch.yaml'}",
                     "--config", "{seed_everything: 3}", "--trainer.max_steps", "2"]
     assert len(said) == 2
 
@@ -205,7 +207,8 @@ def test_the_configs_command_lists_and_copies(tmp_path, monkeypatch, capsys):
     edited = tmp_path / "configs/modes/branch.yaml"
     edited.write_text(edited.read_text() + "# mine\n")
     (tmp_path / "configs/quickstart.yaml").unlink()
-    with pytest.raises(FileExistsError, match=f"not overwriting 1 file.*{re.escape(str(Path('configs/modes/branch.yaml')))}"):
+    with pytest.raises(FileExistsError,
+                       match=f"not overwriting 1 file.*{re.escape(str(Path('configs/modes/branch.yaml')))}"):
         main(["configs", "--copy", "configs"])
     assert edited.read_text().endswith("# mine\n") and not (tmp_path / "configs/quickstart.yaml").exists()
 

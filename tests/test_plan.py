@@ -54,7 +54,8 @@ def test_branch_pruning_makes_a_grad_and_a_no_grad_group():
     grad, no_grad = plan.groups
     assert grad.requires_grad and not no_grad.requires_grad
     assert grad.num_rows == no_grad.num_rows == 3
-    assert sorted((grad.pair * 2 + grad.branch).tolist() + (no_grad.pair * 2 + no_grad.branch).tolist()) == list(range(6))
+    assert sorted((grad.pair * 2 + grad.branch).tolist()
+                  + (no_grad.pair * 2 + no_grad.branch).tolist()) == list(range(6))
 
 
 def test_a_sampler_breaking_its_contract_is_caught():
@@ -122,7 +123,8 @@ def test_the_plan_counts_what_the_samplers_kept_apart_from_what_the_layout_skips
     lengths = int(batch.response_lengths.sum())
     g = torch.Generator().manual_seed(0)
     whole = plan_step(batch, *exact_samplers(), g)
-    assert whole.kept_positions == whole.drawn_positions == whole.positions_scored == whole.unpruned_positions == lengths
+    assert (whole.kept_positions == whole.drawn_positions == whole.positions_scored == whole.unpruned_positions
+            == lengths)
     margin_only = plan_step(batch, *exact_samplers(), g, score_common_prefix=False)
     assert margin_only.kept_positions == margin_only.drawn_positions == lengths
     # pair 0's 2 common tokens are scored once, in the chosen row (both have a gradient), marked shared; the
@@ -130,7 +132,8 @@ def test_the_plan_counts_what_the_samplers_kept_apart_from_what_the_layout_skips
     assert margin_only.positions_scored == lengths - 2
     (group,) = margin_only.groups
     shared = group.shared.nonzero().flatten()
-    assert group.pair[group.scored_row[shared]].tolist() == [0, 0] and group.branch[group.scored_row[shared]].tolist() == [0, 0]
+    assert (group.pair[group.scored_row[shared]].tolist() == [0, 0]
+            and group.branch[group.scored_row[shared]].tolist() == [0, 0])
     assert group.scored_t[shared].tolist() == [0, 1]
     pruned = plan_step(batch, SharedFractionPrefix(0.5), BernoulliPositions(0.5), BothBranches(), g)
     assert pruned.kept_positions == sum(int(group.kept.sum()) for group in pruned.groups) <= lengths

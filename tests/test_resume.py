@@ -61,12 +61,14 @@ def test_resume_last_with_a_larger_max_steps_extends_the_schedule_and_trains(tmp
     # the finished schedule ended at rate 0: continuing it would train at 0, so the default resume is refused
     with pytest.raises(ValueError, match=r"had ended at rate 0 at step 3: continued, .*on_extension=stretch to re-fit"):
         _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last")
-    resumed = _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last", "--model.scheduler.init_args.on_extension=stretch")
+    resumed = _fit(tmp_path, "--trainer.max_steps=6", "--ckpt_path=last",
+                   "--model.scheduler.init_args.on_extension=stretch")
     # the resumed run goes on in the run folder of the checkpoint it resumed from, and says so
     assert f"resume (ckpt_path=last): resuming from {checkpoint}, the newest readable checkpoint" in caplog.text
     assert f"resume: this run logs into {logs / 'version_0'}, the run folder of {checkpoint}" in caplog.text
     assert resumed.trainer.global_step == 6 and sorted(p.name for p in logs.iterdir()) == ["version_0"]
-    assert "resume: WarmupCosineLR schedule extended from 3 to 6 steps (total_steps follows the trainer's max_steps): " \
+    assert "resume: WarmupCosineLR schedule extended from 3 to 6 steps (total_steps follows the trainer's " \
+           "max_steps): " \
            "the whole schedule re-fitted to 6 steps" in caplog.text
     rates = _rates(logs / "version_0")
     assert sorted(rates) == [0, 1, 2, 3, 4, 5], rates  # both parts in one metrics.csv
@@ -154,7 +156,8 @@ def test_runs_without_a_logger_never_share_a_checkpoint_folder(tmp_path, caplog)
     assert (tmp_path / "checkpoints-1/last.ckpt").is_file() and (tmp_path / "config-1.yaml").is_file()
     assert (f"{tmp_path} holds other runs' outputs (logger: false): this run's checkpoints go to "
             f"{tmp_path / 'checkpoints-1'} and its config is {tmp_path / 'config-1.yaml'}") in caplog.text
-    third = _fit(tmp_path, "--trainer.max_steps=3", "--ckpt_path=last", "--model.scheduler.init_args.on_extension=stretch",
+    third = _fit(tmp_path, "--trainer.max_steps=3", "--ckpt_path=last",
+                 "--model.scheduler.init_args.on_extension=stretch",
                  logger=False)  # the 2-step schedule ended at rate 0: continuing it is refused
     assert f"resuming from {tmp_path / 'checkpoints-1/last.ckpt'}, the newest readable checkpoint" in caplog.text
     assert third.model.sampler_rng.step == 3 and (tmp_path / "checkpoints-2/last.ckpt").is_file()

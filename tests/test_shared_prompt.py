@@ -273,7 +273,8 @@ def test_branch_pruning_keeps_the_no_grad_branch_out_of_backward(tiny_source):
     lengths = batch.response_lengths[torch.arange(batch.num_pairs)[:, None], plan.grad_mask.long().argsort(-1)]
     uncached = plan_step(batch, FullPrefix(), AllPositions(), RandomBranch(), torch.Generator())
     assert torch.equal(uncached.grad_mask, plan.grad_mask)  # the same draw (one generator draw, seed 0 both)
-    forwards = StepExecutor(SharedPromptLayout(), reuse_keys_values=False).forwards(uncached.groups, PairLengths.of(batch))
+    forwards = StepExecutor(SharedPromptLayout(), reuse_keys_values=False).forwards(uncached.groups,
+                                                                                    PairLengths.of(batch))
     for forward, rows in zip(forwards.policy, (lengths[:, 1], lengths[:, 0]), strict=True):
         assert forward.laid_out.real_tokens == int((prompt_len + rows - 1).sum())
     assert score_policy(module, batch, uncached.groups[1]).grad_fn is None

@@ -69,7 +69,8 @@ def test_counts_match_the_plan(tiny_source, mode, shared_prompt):
     no_grad = ~plan.grad_mask
     assert est.policy_logps.requires_grad
     for i, b in no_grad.nonzero().tolist():
-        grad_fn_free = torch.autograd.grad(est.policy_logps[i, b], module.policy.parameters(), allow_unused=True, retain_graph=True)
+        grad_fn_free = torch.autograd.grad(est.policy_logps[i, b], module.policy.parameters(), allow_unused=True,
+                                           retain_graph=True)
         assert all(g is None or bool((g == 0).all()) for g in grad_fn_free)
 
     unpruned_width = P + T - 1
@@ -103,7 +104,8 @@ def test_sequence_pruning_shrinks_executed_tokens_on_average(tiny_source):
     module.setup("fit")
     batch = make_batch([2] * 4, [30, 20, 10, 25], [28, 5, 30, 12], seed=2)
     executor, pairs = module.executor(), PairLengths.of(batch)
-    fractions = [executor.forwards(module.plan(batch).groups, pairs).tokens_executed / (2 * 4 * (batch.prompt_width + 29))
+    fractions = [executor.forwards(module.plan(batch).groups, pairs).tokens_executed
+                 / (2 * 4 * (batch.prompt_width + 29))
                  for _ in range(50)]
     # E[u] = 0.75 for u ~ U[0.5, 1]: executed tokens drop by about a quarter, never above the unpruned step
     assert max(fractions) <= 1.0 and sum(fractions) / len(fractions) < 0.85

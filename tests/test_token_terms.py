@@ -98,8 +98,8 @@ def test_a_head_module_that_transforms_its_weight_is_refused_naming_the_model():
     assert linear_head_parts(WeightNormed(4, 8)) is None and linear_head_parts(nn.Linear(4, 8)) is not None
     with pytest.raises(ValueError, match=re.escape(
             "Module: ExactTargetLogits and ReferenceLogSumExp compute each target's logit as one row of the LM head "
-            "(h . W[y] + b, then the model's element-wise logit transform), but its head is a WeightNormed, not a plain "
-            "nn.Linear (its forward may transform the weight); computing its full logits")):
+            "(h . W[y] + b, then the model's element-wise logit transform), but its head is a WeightNormed, not a "
+            "plain nn.Linear (its forward may transform the weight); computing its full logits")):
         fused_linear_head(model, OutputHead(WeightNormed(4, 8)))
 
 

@@ -1,4 +1,5 @@
-"""Training-time noise: config dropout fields, router jitter and training-mode sampling are off in the policy's steps."""
+"""Training-time noise: config dropout fields, router jitter and training-mode sampling are off in the policy's
+steps."""
 
 from __future__ import annotations
 

@@ -73,8 +73,10 @@ def test_step_flops_vanilla_and_branch():
     # one branch per pair: grad group F/2 (+ backward F), no-grad group F/2, reference over all 4 rows F
     assert cost.step_flops(branch, DIMS, "online").total == 301_632
     assert cost.step_flops(branch, DIMS, "cached").total == 201_088
-    assert cost.ideal_speedup([cost.step_flops(vanilla, DIMS, "online")], [cost.step_flops(branch, DIMS, "online")]) == pytest.approx(4 / 3)
-    assert cost.ideal_speedup([cost.step_flops(vanilla, DIMS, "cached")], [cost.step_flops(branch, DIMS, "cached")]) == pytest.approx(3 / 2)
+    assert cost.ideal_speedup([cost.step_flops(vanilla, DIMS, "online")],
+                              [cost.step_flops(branch, DIMS, "online")]) == pytest.approx(4 / 3)
+    assert cost.ideal_speedup([cost.step_flops(vanilla, DIMS, "cached")],
+                              [cost.step_flops(branch, DIMS, "cached")]) == pytest.approx(3 / 2)
     # the chunked scorer recomputes the head forward of the gradient rows in backward
     assert cost.step_flops(vanilla, DIMS, "cached", recompute_head=True).total == 301_632 + HEAD
     assert cost.step_flops(branch, DIMS, "cached", recompute_head=True).total == 201_088 + HEAD // 2
@@ -83,7 +85,8 @@ def test_step_flops_vanilla_and_branch():
 def test_model_dims_from_tiny_llama():
     dims = cost.ModelDims.from_model(FromConfig("llama", TINY_LLAMA).build())
     # per layer: q 32x32, k 32x16, v 32x16, o 32x32 (4 heads / 2 kv heads of 8), MLP 3 x 32x64
-    assert dims == cost.ModelDims(body_params=2 * (1024 + 512 + 512 + 1024 + 3 * 2048), hidden_size=32, vocab_size=32, num_layers=2, attention_dim=32)
+    assert dims == cost.ModelDims(body_params=2 * (1024 + 512 + 512 + 1024 + 3 * 2048), hidden_size=32, vocab_size=32,
+                                  num_layers=2, attention_dim=32)
 
 
 def test_cost_arguments_checked():
@@ -220,8 +223,10 @@ def test_step_flops_follow_the_shared_prompt_shapes():
     # body 2*1000*2*11 = 44000, attention 4*2*8*11^2*2 = 15488, head 2*8*100*20 = 32000
     f_shared = 44_000 + 15_488 + 32_000
     online = cost.step_flops(forwards, DIMS, "online")
-    assert (online.policy_forward, online.policy_backward, online.reference_forward) == (f_shared, 2 * f_shared, f_shared)
-    assert cost.ideal_speedup([cost.step_flops(_plan(BothBranches()), DIMS, "online")], [online]) == pytest.approx(F / f_shared)
+    assert (online.policy_forward, online.policy_backward,
+            online.reference_forward) == (f_shared, 2 * f_shared, f_shared)
+    assert cost.ideal_speedup([cost.step_flops(_plan(BothBranches()), DIMS, "online")],
+                              [online]) == pytest.approx(F / f_shared)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the [peer] extra (trl)")

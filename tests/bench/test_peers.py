@@ -102,7 +102,8 @@ def test_the_checkpointing_peer_runs_each_layer_again_in_backward_and_computes_t
         # a pre-hook inside the checkpoint: the layer's own hooks stay outside it, and the recompute stops early,
         # before a forward hook after the MLP would run
         layer = peer.model.get_decoder().layers[0].mlp
-        layer.register_forward_pre_hook(lambda *args, key=name: layer_calls.__setitem__(key, layer_calls.get(key, 0) + 1))
+        layer.register_forward_pre_hook(
+            lambda *args, key=name: layer_calls.__setitem__(key, layer_calls.get(key, 0) + 1))
     losses, grads = {}, {}
     for name, peer in rounds.peers.items():
         # read the gradients where AdamW would step (the stepper clears them after)

@@ -27,7 +27,8 @@ def payload(smoke: bool = False) -> dict:
             rows.append(dict(
                 mode=mode, reference=reference, scorer=scorer, prompt="shared", step_time_s=0.1, step_time_p90_s=0.12,
                 peak_memory_mb=900.0 + i, peak_step_memory_mb=100.0 * (3 - i) + 10 * j, tokens_executed=100,
-                positions_scored=50, ideal_speedup=speedup + 0.05, speedup=speedup, efficiency=speedup / (speedup + 0.05),
+                positions_scored=50, ideal_speedup=speedup + 0.05, speedup=speedup,
+                efficiency=speedup / (speedup + 0.05),
                 speedup_total_time=speedup, speedup_vs_peer=None,
             ))
     return {"preset": "test", "device": "cpu", "results": rows, "preset_config": {"smoke_test": smoke}}
@@ -45,7 +46,8 @@ def test_chart_has_one_colour_per_mode_one_hatch_per_variant_and_legends_outside
         assert len({p.get_facecolor() for p in bars(ax)}) == len(MODES)
         assert len({p.get_hatch() for p in bars(ax)}) == len(VARIANTS)
     # the memory panel shows the step peaks (not the flat process peak)
-    assert sorted(p.get_height() for p in bars(memory)) == sorted(r["peak_step_memory_mb"] for r in payload()["results"])
+    assert sorted(p.get_height() for p in bars(memory)) == sorted(r["peak_step_memory_mb"]
+                                                                  for r in payload()["results"])
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     for ax in (speed, memory):

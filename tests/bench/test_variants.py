@@ -18,7 +18,8 @@ from lit_prunedpo.bench.presets import get_preset
 
 def test_precisions_alternate_and_each_is_read_against_float32(tmp_path):
     torch.set_num_threads(1)
-    assert main(["--preset", "small", "--modes", "vanilla,branch", "--compare-precisions", "32-true,bf16-mixed,bf16-true",
+    assert main(["--preset", "small", "--modes", "vanilla,branch", "--compare-precisions",
+                 "32-true,bf16-mixed,bf16-true",
                  "--steps", "2", "--warmup", "1", "--threads", "1", "--out", str(tmp_path), "--quiet"]) == 0
     payload = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["mode"], r["variant"]): r for r in payload["rows"]}

@@ -57,7 +57,8 @@ def test_calibration_measures_through_the_module_and_leaves_it_as_it_was(module)
     weights = [p.detach().clone() for p in module.policy.parameters()]
     samplers = (module.prefix_sampler, module.position_sampler, module.branch_sampler)
     stream = module.sampler_rng.step
-    decision = calibrate(module, batch, {"antithetic": load_mode("antithetic").samplers}, pairs=4, draws=3, min_gain=0.1)
+    decision = calibrate(module, batch, {"antithetic": load_mode("antithetic").samplers}, pairs=4, draws=3,
+                         min_gain=0.1)
     assert all(p.grad is None for p in module.policy.parameters())  # no gradients left
 
     # between: the unbiased variance of the first 4 pairs' exact gradients, recomputed here independently
@@ -70,7 +71,8 @@ def test_calibration_measures_through_the_module_and_leaves_it_as_it_was(module)
     # one branch per pair: a real extra variance, and the rule applied to the measured figures
     assert antithetic.within > 0
     assert antithetic.inefficiency == pytest.approx((1 + antithetic.within / decision.between) / antithetic.k)
-    assert decision.choice == decide(decision.between, vanilla.step_s, {"antithetic": (antithetic.step_s, antithetic.within)}, 0.1)[0]
+    assert decision.choice == decide(decision.between, vanilla.step_s,
+                                     {"antithetic": (antithetic.step_s, antithetic.within)}, 0.1)[0]
     # the module: same weights, samplers and sampler stream
     assert all(torch.equal(a, b) for a, b in zip(weights, module.policy.parameters()))
     assert (module.prefix_sampler, module.position_sampler, module.branch_sampler) == samplers
@@ -222,7 +224,8 @@ def test_a_short_fit_trains_vanilla_without_calibrating(tiny_source, monkeypatch
     trainer, _, record = _fit(tiny_source, auto, max_steps=3)
     assert auto.decision is not None and auto.decision.choice == "vanilla" and auto.decision.arms == ()
     assert "calibration skipped" in auto.decision.reason and "3 steps" in auto.decision.reason
-    assert float(trainer.callback_metrics["auto/pruned"]) == 0.0 and float(trainer.callback_metrics["auto/calibration_s"]) == 0.0
+    assert (float(trainer.callback_metrics["auto/pruned"]) == 0.0
+            and float(trainer.callback_metrics["auto/calibration_s"]) == 0.0)
     assert all(s[0] == s[1] and s[2] == s[3] for s in record.steps)
 
 
@@ -232,7 +235,8 @@ def test_configs_fast_through_the_cli(tmp_path):
     from helpers import REPO, csv_logger
     from lit_prunedpo.cli import build_cli
 
-    args = ["fit", "--config", str(REPO / "configs/fast.yaml"), "--trainer.max_steps=3", "--trainer.limit_val_batches=0",
+    args = ["fit", "--config", str(REPO / "configs/fast.yaml"), "--trainer.max_steps=3",
+            "--trainer.limit_val_batches=0",
             "--trainer.enable_progress_bar=false", "--data.init_args.max_rows=128"]
     cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path / 'a'}", *csv_logger(tmp_path / "a")])
     (auto,) = [c for c in cli.trainer.callbacks if isinstance(c, AutoPruning)]

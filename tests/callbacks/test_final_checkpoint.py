@@ -30,7 +30,8 @@ def _step_of(path) -> int:
 
 def test_a_run_shorter_than_one_validation_interval_leaves_its_last_step(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
-        cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+        cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+                         f"--trainer.default_root_dir={tmp_path}",
                          "--trainer.max_steps=3", *FAST])  # validates every 40 steps: never here
     ckpt = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
     assert _step_of(ckpt) == 3 and cli.trainer.global_step == 3

@@ -11,7 +11,8 @@ from helpers import REPO
 
 
 def _cli(tmp_path, *extra):
-    return build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}", *extra],
+    return build_cli(["--config", str(REPO / "configs/quickstart.yaml"),
+                      f"--trainer.default_root_dir={tmp_path}", *extra],
                      run=False)
 
 

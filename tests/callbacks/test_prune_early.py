@@ -17,7 +17,8 @@ def test_prunes_the_first_share_of_steps_then_runs_exact(tiny_source):
     branch = RandomBranch()
     # the padded layout scores every position of an exact step (the shared-prompt layout skips the responses'
     # common prefix under a margin loss, which would blur "exact" here)
-    module = PrunedDPO(policy=tiny_source, prefix_sampler=SharedFractionPrefix(0.3), position_sampler=BernoulliPositions(0.2),
+    module = PrunedDPO(policy=tiny_source, prefix_sampler=SharedFractionPrefix(0.3),
+                       position_sampler=BernoulliPositions(0.2),
                        branch_sampler=branch, shared_prompt=False)
     record = RecordWork()
     trainer = L.Trainer(accelerator="cpu", max_steps=6, limit_val_batches=0, logger=False, enable_checkpointing=False,

@@ -19,7 +19,8 @@ FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=f
 
 
 def _fit(tmp_path, *callback_args):
-    return build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
+    return build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"),
+                      f"--trainer.default_root_dir={tmp_path}",
                       *FAST, "--trainer.callbacks+=lit_prunedpo.callbacks.ValidationSamples",
                       "--trainer.callbacks.max_new_tokens=6", *callback_args])
 
@@ -50,7 +51,8 @@ def test_held_out_prompts_are_completed_at_every_validation(tmp_path):
 def test_text_prompts_are_encoded_with_the_data_tokenizer(tmp_path):
     from types import SimpleNamespace
 
-    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"], run=False)
+    cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"],
+                    run=False)
     callback = ValidationSamples(prompts=["abc", "hello there"], max_new_tokens=3)
     trainer = SimpleNamespace(datamodule=cli.datamodule, global_step=7)
     samples = callback.generate(trainer, cli.model)

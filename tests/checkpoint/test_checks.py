@@ -42,7 +42,8 @@ def test_a_folder_of_shards_missing_a_shard_its_metadata_names_is_torn(tmp_path)
     AtomicCheckpointIO().save_checkpoint({"w": torch.ones(3)}, older)
     sharded = folder / "last-v1.ckpt"
     # one process, no process group: what FSDP2Strategy writes, one file per tensor here
-    dcp.save({"a": torch.ones(4), "b": torch.zeros(8)}, storage_writer=dcp.FileSystemWriter(sharded, single_file_per_rank=False),
+    dcp.save({"a": torch.ones(4), "b": torch.zeros(8)},
+             storage_writer=dcp.FileSystemWriter(sharded, single_file_per_rank=False),
              no_dist=True)
     torch.save({"global_step": 3}, sharded / "meta.pt")
     shards = sorted(p.name for p in sharded.glob("*.distcp"))

@@ -37,7 +37,8 @@ def test_version_taken_by_another_run_since_the_listing_is_not_shared(tmp_path, 
 
 
 def test_two_runs_started_together_in_one_folder_keep_their_outputs_apart(tmp_path):
-    cmd = [sys.executable, "-m", "lit_prunedpo", "fit", *QUICK, "--trainer.max_steps=2", "--trainer.default_root_dir=out",
+    cmd = [sys.executable, "-m", "lit_prunedpo", "fit", *QUICK, "--trainer.max_steps=2",
+           "--trainer.default_root_dir=out",
            "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=1",
            "--trainer.callbacks.save_top_k=-1"]
     runs = [subprocess.Popen([*cmd, f"--seed_everything={seed}"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
@@ -46,7 +47,8 @@ def test_two_runs_started_together_in_one_folder_keep_their_outputs_apart(tmp_pa
     assert [p.returncode for p in runs] == [0, 0], "\n".join(log[-2000:] for log in logs)
     versions = sorted((tmp_path / "out/lightning_logs").iterdir())
     assert [v.name for v in versions] == ["version_0", "version_1"]
-    seeds = sorted(next(line for line in (v / "config.yaml").read_text().splitlines() if line.startswith("seed_everything"))
+    seeds = sorted(next(line for line in (v / "config.yaml").read_text().splitlines()
+                        if line.startswith("seed_everything"))
                    for v in versions)
     assert seeds == ["seed_everything: 1", "seed_everything: 2"]  # one config.yaml per run
     for v in versions:
@@ -54,7 +56,8 @@ def test_two_runs_started_together_in_one_folder_keep_their_outputs_apart(tmp_pa
             steps = [row["step"] for row in csv.DictReader(f) if row["train/loss"]]
         assert steps == ["0", "1"]  # each run's own steps, once each: nothing interleaved
         # the two ModelCheckpoint files, and FinalCheckpoint's last.ckpt of the last step
-        assert sorted(p.name for p in (v / "checkpoints").iterdir()) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "last.ckpt"]
+        assert sorted(p.name for p in (v / "checkpoints").iterdir()) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt",
+                                                                         "last.ckpt"]
 
 
 def test_runs_without_a_logger_in_one_folder_keep_their_own_config(tmp_path, caplog):

@@ -43,7 +43,8 @@ def test_a_folder_is_replaced_with_no_instant_without_a_whole_checkpoint(tmp_pat
         (tmp / "meta.pt").write_bytes(content)
         old.mkdir(exist_ok=True)  # a leftover of a save that died between the two renames
         replace_folder(tmp, path, old)
-        assert (path / "meta.pt").read_bytes() == content and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+        assert ((path / "meta.pt").read_bytes() == content
+                and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"])
 
 
 def test_a_plain_trainer_writes_checkpoints_atomically(tmp_path, tiny_source):
@@ -74,7 +75,8 @@ def test_a_checkpoint_on_a_full_disk_is_named_as_such(tmp_path, tmpfs, monkeypat
 
     disk = tmpfs("256k")  # the quickstart's checkpoint (weights and optimizer state) is about 1 MB
     with pytest.raises(DiskFull, match=rf"^could not save checkpoint {re.escape(str(disk))}/ckpt/last.ckpt: disk full "
-                                       r"\(ENOSPC: No space left on device\) \(torch's error: .*\); the previous last.ckpt"):
+                                       r"\(ENOSPC: No space left on device\) \(torch's error: .*\); the previous "
+                                       r"last.ckpt"):
         fit_quickstart(tmp_path, "--trainer.max_steps=1", "--trainer.callbacks+=ModelCheckpoint",
              f"--trainer.callbacks.dirpath={disk / 'ckpt'}", "--trainer.callbacks.save_last=true")
     from lit_prunedpo.checkpoint import LOCK_NAME

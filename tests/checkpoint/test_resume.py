@@ -42,7 +42,8 @@ def test_resume_skips_a_truncated_last_checkpoint_and_names_it(tmp_path, monkeyp
     for path in (tmp_path / "ckpt").glob("*.ckpt"):
         path.write_bytes(b"")
     os.utime(newer, (good.stat().st_mtime + 5, good.stat().st_mtime + 5))
-    with pytest.raises(ValueError, match=rf"no checkpoint can be read: {newer}: the file is empty; .*{good}: the file is "
+    with pytest.raises(ValueError, match=rf"no checkpoint can be read: {newer}: the file is empty; .*{good}: the file "
+                                         r"is "
                                          "empty.*Delete them to start afresh"):
         fit_quickstart(tmp_path, "--trainer.max_steps=5", *CHECKPOINTS, "--ckpt_path=last")
 
@@ -56,10 +57,12 @@ def test_resume_with_other_data_is_refused_unless_asked_for(tmp_path, monkeypatc
     data.write_bytes(data.read_bytes().replace(b"Good answer 1.", b"Fine answer 1."))
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # an in-place edit that keeps the time
     with pytest.raises(ValueError, match=r"refusing to resume: the checkpoint was written while training on "
-                                         rf"{data} \(content .*\) but this run reads {data} \(content .*resume_with_changed_data=true"):
+                                         rf"{data} \(content .*\) but this run reads {data} \(content "
+                                         r".*resume_with_changed_data=true"):
         fit_quickstart(tmp_path, "--trainer.max_steps=3", *args, "--ckpt_path=last")
     with pytest.warns(UserWarning, match=r"resuming with changed data, as asked"):
-        fit_quickstart(tmp_path, "--trainer.max_steps=3", *args, "--ckpt_path=last", "--data.init_args.resume_with_changed_data=true")
+        fit_quickstart(tmp_path, "--trainer.max_steps=3", *args, "--ckpt_path=last",
+                       "--data.init_args.resume_with_changed_data=true")
 
 
 def test_resume_skips_a_torn_folder_of_shards_and_names_leftover_temporaries(tmp_path):
@@ -108,7 +111,8 @@ def test_a_requeued_run_launches_and_relaunches_without_misleading_warnings(tmp_
             warnings.simplefilter("always")
             fit_quickstart(tmp_path, f"--trainer.max_steps={steps}", *setup)
         said = [str(w.message) for w in seen]
-        assert not [m for m in said if "no last checkpoint" in m or "is not empty" in m or "dirpath has changed" in m], said
+        assert not [m for m in said
+                    if "no last checkpoint" in m or "is not empty" in m or "dirpath has changed" in m], said
     assert f"resume: no checkpoint in {tmp_path / 'ckpt'} yet (a first launch): starting afresh" in caplog.text
     assert f"resuming from {tmp_path / 'ckpt' / 'last.ckpt'}" in caplog.text
 

@@ -29,7 +29,8 @@ def test_shortest_first_yields_every_pair_once_by_length_within_each_split() -> 
         for row in ds:
             length[row["index"]] = len(row["prompt_ids"]) + max(len(row["chosen_ids"]), len(row["rejected_ids"]))
     n_train = len(dm.train_dataset)
-    assert set(index[:n_train].tolist()) == set(list(dm.train_dataset["index"]))  # training pairs first, then validation
+    # training pairs first, then validation
+    assert set(index[:n_train].tolist()) == set(list(dm.train_dataset["index"]))
     for part in (index[:n_train], index[n_train:]):
         lengths = [length[i] for i in part.tolist()]
         assert lengths == sorted(lengths)

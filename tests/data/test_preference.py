@@ -224,10 +224,10 @@ def test_unknown_role_stops_or_is_skipped_and_counted(tmp_path: Path) -> None:
     rows[4]["prompt"][0]["role"] = "wizard"
     rows[6]["chosen"][0]["role"] = "banana"
     path = write_rows(tmp_path / "chat.jsonl", rows)
-    with pytest.raises(ValueError, match=rf"^{path}: row 4 \(0-based, line 5\): field 'prompt' has a message whose role "
-                                         r"cannot be used there \(kind 'bad_role'\): message 0 has role 'wizard'; the "
-                                         r"roles are 'system', 'developer', 'user', 'assistant', 'tool'; 1 more bad "
-                                         r"rows follow\. Fix the data, or pass on_bad_row='skip'"):
+    with pytest.raises(ValueError, match=rf"^{path}: row 4 \(0-based, line 5\): field 'prompt' has a message whose "
+                                         r"role cannot be used there \(kind 'bad_role'\): message 0 has role 'wizard'; "
+                                         r"the roles are 'system', 'developer', 'user', 'assistant', 'tool'; 1 more "
+                                         r"bad rows follow\. Fix the data, or pass on_bad_row='skip'"):
         _module(path, chat_template=SIMPLE_TEMPLATE)
     dm = _module(path, chat_template=SIMPLE_TEMPLATE, on_bad_row="skip", val_fraction=0.2)
     assert dm.stats["train"]["bad_rows"]["bad_role"] + dm.stats["val"]["bad_rows"]["bad_role"] == 2

@@ -1,5 +1,5 @@
-"""Files that ``datasets`` cannot parse fail with one message naming the file, line and row (lit_prunedpo.data.readable),
-and a tokenizer that cannot be loaded names the argument (lit_prunedpo.data.tokenize)."""
+"""Files that ``datasets`` cannot parse fail with one message naming the file, line and row
+(lit_prunedpo.data.readable), and a tokenizer that cannot be loaded names the argument (lit_prunedpo.data.tokenize)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def _lines(path: Path, bad: bytes, at: int = 3, n: int = 6) -> Path:
 @pytest.mark.parametrize(
     ("bad", "reason"),
     [
-        (b'{"prompt": "p", "chosen": "c", "rejected": \n', r"line 4 is not valid JSON \(Expecting value at column 43\)"),
+        (b'{"prompt": "p", "chosen": "c", "rejected": \n',
+         r"line 4 is not valid JSON \(Expecting value at column 43\)"),
         (b'["p", "c", "r"]\n', "line 4 is an array, not a JSON object with the pair.s fields"),
         (b'"just a string"\n', "line 4 is a string, not a JSON object with the pair.s fields"),
         (b'{"prompt": "p", "chosen": "caf\xe9", "rejected": "r"}\n', r"line 4 is not UTF-8 \(byte 0xe9 at column 31\)"),
@@ -72,9 +73,11 @@ def test_empty_file_says_so(tmp_path: Path, name: str) -> None:
 
 def test_json_array_and_csv_name_the_line_under_either_policy(tmp_path: Path) -> None:
     array = tmp_path / "pairs.json"
-    array.write_bytes(b'[\n{"prompt": "p", "chosen": "c", "rejected": "r"},\n{"prompt": "p", "chosen": "\xff", "rejected": "r"}\n]')
+    array.write_bytes(b'[\n{"prompt": "p", "chosen": "c", "rejected": "r"},\n{"prompt": "p", "chosen": "\xff", '
+                      b'"rejected": "r"}\n]')
     for policy in ("error", "skip"):
-        with pytest.raises(ValueError, match=rf"{array}: line 3 is not UTF-8 \(byte 0xff at column 28\).*cannot skip it"):
+        with pytest.raises(ValueError,
+                           match=rf"{array}: line 3 is not UTF-8 \(byte 0xff at column 28\).*cannot skip it"):
             _setup(array, on_bad_row=policy)
     array.write_bytes(b'[{"prompt": "p", "chosen": "c", "rejected": "r"}, [1, 2]]')
     with pytest.raises(ValueError, match=rf"{array}: row 1 \(0-based\) of the JSON array is an array, not an object"):

@@ -37,7 +37,8 @@ from helpers import REPO, make_batch
 pytestmark = pytest.mark.slow  # multi-process DDP/FSDP2 runs in subprocesses: `pytest -m slow` (CI runs it)
 
 HERE = Path(__file__).resolve().parent
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO),
+                                                                           os.environ.get("PYTHONPATH", "")])}
 TOL = 1e-5
 
 
@@ -114,7 +115,8 @@ def test_two_ranks_draw_different_plans_in_the_same_step():
     assert not torch.equal(plans[0].grad_mask, plans[1].grad_mask)
 
 
-@pytest.mark.parametrize("branch", [BothBranches(), RandomBranch(0.3), AntitheticBranch()], ids=lambda b: type(b).__name__)
+@pytest.mark.parametrize("branch", [BothBranches(), RandomBranch(0.3), AntitheticBranch()],
+                         ids=lambda b: type(b).__name__)
 def test_shipped_branch_samplers_give_every_rank_the_same_forwards(branch):
     """FSDP needs the same forwards on every rank; each shipped sampler's group structure never varies."""
     signatures = set()
@@ -228,7 +230,8 @@ def test_ddp_and_fsdp2_train_the_same_weights(ddp_runs, fsdp_runs, mode):
 
 def test_corrupt_distributed_checkpoint_is_refused_on_every_rank(fsdp_runs):
     for rank in json.loads((fsdp_runs / "fsdp_corrupt.json").read_text()):
-        assert rank["message"].startswith("RuntimeError: cannot load checkpoint") and "fsdp_corrupt.ckpt" in rank["message"]
+        assert rank["message"].startswith("RuntimeError: cannot load "
+                                          "checkpoint") and "fsdp_corrupt.ckpt" in rank["message"]
         assert not rank["stepped"]
         # the second fit of that trainer kept the first fit's device mesh: dropping it (and its gloo groups)
         # mid-process is what aborted this worker now and then
@@ -265,7 +268,8 @@ def test_tied_embeddings_shard_in_one_unit(fsdp_runs):
 def test_val_loss_reduced_over_ranks_equals_one_process(ddp_runs, tmp_path):
     runs = ddp_runs
     cli = build_cli(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}",
-                     "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25", "--trainer.enable_progress_bar=false",
+                     "--data.init_args.max_rows=192", "--data.init_args.val_fraction=0.25",
+                     "--trainer.enable_progress_bar=false",
                      "--trainer.enable_model_summary=false"], run=False)
     cli.model.policy.load_state_dict(_weights(runs, "ddp_vanilla"))
     (result,) = cli.trainer.validate(cli.model, datamodule=cli.datamodule)

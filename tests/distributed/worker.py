@@ -73,7 +73,8 @@ def check_tied_embeddings(out: Path, rank: int) -> None:
 
     loss(model, ids[rank]).backward()
     (sum(loss(plain, ids[r]) for r in range(2)) / 2).backward()
-    diff = max(float((p.grad.full_tensor() - q.grad).abs().max()) for p, q in zip(model.parameters(), plain.parameters()))
+    diff = max(float((p.grad.full_tensor() - q.grad).abs().max()) for p, q in zip(model.parameters(),
+                                                                                  plain.parameters()))
     if rank == 0:
         (out / "fsdp_tied.json").write_text(json.dumps({"max_grad_diff": diff}))
 
@@ -200,7 +201,8 @@ def main() -> None:
     run("lora_full", "lora", 4, *([f"--final.export_dir={out / 'fsdp_lora_hf'}"] if strategy == "fsdp" else []))
     if strategy == "fsdp":  # a sharded LoRA checkpoint resumes too (single-file ones: tests/test_lora.py)
         run("lora_half", "lora", 2)
-        run("lora_resumed", "lora", 4, ckpt=str(out / strategy / "lora_half/lightning_logs/version_0/checkpoints/last.ckpt"))
+        run("lora_resumed", "lora", 4,
+            ckpt=str(out / strategy / "lora_half/lightning_logs/version_0/checkpoints/last.ckpt"))
     if strategy == "fsdp":
         run("skewed", "all", 2, "--model.branch_sampler=worker.RankSkewedBranch", record_plans=True)
     if strategy == "fsdp":  # the default position mode on a head FSDP2 shards: the fallback it warns about

@@ -52,7 +52,8 @@ def test_what_each_loss_declares(loss, margin_only, needs_reference):
 def test_a_margin_only_loss_ignores_what_both_branches_share():
     """Adding the same amount to both branches' sums (a shared prefix's log-probs) changes nothing."""
     s = sums()
-    shifted = BranchSums(s.policy + torch.tensor([[3.0], [-1.0], [2.0], [0.5]], dtype=torch.float64), s.reference, s.lengths)
+    shifted = BranchSums(s.policy + torch.tensor([[3.0], [-1.0], [2.0], [0.5]], dtype=torch.float64), s.reference,
+                         s.lengths)
     for loss in (SigmoidLoss(0.1), RobustLoss(), ExoPairLoss(), DiscoPopLoss(), IPOLoss()):
         torch.testing.assert_close(loss.per_pair(shifted, BETA), loss.per_pair(s, BETA))
     assert not torch.allclose(NcaPairLoss().per_pair(shifted, BETA), NcaPairLoss().per_pair(s, BETA))
@@ -162,7 +163,8 @@ def test_a_users_margin_loss_runs_unchanged_through_estimate():
     at = lambda x, grp: x[grp.pair[grp.scored_row], grp.branch[grp.scored_row], grp.scored_t]  # noqa: E731
     results = []
     for loss in (MyDPO(), SigmoidLoss()):
-        est = estimate(plan, [at(policy, grp) for grp in plan.groups], [at(reference, grp) for grp in plan.groups], loss, BETA)
+        est = estimate(plan, [at(policy, grp) for grp in plan.groups], [at(reference, grp) for grp in plan.groups],
+                       loss, BETA)
         results.append((est.objective.detach(), torch.autograd.grad(est.objective, policy)[0]))
     torch.testing.assert_close(results[0], results[1])
     assert results[0][1].abs().sum() > 0

@@ -58,7 +58,8 @@ def trl_dpo(loss_type: str, logps, ref_logps, completion_mask, beta=BETA, label_
         return qw * (log_qw - log_pw) + ql * (log_ql - log_pl)
     if loss_type == "nca_pair":  # 1420-1426
         chosen_rewards, rejected_rewards = beta * chosen_logratios, beta * rejected_logratios
-        return -F.logsigmoid(chosen_rewards) - 0.5 * F.logsigmoid(-chosen_rewards) - 0.5 * F.logsigmoid(-rejected_rewards)
+        return (-F.logsigmoid(chosen_rewards) - 0.5 * F.logsigmoid(-chosen_rewards) - 0.5
+                * F.logsigmoid(-rejected_rewards))
     if loss_type == "robust":  # 1429-1431
         clean_loss_term = -(1 - label_smoothing) * F.logsigmoid(beta * delta_score)
         flipped_loss_term = -label_smoothing * F.logsigmoid(-beta * delta_score)
@@ -71,7 +72,8 @@ def trl_dpo(loss_type: str, logps, ref_logps, completion_mask, beta=BETA, label_
     if loss_type == "apo_zero":  # 1470-1473
         return 1 - torch.sigmoid(beta * chosen_logratios) + torch.sigmoid(beta * rejected_logratios)
     if loss_type == "apo_down":  # 1478-1481
-        return torch.sigmoid(beta * chosen_logratios) + 1 - torch.sigmoid(beta * (chosen_logratios - rejected_logratios))
+        return (torch.sigmoid(beta * chosen_logratios) + 1
+                - torch.sigmoid(beta * (chosen_logratios - rejected_logratios)))
     if loss_type == "discopop":  # 1485-1493
         logits = delta_score * beta
         log_ratio_modulation = torch.sigmoid(logits / tau)
@@ -107,7 +109,8 @@ def trl_odds_ratio(logps, ref_logps, completion_mask, beta=BETA):
 
     avg = logps.sum(1) / completion_mask.sum(1)
     policy_chosen_logps, policy_rejected_logps = avg.chunk(2)
-    log_odds = (policy_chosen_logps - policy_rejected_logps) - (log1mexp(policy_chosen_logps) - log1mexp(policy_rejected_logps))
+    log_odds = (policy_chosen_logps - policy_rejected_logps) - (log1mexp(policy_chosen_logps)
+                                                                - log1mexp(policy_rejected_logps))
     return -(beta * F.logsigmoid(log_odds))
 
 

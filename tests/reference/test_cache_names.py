@@ -73,7 +73,8 @@ def test_two_models_get_two_files_and_the_same_settings_reuse_theirs(tmp_path, b
     stamp = os.stat(a.cache_path).st_mtime_ns
     again = prepare(template, llama(0))  # the first model's settings come back: its file, not rebuilt
     assert len(builds) == 2 and again.builds == 0 and again.cache_path == a.cache_path
-    assert os.stat(a.cache_path).st_mtime_ns == stamp and "found, with this run's fingerprint: reusing it" in caplog.text
+    assert (os.stat(a.cache_path).st_mtime_ns == stamp and "found, with this run's fingerprint: reusing "
+                                                           "it" in caplog.text)
     other_data = prepare(template, first, synthetic(max_response_length=20))
     other_precision = prepare(template, first, precision="bf16-mixed")
     assert len({a.cache_path, b.cache_path, other_data.cache_path, other_precision.cache_path}) == 4

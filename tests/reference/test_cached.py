@@ -159,7 +159,8 @@ def test_prepare_reuses_refuses_stale_and_recomputes(tmp_path, tiny_source, buil
     assert len(builds) == 1 and again.store.num_rows == 48 and again.builds == 0
 
     with pytest.raises(ValueError, match=r"stale.*data\.max_response_length \(cache: 32, now: 20\)") as err:
-        CachedReference(path).prepare(policy, synthetic(max_response_length=20), ReferenceRuntime(root_dir=str(tmp_path)))
+        CachedReference(path).prepare(policy, synthetic(max_response_length=20),
+                                      ReferenceRuntime(root_dir=str(tmp_path)))
     assert "reference.weights" not in str(err.value)  # only what differs is listed
     other_seed = FromConfig(model_type="llama", config=TINY_LLAMA, seed=1).build()
     with pytest.raises(ValueError, match=r"stale.*reference\.weights") as err:
@@ -212,7 +213,8 @@ def built(tmp_path, tiny_source):
     path = tmp_path / "ref.safetensors"
     policy = tiny_source.build()
     CachedReference(str(path)).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
-    return path, lambda: CachedReference(str(path)).prepare(policy, synthetic(), ReferenceRuntime(root_dir=str(tmp_path)))
+    return path, lambda: CachedReference(str(path)).prepare(policy, synthetic(),
+                                                            ReferenceRuntime(root_dir=str(tmp_path)))
 
 
 def test_nonfinite_cache_is_refused(built):

@@ -135,7 +135,8 @@ def test_the_checksum_covers_the_log_sum_exps(built):
     lse = ReferenceLogpStore.load(path).lse.clone()
     lse[3] += 0.5
     rewrite(path, keep_checksum=True, lse=lse)
-    with pytest.raises(ValueError, match=rf"reference cache {re.escape(str(path))}: its tensors do not match the checksum"):
+    with pytest.raises(ValueError,
+                       match=rf"reference cache {re.escape(str(path))}: its tensors do not match the checksum"):
         prepare()
 
 

@@ -69,7 +69,8 @@ def test_dpo_with_no_reference_uses_the_policy_log_probs_alone(tiny_source, smal
 
 
 def test_orpo_overlay_trains_through_the_cli_without_a_reference(tmp_path):
-    cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config", str(REPO / "configs/losses/orpo.yaml"),
+    cli = build_cli(["fit", "--config", str(REPO / "configs/quickstart.yaml"), "--config",
+                     str(REPO / "configs/losses/orpo.yaml"),
                      f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
                      "--trainer.val_check_interval=2", "--trainer.enable_progress_bar=false",
                      "--trainer.enable_model_summary=false", "--data.init_args.max_rows=64"])

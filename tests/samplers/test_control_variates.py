@@ -135,7 +135,8 @@ def test_a_wrapper_keeps_the_wrapped_samplers_draws_and_probabilities():
     assert type(ExactTargetLogits().positions) is CoupledStratifiedPositions
     assert ExactTargetLogits().positions.rate == 0.25
     assert not ExactTargetLogits.uses_reference_lse and ReferenceLogSumExp.uses_reference_lse
-    assert repr(ExactTargetLogits()) == "ExactTargetLogits(positions=CoupledStratifiedPositions(rate=0.25, min_count=1))"
+    assert (repr(ExactTargetLogits()) == "ExactTargetLogits(positions=CoupledStratifiedPositions(rate=0.25, "
+                                         "min_count=1))")
 
 
 def test_bad_wrapped_samplers_are_refused_naming_the_argument():
@@ -401,7 +402,8 @@ def test_with_fallback_such_a_head_gets_the_wrapped_sampler_with_a_warning():
     wrapped = CoupledStratifiedPositions(0.5)
     module = PrunedDPO(policy=Built(_shifted_model()), position_sampler=ExactTargetLogits(wrapped, fallback=True),
                        layout=PaddedLayout())
-    warning = r"Shifted: its LM head is the model's own forward tail.*fallback=True.*CoupledStratifiedPositions\(rate=0.5"
+    warning = (r"Shifted: its LM head is the model's own forward "
+               r"tail.*fallback=True.*CoupledStratifiedPositions\(rate=0.5")
     with pytest.warns(UserWarning, match=warning):
         module.setup("fit")
     assert module.position_sampler is wrapped

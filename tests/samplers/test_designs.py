@@ -32,7 +32,8 @@ from lit_prunedpo.testing import (
 # --- every response keeps at least min_count scored positions -------------------------------------------------
 
 
-@pytest.mark.parametrize("sampler", [StratifiedPositions(0.1, min_count=3), CoupledStratifiedPositions(0.25, min_count=4)],
+@pytest.mark.parametrize("sampler", [StratifiedPositions(0.1, min_count=3),
+                                     CoupledStratifiedPositions(0.25, min_count=4)],
                          ids=lambda s: f"{type(s).__name__}({s.rate}, {s.min_count})")
 def test_min_count_keeps_exact_inclusion_probabilities(sampler):
     report = check_position_sampler(sampler, lengths=(1, 2, 3, 5, 8, 11), num_draws=4000)
@@ -50,11 +51,13 @@ def test_min_count_scores_that_many_positions_in_every_draw(L):
 
 def test_min_count_one_is_the_shipped_stratified_sampler():
     kept = torch.tensor([1, 3, 7, 40])
-    torch.testing.assert_close(StratifiedPositions(0.25, min_count=1).inclusion(kept, 41), StratifiedPositions(0.25).inclusion(kept, 41))
+    torch.testing.assert_close(StratifiedPositions(0.25, min_count=1).inclusion(kept, 41),
+                               StratifiedPositions(0.25).inclusion(kept, 41))
 
 
 def test_min_count_through_the_planner():
-    check_unbiased(position=CoupledStratifiedPositions(0.2, min_count=3), lengths=torch.tensor([[5, 3], [1, 8], [12, 12]]), num_draws=2000)
+    check_unbiased(position=CoupledStratifiedPositions(0.2, min_count=3),
+                   lengths=torch.tensor([[5, 3], [1, 8], [12, 12]]), num_draws=2000)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
@@ -86,15 +89,18 @@ def test_differing_share_by_hand():
         (base, [9, 9, 9, 9, 9, 9, 9, 9]),          # unrelated: 1
         ([1, 2, 1], [1, 2, 1, 2, 1]),              # a prefix that is also a suffix: not counted twice
     )
-    torch.testing.assert_close(differing_share(ids, mask), torch.tensor([0, 1 / 8, 1 / 9, 4 / 8, 1, 2 / 5], dtype=torch.float64))
+    torch.testing.assert_close(differing_share(ids, mask), torch.tensor([0, 1 / 8, 1 / 9, 4 / 8, 1, 2 / 5],
+                                                                        dtype=torch.float64))
 
 
 def test_divergent_branch_prunes_only_diverging_pairs():
     base = [1, 2, 3, 4, 5, 6, 7, 8]
-    ids, mask = _responses((base, [1, 2, 3, 9, 5, 6, 7, 8]), (base, [8, 7, 6, 5, 4, 3, 2, 1]), (base, [1, 2, 3, 4, 9, 9, 9, 9]))
+    ids, mask = _responses((base, [1, 2, 3, 9, 5, 6, 7, 8]), (base, [8, 7, 6, 5, 4, 3, 2, 1]),
+                           (base, [1, 2, 3, 4, 9, 9, 9, 9]))
     bound = DivergentBranch(min_difference=0.5, prune_probability=0.8).for_batch(ids, mask)
     assert isinstance(bound, PerPairBranch)
-    torch.testing.assert_close(bound.probabilities(3), torch.tensor([[1.0, 1.0], [0.6, 0.6], [0.6, 0.6]], dtype=torch.float64))
+    torch.testing.assert_close(bound.probabilities(3), torch.tensor([[1.0, 1.0], [0.6, 0.6], [0.6, 0.6]],
+                                                                    dtype=torch.float64))
     masks = torch.stack([bound.draw(3, torch.Generator().manual_seed(s)) for s in range(200)])
     assert bool(masks[:, 0].all()), "a near-duplicate pair must keep both branches"
     assert bool(masks.any(-1).all()), "every pair back-propagates at least one branch"
@@ -112,7 +118,8 @@ def test_divergent_branch_through_the_planner():
     bound = DivergentBranch(0.5, prune_probability=0.7).for_batch(batch.response_ids, batch.response_mask)
     assert bound.prune.tolist() == [0.7, 0.7, 0.7]
     check_unbiased(branch=bound, lengths=lengths, num_draws=2000)
-    check_unbiased(position=StratifiedPositions(0.5), branch=PerPairBranch([0.0, 1.0, 0.5]), lengths=lengths, num_draws=2000)
+    check_unbiased(position=StratifiedPositions(0.5), branch=PerPairBranch([0.0, 1.0, 0.5]), lengths=lengths,
+                   num_draws=2000)
 
 
 def test_the_planner_binds_a_divergent_branch_to_its_batch():
@@ -165,7 +172,8 @@ def test_coefficient_bias_by_hand():
 
 def test_coefficient_bias_is_zero_without_position_pruning():
     g = torch.Generator().manual_seed(0)
-    result = coefficient_bias(AllPositions(), torch.randn(2, 4, generator=g), torch.randn(2, 4, 3, generator=g), SigmoidLoss(), 0.1)
+    result = coefficient_bias(AllPositions(), torch.randn(2, 4, generator=g), torch.randn(2, 4, 3, generator=g),
+                              SigmoidLoss(), 0.1)
     assert result.bias_norm < 1e-12 and result.variance < 1e-20 and result.exact_norm > 0
 
 

@@ -18,7 +18,8 @@ from lit_prunedpo.study.calibrate import (
 )
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
 
 
 def test_the_cost_matched_batch_is_the_nearest_cost():
@@ -40,7 +41,8 @@ def test_the_vanilla_cost_line_and_the_flop_cross_check():
     assert fit_line({8: 0.4}) == pytest.approx((0.0, 0.05))  # one size: through the origin
     with pytest.raises(ValueError, match="at least one"):
         fit_line({})
-    assert vanilla_probe_sizes(16) == [16, 8, 4, 1] and vanilla_probe_sizes(2) == [2, 1] and vanilla_probe_sizes(1) == [1]
+    assert (vanilla_probe_sizes(16) == [16, 8, 4, 1] and vanilla_probe_sizes(2) == [2, 1]
+            and vanilla_probe_sizes(1) == [1])
     assert flop_matched_batch(16, 3.2) == 5 and flop_matched_batch(16, 0.5) == 16 and flop_matched_batch(16, 100.0) == 1
 
 

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow  # regime maps of tiny trainings: `pytest -m slow`
 
 SPEC = {"modes": ["position-coupled"], "blocks": [
     {"task": "generated", "length": 8, "head_share": 0.25, "similarity": "near-duplicate", "batch_size": 4}]}
-ARGS = ["--quick", "--budget", "0.2", "--steps", "2", "--evals", "2", "--seeds", "0,1", "--no-sweep", "--noise-pairs", "4",
+ARGS = ["--quick", "--budget", "0.2", "--steps", "2", "--evals", "2", "--seeds", "0,1", "--no-sweep", "--noise-pairs",
+        "4",
         "--noise-draws", "2", "--calibration-steps", "1", "--max-eval-pairs", "8", "--bootstrap", "100", "--quiet"]
 
 
@@ -47,7 +48,8 @@ def test_map_outputs(finished):
     _, out = finished
     payload = json.loads((out / "map.json").read_text())
     (row,) = payload["rows"]
-    assert (row["name"], row["mode"], row["length"], row["batch_size"]) == ("near-duplicate-L8-head0.25-B4", "position-coupled", 8, 4)
+    assert (row["name"], row["mode"], row["length"], row["batch_size"]) == ("near-duplicate-L8-head0.25-B4",
+                                                                            "position-coupled", 8, 4)
     assert row["loss_verdict"] in ("WIN", "TIE", "LOSS") and row["loss_reference"].startswith("vanilla@")
     assert row["head_share"] == pytest.approx(0.25, abs=0.02)
     assert row["k"] > 0 and 1 <= row["cost_matched_batch"] <= 4
@@ -56,7 +58,8 @@ def test_map_outputs(finished):
     assert row["prediction"] == ("prune better" if row["within"] < row["variance_budget"] else "vanilla better")
     assert payload["plan"]["budget_s"] == 0.2 and payload["unfinished"] == []
     md = (out / "map.md").read_text()
-    assert f"| {row['name']} | position-coupled |" in md and f"predicted {row['prediction']}; measured {row['loss_verdict']}" in md
+    assert (f"| {row['name']} | position-coupled |" in md and f"predicted {row['prediction']}; measured "
+                                                              f"{row['loss_verdict']}" in md)
     kinds = [json.loads(line)["kind"] for line in (out / "progress.jsonl").read_text().splitlines()]
     assert kinds[:2] == ["study", "plan"] and "noise" in kinds and kinds[-1] == "cell"
     cell = out / "cells" / row["name"]
@@ -64,11 +67,13 @@ def test_map_outputs(finished):
     # auto: the callback's calibration on the cell, and its time against same-batch vanilla
     (auto,) = payload["auto_rows"]
     decision = json.loads((cell / "auto.json").read_text())
-    assert auto["name"] == row["name"] and auto["calibrated_choice"] == decision["choice"] in ("vanilla", "position-coupled")
+    assert (auto["name"] == row["name"]
+            and auto["calibrated_choice"] == decision["choice"] in ("vanilla", "position-coupled"))
     assert [a["mode"] for a in decision["arms"]] == ["vanilla", "position-coupled"] and decision["batch_size"] == 4
     assert auto["forced_calibration_s"] == decision["calibration_cpu_s"] > 0
     # a 0.2-CPU-s run is far too short to repay a calibration: auto trains vanilla, exactly vanilla's times
-    assert (auto["choice"], auto["calibrated"], auto["calibration_s"], auto["loss_ratio"], auto["met"]) == ("vanilla", False, 0.0, 1.0, True)
+    assert (auto["choice"], auto["calibrated"], auto["calibration_s"], auto["loss_ratio"],
+            auto["met"]) == ("vanilla", False, 0.0, 1.0, True)
     assert "## auto" in md and f"| {row['name']} | vanilla (skipped, {auto['run_steps']} steps) |" in md
     assert (out / "map.png").stat().st_size > 0
     assert json.loads((cell / "study.json").read_text())["task"]["length"] == 8
@@ -90,7 +95,8 @@ def test_resume_reuses_finished_cells(finished):
     # the one it took when it ran
     kinds = [json.loads(line)["kind"] for line in (out / "progress.jsonl").read_text().splitlines()]
     second = len(kinds) - 1 - kinds[::-1].index("study")
-    assert kinds.count("study") == 2 and "noise" in kinds[:second] and "noise" not in kinds[second:] and kinds[-1] == "cell"
+    assert (kinds.count("study") == 2 and "noise" in kinds[:second] and "noise" not in kinds[second:]
+            and kinds[-1] == "cell")
     last = json.loads((out / "progress.jsonl").read_text().splitlines()[-1])
     assert last["cpu_s"] == first_cpu_s
 
@@ -120,7 +126,8 @@ def test_resume_with_other_settings_is_refused(finished, tmp_path, capsys):
     assert _error(capsys) == (
         f"error: --resume: 1 finished cell(s) under {out} ran with other settings than this run's: --seeds 0,1 -> 0,2; "
         f"--steps 2 -> 3; --noise-draws 2 -> 3 (cells {CELL}); reusing them would report their results under settings "
-        "they did not run with. Resume with the first run's settings, or choose another --out to run the map afresh with these")
+        "they did not run with. Resume with the first run's settings, or choose another --out to run the map afresh "
+        "with these")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing written
     # the memory budget of a cell (from the spec) is one of its settings too
     mem = tmp_path / "mem.json"
@@ -137,7 +144,8 @@ def test_resume_ignores_settings_that_change_no_result_and_keeps_the_budget(fini
     rows = json.loads((out / "map.json").read_text())["rows"]
     args = [a for a in ARGS if a != "--quiet"]
     del args[args.index("--budget"):args.index("--budget") + 2]
-    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "1", "--lr-factors", "1,3", "--limit-minutes",
+    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "1", "--lr-factors", "1,3",
+                 "--limit-minutes",
                  "4", *args]) == 0
     assert "resume: budget 0.2 CPU-s per run, the first run's" in capsys.readouterr().err
     payload = json.loads((out / "map.json").read_text())
@@ -148,8 +156,8 @@ def test_a_folder_with_an_earlier_map_needs_resume(finished, capsys):
     spec, out = finished
     journal = (out / "progress.jsonl").read_bytes()
     assert main(["--spec", str(spec), "--out", str(out), "--jobs", "1", *ARGS]) == 2
-    assert _error(capsys) == (f"error: --out {out} holds an earlier map (progress.jsonl, map.json, map.md, map.png, cells): "
-                              "pass --resume to go on with it (with its settings), or choose another --out")
+    assert _error(capsys) == (f"error: --out {out} holds an earlier map (progress.jsonl, map.json, map.md, map.png, "
+                              "cells): pass --resume to go on with it (with its settings), or choose another --out")
     assert (out / "progress.jsonl").read_bytes() == journal
 
 
@@ -165,7 +173,8 @@ with folder_lock(Path(sys.argv[1]), sys.argv[2]):
 
 def hold_lock(folder, what):
     """A second process holding ``folder``'s lock (as a running study or map does) until its stdin closes."""
-    child = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), what], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), what], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE,
                              text=True)
     assert child.stdout.readline().strip() == "locked"
     return child
@@ -179,8 +188,8 @@ def test_a_map_folder_in_use_by_another_process_is_refused(tmp_path, capsys):
     try:
         assert main(["--spec", str(spec), "--out", str(out), *ARGS]) == 2
         assert _error(capsys) == (f"error: --out {out} is in use by another running map (process {child.pid} on host "
-                                  f"{socket.gethostname()}; lock file {out / '.lock'}): wait for it to finish, or choose "
-                                  "another --out")
+                                  f"{socket.gethostname()}; lock file {out / '.lock'}): wait for it to finish, or "
+                                  "choose another --out")
         assert not (out / "progress.jsonl").exists()
     finally:
         child.send_signal(signal.SIGKILL)  # killed, not closed: the kernel drops its lock
@@ -206,7 +215,8 @@ def test_a_corrupt_record_is_named_and_a_stopped_cell_runs_again(finished, tmp_p
     (cell / "study.json").unlink()
     with (out / "progress.jsonl").open("a") as f:
         f.write('{"kind": "cell", "cel')
-    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs", "1", *[a for a in ARGS if a != "--quiet"]]) == 0
+    assert main(["--spec", str(spec), "--out", str(out), "--resume", "--jobs",
+                 "1", *[a for a in ARGS if a != "--quiet"]]) == 0
     assert "resume: dropped the cut-off last line of" in capsys.readouterr().err
     assert all(json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines())
     study = json.loads((cell / "study.json").read_text())
@@ -240,8 +250,8 @@ def test_a_full_disk_stops_the_map_naming_the_file(tmp_path, capsys, monkeypatch
     assert main(["--spec", str(spec), "--out", str(out), "--jobs", "1", *ARGS]) == 1
     first = out / "cells" / CELL / "noise.json"  # with --jobs 1 the cells run in the spec's order
     assert _error(capsys) == (f"error: cannot write {first}: disk full (ENOSPC: No space left on device); the map "
-                              "stopped: the finished cells are kept, rerun the same command with --resume once the file "
-                              "can be written")
+                              "stopped: the finished cells are kept, rerun the same command with --resume once the "
+                              "file can be written")
     records = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in records] == ["study", "plan", "cell_failed"] and records[-1]["cell"] == CELL
     assert not (out / "cells" / "near-duplicate-L12-head0.25-B4").exists()

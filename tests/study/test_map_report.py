@@ -12,13 +12,16 @@ from lit_prunedpo.study.report_markdown import memory_markdown
 
 
 def _ratio(reference: str) -> dict:
-    return {"verdict": "WIN", "value": 0.6, "low": 0.5, "high": 0.8, "interval_text": "0.60x [0.50x-0.80x]", "reference": reference}
+    return {"verdict": "WIN", "value": 0.6, "low": 0.5, "high": 0.8, "interval_text": "0.60x [0.50x-0.80x]",
+            "reference": reference}
 
 
-def _arm(name: str, mode: str, micro: int = 1, fit: str = "as is", memory_fitted: bool = False, refs: list | None = None) -> dict:
+def _arm(name: str, mode: str, micro: int = 1, fit: str = "as is", memory_fitted: bool = False,
+         refs: list | None = None) -> dict:
     return {"arm": name, "mode": mode, "batch_size": 8, "matched": False, "cost_matched": "cost-matched" in name,
             "memory_fitted": memory_fitted, "fit": fit, "micro_batches": micro, "references": refs or ["vanilla@8"],
-            "loss_time_ratio": _ratio((refs or ["vanilla@8"])[-1]), "accuracy_time_ratio": _ratio((refs or ["vanilla@8"])[-1])}
+            "loss_time_ratio": _ratio((refs or ["vanilla@8"])[-1]),
+            "accuracy_time_ratio": _ratio((refs or ["vanilla@8"])[-1])}
 
 
 def _study(vanilla_micro: int, vanilla_fit: str) -> dict:
@@ -31,7 +34,8 @@ def _study(vanilla_micro: int, vanilla_fit: str) -> dict:
                              _arm("vanilla@3 (cost-matched)", "vanilla"),
                              _arm(fitted, "vanilla", vanilla_micro, vanilla_fit, True)]},
         "memory": {"budget_mb": 100.0, "vanilla_fit": vanilla_fit,
-                   "peaks": {"vanilla@8": 134.0, "position-coupled@8": 61.0, "vanilla@3 (cost-matched)": 66.6, fitted: 90.0}},
+                   "peaks": {"vanilla@8": 134.0, "position-coupled@8": 61.0, "vanilla@3 (cost-matched)": 66.6,
+                             fitted: 90.0}},
     }
 
 
@@ -47,9 +51,10 @@ def test_rows_carry_the_budget_the_peaks_and_the_fits():
     assert row["gpu"] == GPU_NOTE  # the memory-fitted reference accumulates
     (row,) = cell_rows(CELL, _study(1, "chunked scorer"), NOISE, 0.97, ["position-coupled"])
     assert row["gpu"] is None and row["vanilla_fit"] == "chunked scorer"
-    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
-    assert ("| 100 MB (position-coupled@8 61, vanilla@3 (cost-matched) 67, vanilla@8 [chunked scorer] (memory-fitted) 90) | "
-            "vanilla: chunked scorer; position-coupled: as is | no |") in md
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0},
+                      "rows": [row]})
+    assert ("| 100 MB (position-coupled@8 61, vanilla@3 (cost-matched) 67, vanilla@8 [chunked scorer] (memory-fitted) "
+            "90) | vanilla: chunked scorer; position-coupled: as is | no |") in md
 
 
 def test_rows_without_a_budget_say_none():
@@ -57,36 +62,42 @@ def test_rows_without_a_budget_say_none():
     del study["memory"]
     (row,) = cell_rows({"name": "x"}, study, NOISE, 0.97, ["position-coupled"])
     assert row["memory_budget_mb"] is None and row["gpu"] is None
-    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0},
+                      "rows": [row]})
     assert "| none | - | - |" in md
 
 
 def test_a_budget_over_every_peak_is_said_to_bind_nothing():
-    # 1e12 MiB: nothing is over it, so the cell ran as without a budget; the row, map.md and the study's own report say so
+    # 1e12 MiB: nothing is over it, so the cell ran as without a budget; the row, map.md and the study's own report say
+    # so
     study = _study(1, "as is")
     study["memory"]["budget_mb"] = 1e12
     (row,) = cell_rows({**CELL, "name": "c-mem1e+12MB"}, study, NOISE, 0.97, ["position-coupled"])
     assert row["memory_binds"] is False and row["largest_peak_mb"] == 134.0
-    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0},
+                      "rows": [row]})
     assert "| 1e+12 MB (position-coupled@8 61, vanilla@3 (cost-matched) 67, " in md and ", **binds nothing**) |" in md
-    assert ("Memory budgets that bind nothing (every arm's measured peak is under the budget, so these cells ran as without "
-            "it and the memory axis decides nothing there): c-mem1e+12MB (1e+12 MB; largest peak 134.0 MB).") in md
+    assert ("Memory budgets that bind nothing (every arm's measured peak is under the budget, so these cells ran as "
+            "without it and the memory axis decides nothing there): c-mem1e+12MB (1e+12 MB; largest peak 134.0 "
+            "MB).") in md
     record = {**study["memory"], "measure": "peak RSS", "tables": {}, "references": ["vanilla@8"], "over": [],
               "gpu_needed": False, "gpu_note": GPU_NOTE}
-    assert ("- **The memory budget of 1e+12 MB binds nothing: no arm's peak step memory is over it (the largest: vanilla@8, "
-            "134.0 MB), so every arm ran as it would without it and the verdicts say nothing about training under a "
-            "memory limit**.") in memory_markdown(record, "cpu")
+    assert ("- **The memory budget of 1e+12 MB binds nothing: no arm's peak step memory is over it (the largest: "
+            "vanilla@8, 134.0 MB), so every arm ran as it would without it and the verdicts say nothing about training "
+            "under a memory limit**.") in memory_markdown(record, "cpu")
     # a budget that binds says nothing of the kind
     (row,) = cell_rows(CELL, _study(1, "chunked scorer"), NOISE, 0.97, ["position-coupled"])
     assert row["memory_binds"] is True
-    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0}, "rows": [row]})
+    md = to_markdown({"command": "c", "study_args": "a", "plan": {"total_min": 1.0, "jobs": 1, "cpu_s": 60.0},
+                      "rows": [row]})
     assert "binds nothing" not in md and "bind nothing" not in md
 
 
 def _timed_study() -> dict:
     """Same-batch vanilla and position-coupled with per-seed times to the loss target (None: not reached)."""
     arm = lambda name, mode, times, batch=8, cost=False: {  # noqa: E731
-        "arm": name, "mode": mode, "batch_size": batch, "matched": False, "cost_matched": cost, "loss_seed_times": times,
+        "arm": name, "mode": mode, "batch_size": batch, "matched": False, "cost_matched": cost,
+        "loss_seed_times": times,
         "steps_in_budget": 100.0}
     return {"task": {"batch_size": 8}, "budget_s": 10.0, "clock": "cpu",
             "summary": {"resamples": 200, "confidence": 0.95, "bootstrap_seed": 0, "arms": [
@@ -105,7 +116,8 @@ def test_auto_row_skips_the_calibration_in_a_run_too_short_to_repay_it():
     assert row["calibration_s"] == 0.0 and row["forced_calibration_s"] == 0.4 and row["run_steps"] == 100
     assert row["loss_ratio"] == 1.0 and row["met"] and "calibration skipped" in row["reason"]
     # a long enough run calibrates: 21 <= 0.25 x 100
-    assert auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "position-coupled", "calibration_cpu_s": 0.4}, 0.25)["calibrated"]
+    assert auto_row({"name": "c"}, _timed_study(), {**CAL, "choice": "position-coupled", "calibration_cpu_s": 0.4},
+                    0.25)["calibrated"]
 
 
 def test_auto_row_adds_the_calibration_to_the_chosen_arm():

@@ -43,7 +43,8 @@ def test_a_block_is_a_factorial_product():
     ({"modes": ["nope"], "blocks": [CELL]}, r"modes: unknown or empty \['nope'\]"),
     ({"modes": ["vanilla"], "blocks": [CELL]}, r"modes: unknown or empty \['vanilla'\]"),
     ({"modes": [], "blocks": [CELL]}, "modes: unknown or empty"),
-    ({"modes": ["branch"], "blocks": [{**CELL, "length": 0}]}, "block 1, cell .*: length must be an integer >= 2, got 0"),
+    ({"modes": ["branch"], "blocks": [{**CELL, "length": 0}]},
+     "block 1, cell .*: length must be an integer >= 2, got 0"),
     ({"modes": ["branch"], "blocks": [{**CELL, "length": "64"}]}, "length must be an integer >= 2, got '64'"),
     ({"modes": ["branch"], "blocks": [{**CELL, "length": 2.5}]}, "length must be an integer >= 2, got 2.5"),
     ({"modes": ["branch"], "blocks": [{**CELL, "length": 5000}]}, r"length must be an integer in \[2, 1024\]"),
@@ -56,11 +57,15 @@ def test_a_block_is_a_factorial_product():
     ({"modes": ["branch"], "blocks": [{**CELL, "head_share": "a lot"}]}, "head_share must be a number"),
     ({"modes": ["branch"], "blocks": [{**CELL, "similarity": "same"}]}, "similarity must be one of"),
     ({"modes": ["branch"], "blocks": [{**CELL, "colour": 1}]}, r"unknown \['colour'\]"),
-    ({"modes": ["branch"], "blocks": [{k: v for k, v in CELL.items() if k != "similarity"}]}, r"missing \['similarity'\]"),
-    ({"modes": ["branch"], "blocks": [{**CELL, "task": "imagenet"}]}, "block 1: task must be one of generated, hh-rlhf"),
+    ({"modes": ["branch"], "blocks": [{k: v for k, v in CELL.items() if k != "similarity"}]},
+     r"missing \['similarity'\]"),
+    ({"modes": ["branch"], "blocks": [{**CELL, "task": "imagenet"}]},
+     "block 1: task must be one of generated, hh-rlhf"),
     ({"modes": ["branch"], "blocks": [{"task": "hh-rlhf", "length": 64, "batch_size": 8, "head_share": 0.1}]},
-     r"a hh-rlhf block has the fields task, length, batch_size \(optional: memory_budget_mb\); unknown \['head_share'\]"),
-    ({"modes": ["branch"], "blocks": [CELL, {**CELL}]}, "block 2: cell near-duplicate-L16-head0.25-B8 is already in block 1"),
+     r"a hh-rlhf block has the fields task, length, batch_size \(optional: memory_budget_mb\); unknown "
+     r"\['head_share'\]"),
+    ({"modes": ["branch"], "blocks": [CELL, {**CELL}]},
+     "block 2: cell near-duplicate-L16-head0.25-B8 is already in block 1"),
     ({"modes": ["branch"], "blocks": []}, "blocks must be a non-empty list"),
     ({"modes": ["branch"], "blocks": [CELL], "budget": 3}, r"unknown keys \['budget'\]"),
     ({"modes": ["branch"], "blocks": [{**CELL, "length": []}]}, "length has no value"),
@@ -76,11 +81,12 @@ def test_the_memory_budget_is_an_axis():
         (None, "near-duplicate-L16-head0.25-B8"), (50.0, "near-duplicate-L16-head0.25-B8-mem50MB"),
         (12.5, "near-duplicate-L16-head0.25-B8-mem12.5MB")]
     assert spec.cells[1].settings()["memory_budget_mb"] == 50.0
-    (hh,) = parse_spec({"modes": "branch", "blocks": [{"task": "hh-rlhf", "length": 64, "batch_size": 8, "memory_budget_mb": 300}]}).cells
+    (hh,) = parse_spec({"modes": "branch", "blocks": [{"task": "hh-rlhf", "length": 64, "batch_size": 8,
+                                                       "memory_budget_mb": 300}]}).cells
     assert hh.memory_budget_mb == 300.0 and hh.name == "hh-rlhf-L64-B8-mem300MB"
     for bad in (0, -5, "lots", True, float("inf")):
-        with pytest.raises(ValueError, match=r"my.yaml, block 1, cell .*: memory_budget_mb must be a number > 0 \(MiB of peak step "
-                                             r"memory\) or null, got"):
+        with pytest.raises(ValueError, match=r"my.yaml, block 1, cell .*: memory_budget_mb must be a number > 0 \(MiB "
+                                             r"of peak step memory\) or null, got"):
             parse_spec({"modes": "branch", "blocks": [{**CELL, "memory_budget_mb": bad}]}, "my.yaml")
 
 
@@ -102,7 +108,8 @@ def test_a_memory_budget_yaml_reads_as_a_string_says_how_to_write_it(tmp_path, w
 
 def test_spec_files(tmp_path):
     good = tmp_path / "map.yaml"
-    good.write_text("modes: [branch]\nblocks:\n  - {task: generated, length: 16, head_share: 0.25, similarity: unrelated, batch_size: 4}\n")
+    good.write_text("modes: [branch]\nblocks:\n  - {task: generated, length: 16, head_share: 0.25, similarity: "
+                    "unrelated, batch_size: 4}\n")
     assert [c.name for c in load_spec(good).cells] == ["unrelated-L16-head0.25-B4"]
     bad = tmp_path / "map.json"
     bad.write_text("{not json")
@@ -112,7 +119,8 @@ def test_spec_files(tmp_path):
         load_spec(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("docs/study/*/spec.yaml")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("docs/study/*/spec.yaml")),
+                         ids=lambda p: p.parent.name)
 def test_the_published_specs_load(path):
     """Every spec a results page names in its command still reads, with the cells its map.json reports."""
     spec = load_spec(path)
@@ -152,7 +160,8 @@ def test_a_budget_over_the_limit_is_refused(tmp_path, capsys):
     spec = tmp_path / "tiny.json"
     spec.write_text(json.dumps(TINY_SPEC))
     with pytest.raises(SystemExit) as exit_info:
-        main(["--spec", str(spec), "--budget", "100", "--limit-minutes", "1", "--plan-only", "--max-eval-pairs", "8", "--quiet"])
+        main(["--spec", str(spec), "--budget", "100", "--limit-minutes", "1", "--plan-only", "--max-eval-pairs", "8",
+              "--quiet"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--budget 100: the planned total" in err and "exceeds --limit-minutes 1" in err

@@ -19,7 +19,8 @@ from lit_prunedpo.testing import synthetic_batch
 
 pytestmark = pytest.mark.slow  # memory-fitted trainings: `pytest -m slow` (CI runs it)
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1,
         "vocab_size": 64}
 
 
@@ -89,7 +90,8 @@ def test_fit_candidates_cover_every_combination_once():
 def test_the_fastest_variant_that_fits_is_chosen():
     plain, chunked, ckpt = Arm("vanilla", 8), Arm("vanilla", 8, chunked=True), Arm("vanilla", 8, checkpointing=True)
     acc2, chunked_acc2 = Arm("vanilla", 8, micro_batches=2), Arm("vanilla", 8, chunked=True, micro_batches=2)
-    table = {plain: (100.0, 1.0), chunked: (60.0, 1.1), ckpt: (70.0, 1.3), acc2: (55.0, 1.05), chunked_acc2: (30.0, 1.2)}
+    table = {plain: (100.0, 1.0), chunked: (60.0, 1.1), ckpt: (70.0, 1.3), acc2: (55.0, 1.05),
+             chunked_acc2: (30.0, 1.2)}
     assert choose_fit(table, 120) == plain  # fits as is
     assert choose_fit(table, 65) == acc2  # fastest under 65: accumulation (1.05) before the chunked scorer (1.1)
     assert choose_fit(table, 58) == acc2
@@ -101,7 +103,8 @@ def test_the_fastest_variant_that_fits_is_chosen():
 def test_a_budget_nothing_fits_names_the_budget_and_the_smallest_peak():
     table = {Arm("vanilla", 8): (100.0, 1.0), Arm("vanilla", 8, chunked=True, micro_batches=8): (31.25, 2.0)}
     with pytest.raises(ValueError, match=r"memory budget 20 MB: no exact way of running vanilla@8 fits; the smallest "
-                                         r"measured peak step memory is 31\.2 MB \(chunked scorer \+ accumulation x8\)"):
+                                         r"measured peak step memory is 31\.2 MB \(chunked scorer \+ accumulation "
+                                         r"x8\)"):
         choose_fit(table, 20, "vanilla@8")
     with pytest.raises(ValueError, match="no measured variant"):
         choose_fit({}, 20)
@@ -155,7 +158,8 @@ def _fake_cost(arm: Arm) -> StepCost:
     at +30 %; position pruning and smaller batches scale the whole."""
     base = {"vanilla": 134.0, "position-coupled": 61.0}[arm.mode] * arm.batch_size / 8
     logits = 0.7 * base
-    peak = ((base - logits) * (0.9 if arm.checkpointing else 1.0) + (0.0 if arm.chunked else logits)) / arm.micro_batches
+    peak = ((base - logits) * (0.9 if arm.checkpointing else 1.0)
+            + (0.0 if arm.chunked else logits)) / arm.micro_batches
     cost = 0.025 * arm.batch_size * (1.1 if arm.chunked else 1.0) * (1.3 if arm.checkpointing else 1.0)
     cost *= 1 + 0.2 * (arm.micro_batches - 1)
     return StepCost(cost, cost, 2, peak)
@@ -205,8 +209,9 @@ def test_fit_to_budget_fits_pruned_arms_drops_controls_over_it_and_flags_accumul
 
 
 def test_fit_to_budget_refusals():
-    with pytest.raises(ValueError, match=r"memory budget 1 MB: no exact way of running vanilla@8 fits; the smallest measured "
-                                         r"peak step memory is 4\.5 MB \(chunked scorer \+ checkpointing \+ accumulation x8\)"):
+    with pytest.raises(ValueError, match=r"memory budget 1 MB: no exact way of running vanilla@8 fits; the smallest "
+                                         r"measured peak step memory is 4\.5 MB \(chunked scorer \+ checkpointing \+ "
+                                         r"accumulation x8\)"):
         _fit(1.0, [])
     with pytest.raises(ValueError, match="this machine cannot measure a step's peak memory"):
         _fit(100.0, [], measured_peaks=False)

@@ -14,9 +14,11 @@ from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
 pytestmark = pytest.mark.slow  # studies of tiny trainings: `pytest -m slow` (CI runs it)
 
-HEAVY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+HEAVY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+         "num_key_value_heads": 1,
          "vocab_size": 16384}
-ARGS = ["--seeds", "0,1", "--budget", "0.1", "--steps", "2", "--evals", "1", "--calibration-steps", "1", "--bootstrap", "200",
+ARGS = ["--seeds", "0,1", "--budget", "0.1", "--steps", "2", "--evals", "1", "--calibration-steps", "1", "--bootstrap",
+        "200",
         "--no-sweep", "--no-matched", "--modes", "position-coupled", "--max-eval-pairs", "4", "--quiet"]
 
 
@@ -46,11 +48,14 @@ def test_a_binding_budget_fits_vanilla_and_judges_against_the_vanillas_that_fit(
     assert payload["summary"]["same_batch_reference"] is False
     table = mem["tables"]["vanilla@4"]
     chosen = [r for r in table if r["chosen"]]
-    assert len(chosen) == 1 and chosen[0]["fits"] and chosen[0]["cost_s"] == min(r["cost_s"] for r in table if r["fits"])
+    assert len(chosen) == 1 and chosen[0]["fits"] and chosen[0]["cost_s"] == min(r["cost_s"] for r in table
+                                                                                 if r["fits"])
     md = (out / "study.md").read_text()
     assert "Memory budget: **15 MB**" in md and f"fitted as **{mem['vanilla_fit']}**" in md
-    assert f"Peak step memory above the step's start (MB, the largest over the timed steps): vanilla@4 {mem['peaks']['vanilla@4']:.1f}" in md
-    assert mem["gpu_needed"] == any(r["micro_batches"] > 1 for r in rows.values() if r["arm"] in pruned["references"] + [pruned["arm"]]) \
+    assert ("Peak step memory above the step's start (MB, the largest over the timed steps): vanilla@4 "
+            f"{mem['peaks']['vanilla@4']:.1f}" in md)
+    assert mem["gpu_needed"] == any(r["micro_batches"] > 1 for r in rows.values()
+                                    if r["arm"] in pruned["references"] + [pruned["arm"]]) \
         or mem["gpu_needed"] == ("accumulation" in md)
 
 
@@ -67,13 +72,16 @@ def test_a_budget_nothing_fits_is_refused_naming_the_smallest_peak(task, capsys,
     with pytest.raises(SystemExit):
         main(ARGS + ["--memory-budget-mb", "10"], task=task)
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.endswith("--memory-budget-mb: memory budget 10 MB: no exact way of running vanilla@4 fits; the smallest measured "
-                        "peak step memory is 12.5 MB (chunked scorer); raise --memory-budget-mb to at least that")
+    assert err.endswith("--memory-budget-mb: memory budget 10 MB: no exact way of running vanilla@4 fits; the smallest "
+                        "measured peak step memory is 12.5 MB (chunked scorer); raise --memory-budget-mb to at least "
+                        "that")
 
 
 def test_memory_budget_arguments_are_checked(task, capsys):
-    for argv, message in ((["--memory-budget-mb", "0"], "argument --memory-budget-mb: must be a finite number > 0, got 0"),
-                          (["--memory-budget-mb", "100", "--prune-early", "0.5"], "--prune-early cannot be combined with --memory-budget-mb")):
+    for argv, message in ((["--memory-budget-mb", "0"],
+                           "argument --memory-budget-mb: must be a finite number > 0, got 0"),
+                          (["--memory-budget-mb", "100", "--prune-early", "0.5"],
+                           "--prune-early cannot be combined with --memory-budget-mb")):
         with pytest.raises(SystemExit):
             main(ARGS + argv, task=task)
         assert message in capsys.readouterr().err.strip().splitlines()[-1]

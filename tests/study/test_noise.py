@@ -23,7 +23,8 @@ from lit_prunedpo.study.noise import (
 from lit_prunedpo.study.runner import make_run
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
 
 
 def test_between_variance_by_hand():
@@ -39,7 +40,8 @@ def test_between_variance_is_unbiased_for_the_trace_of_the_covariance():
     # per-pair gradients with covariance diag(1, 4, 9): trace 14; mean of the estimate over many small batches
     g = torch.Generator().manual_seed(0)
     scale = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
-    estimates = [between_variance(torch.randn(4, 3, generator=g, dtype=torch.float64) * scale + 7.0) for _ in range(20_000)]
+    estimates = [between_variance(torch.randn(4, 3, generator=g,
+                                              dtype=torch.float64) * scale + 7.0) for _ in range(20_000)]
     mean = sum(estimates) / len(estimates)
     se = math.sqrt(sum((e - mean) ** 2 for e in estimates) / len(estimates) / len(estimates))
     assert abs(mean - 14.0) < 5 * se

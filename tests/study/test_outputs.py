@@ -26,7 +26,8 @@ from lit_prunedpo.study.outputs import (
 from lit_prunedpo.study.report import Journal
 
 TINY_CLI = ["--task", "quickstart", "--max-rows", "120", "--batch-size", "4", "--seeds", "0,1", "--budget", "0.1",
-            "--steps", "2", "--evals", "1", "--lr", "0.003", "--calibration-steps", "1", "--bootstrap", "200", "--quiet",
+            "--steps", "2", "--evals", "1", "--lr", "0.003", "--calibration-steps", "1", "--bootstrap", "200",
+            "--quiet",
             "--modes", "vanilla", "--no-sweep"]
 FULL = "disk full (ENOSPC: No space left on device)"
 
@@ -121,7 +122,8 @@ def test_a_journal_line_on_a_full_disk_is_cut_back_off(tmp_path, monkeypatch):
     _enospc_after_half(monkeypatch)
     with pytest.raises(OutputError, match=f"cannot write {tmp_path / 'progress.jsonl'}: disk full"):
         journal.append("plan", budget_s=1.0)
-    assert (tmp_path / "progress.jsonl").read_text() == '{"kind": "study", "command": "lit-prunedpo-study-map --out x"}\n'
+    assert ((tmp_path / "progress.jsonl").read_text() == '{"kind": "study", "command": "lit-prunedpo-study-map --out '
+                                                         'x"}\n')
 
 
 def test_a_cut_off_journal_line_is_dropped_on_resume_and_skipped_when_read(tmp_path):

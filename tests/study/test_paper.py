@@ -17,7 +17,8 @@ from lit_prunedpo.study.paper_report import compare, pareto, sentence, summarise
 from lit_prunedpo.study.runner import make_run, run_study
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask, family_config, with_family
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -67,13 +68,15 @@ def test_settings_rebuild_the_samplers_with_their_own_checks():
     assert with_settings(Arm("branch", 8).samplers(), (("chosen_probability", 0.25),))[2].chosen_probability == 0.25
     # the default position mode wraps its position sampler: a setting reaches the wrapped one, the wrapper is kept
     position = Arm("position", 8, settings=(("rate", 0.5),)).samplers()[1]
-    assert (type(position).__name__, type(position.positions).__name__) == ("ExactTargetLogits", "CoupledStratifiedPositions")
+    assert (type(position).__name__, type(position.positions).__name__) == ("ExactTargetLogits",
+                                                                            "CoupledStratifiedPositions")
     assert (position.positions.rate, position.fallback) == (0.5, True)
 
 
 def test_families_keep_the_sizes_and_build():
     gpt2 = family_config(QUICKSTART_MODEL, "gpt2")
-    assert (gpt2["n_embd"], gpt2["n_layer"], gpt2["n_head"], gpt2["n_inner"], gpt2["vocab_size"]) == (64, 2, 4, 128, 384)
+    assert (gpt2["n_embd"], gpt2["n_layer"], gpt2["n_head"], gpt2["n_inner"],
+            gpt2["vocab_size"]) == (64, 2, 4, 128, 384)
     model = FromConfig("gpt2", gpt2, seed=0).build()
     assert type(model).__name__ == "GPT2LMHeadModel" and model.config.eos_token_id == 383
     task = with_family(EditedTask(), "qwen2")
@@ -92,7 +95,8 @@ def tiny(tmp_path_factory):
 def test_runs_without_a_time_budget_train_their_own_step_counts(tiny):
     task, dm = tiny
     torch.set_num_threads(1)
-    arms = [Arm("vanilla", 8, schedule_steps=5), Arm("vanilla", 8, schedule_steps=2), Arm("branch", 4, schedule_steps=3)]
+    arms = [Arm("vanilla", 8, schedule_steps=5), Arm("vanilla", 8, schedule_steps=2),
+            Arm("branch", 4, schedule_steps=3)]
     runs = run_study(task, arms, [0], budget_s=None, steps=lambda arm: arm.schedule_steps, evals=2, dm=dm)
     assert [r.step for r in runs] == [5, 2, 3]
     assert [[p.step for p in r.points] for r in runs] == [[0, 2, 5], [0, 1, 2], [0, 2, 3]]
@@ -114,7 +118,8 @@ def test_bf16_mixed_runs_each_forward_under_autocast_and_keeps_float32_weights(t
     real = torch.nn.Linear.forward
     monkeypatch.setattr(torch.nn.Linear, "forward",
                         lambda self, x: seen.append(torch.is_autocast_enabled("cpu")) or real(self, x))
-    runs = {p: make_run(task, Arm("vanilla", 8, schedule_steps=2), 0, dm, precision=p) for p in ("32-true", "bf16-mixed")}
+    runs = {p: make_run(task, Arm("vanilla", 8, schedule_steps=2), 0, dm,
+                        precision=p) for p in ("32-true", "bf16-mixed")}
     batches = [next(iter(dm.val_dataloader()))]
     for precision, run in runs.items():
         run.evaluate(batches, ["steps"])  # the first forward runs the layout's conformance probe (in float32 too)
@@ -142,8 +147,10 @@ def _record(design, seed, cpu, step, peak, accuracy, loss):
 
 def test_figures_are_paired_by_seed_against_vanilla():
     vanilla = {s: _record("vanilla@8", s, 10.0, 0.10, 100.0, 0.80, 0.60) for s in range(3)}
-    branch = {0: _record("branch@8", 0, 7.0, 0.07, 90.0, 0.78, 0.62), 1: _record("branch@8", 1, 8.0, 0.08, 80.0, 0.80, 0.61),
-              2: _record("branch@8", 2, 6.0, 0.06, 70.0, 0.76, 0.63), 9: _record("branch@8", 9, 1.0, 1.0, 1.0, 1.0, 1.0)}
+    branch = {0: _record("branch@8", 0, 7.0, 0.07, 90.0, 0.78, 0.62), 1: _record("branch@8", 1, 8.0, 0.08, 80.0, 0.80,
+                                                                                 0.61),
+              2: _record("branch@8", 2, 6.0, 0.06, 70.0, 0.76, 0.63), 9: _record("branch@8", 9, 1.0, 1.0, 1.0, 1.0,
+                                                                                 1.0)}
     row = compare(branch, vanilla)
     assert row["seeds"] == [0, 1, 2]  # seed 9 has no vanilla to pair with
     assert row["time_saved"][0] == pytest.approx(0.3)
@@ -167,7 +174,8 @@ def test_sentences_follow_the_intervals():
            "time_saved": (0.5, 0.45, 0.55)}
     assert sentence("position", row) == "Lower peak memory, as the paper says; an accuracy drop."
     assert sentence("antithetic", row).startswith("Step speedup above the paper's 1.426x; time saved above")
-    assert sentence("sequence", {**row, "memory_ratio": (1.0, 0.9, 1.1)}).startswith("No detectable change in peak memory")
+    assert sentence("sequence", {**row,
+                                 "memory_ratio": (1.0, 0.9, 1.1)}).startswith("No detectable change in peak memory")
     assert sentence("all", row) == "The paper gives no figure for this design; an accuracy drop."
 
 

@@ -74,9 +74,11 @@ def test_compare_says_for_each_figure_whether_the_intervals_overlap(tmp_path, ca
 def test_the_report_says_how_each_cell_was_timed_and_names_records_taken_under_load(tmp_path):
     loaded = {**QUIET, "wall_per_cpu": 1.8}
     cell = json.loads((_cell(tmp_path / "c", []) / "cell.json").read_text())
-    old = [{**r, "train_wall_s": r["train_cpu_s"] * (2.0 if r["seed"] == 1 else 1.05)} for r in _records(7.0, load=None)]
+    old = [{**r,
+            "train_wall_s": r["train_cpu_s"] * (2.0 if r["seed"] == 1 else 1.05)} for r in _records(7.0, load=None)]
     for records, machine, words in (
-            (_records(7.0), "", "timed in turns of 1 step(s), designs interleaved; wall/CPU median 1.01; load average 1.1"),
+            (_records(7.0), "",
+             "timed in turns of 1 step(s), designs interleaved; wall/CPU median 1.01; load average 1.1"),
             (old, "x86_64 2 CPUs, 1 torch thread(s)", "6 record(s) timed one design after another (before the "
              "interleaved schedule): their ratios move with the load; wall/CPU median 1.05; **taken under load**: 2 "
              "record(s), e.g. vanilla@8 seed 1: wall 2.00x its CPU time"),

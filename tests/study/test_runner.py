@@ -24,7 +24,8 @@ from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
 pytestmark = pytest.mark.slow  # studies of tiny trainings: `pytest -m slow` (CI runs it)
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
 BUDGET, STEPS, EVALS = 0.15, 4, 2
 
 
@@ -151,32 +152,38 @@ def test_bad_study_arguments_are_refused(task, dm):
         run_study(task, [Arm("vanilla", 4)], [0, 0], 1.0, 2, 1, dm=dm)
     with pytest.raises(ValueError, match="budget_s"):
         run_study(task, [Arm("vanilla", 4)], [0], 0.0, 2, 1, dm=dm)
-    with pytest.raises(ValueError, match="max_eval_pairs must be >= 1"):  # was a ZeroDivisionError at the first evaluation
+    # was a ZeroDivisionError at the first evaluation
+    with pytest.raises(ValueError, match="max_eval_pairs must be >= 1"):
         run_study(task, [Arm("vanilla", 4)], [0], 1.0, 2, 1, dm=dm, max_eval_pairs=0)
     with pytest.raises(ValueError, match="cost-matched arm is a vanilla arm"):
         Arm("branch", 4, cost_matched=True)
 
 
 TINY_CLI = ["--task", "quickstart", "--max-rows", "120", "--batch-size", "4", "--seeds", "0,1", "--budget", "0.1",
-            "--steps", "2", "--evals", "1", "--lr", "0.003", "--calibration-steps", "1", "--bootstrap", "200", "--quiet"]
+            "--steps", "2", "--evals", "1", "--lr", "0.003", "--calibration-steps", "1", "--bootstrap", "200",
+            "--quiet"]
 
 
 def test_cli_runs_the_protocol_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "study"
-    code = main(TINY_CLI + ["--modes", "vanilla,branch", "--tune-seeds", "100", "--lr-factors", "0.5,2", "--out", str(out)])
+    code = main(TINY_CLI + ["--modes", "vanilla,branch", "--tune-seeds", "100", "--lr-factors", "0.5,2", "--out",
+                            str(out)])
     assert code == 0
     payload = json.loads((out / "study.json").read_text())
     assert payload["task"]["lr"] == 0.003  # --lr is the base rate the sweep multiplies
     matched = round(4 * payload["ideal_speedups"]["branch"])
     cal = payload["calibration"]
     control = cal["cost_matched"]["branch"]["batch"]  # measured, so it depends on the machine: between 1 and 4
-    assert 1 <= control <= 4 and cal["cost_matched"]["branch"]["flop_batch"] == round(4 / payload["ideal_speedups"]["branch"])
+    assert (1 <= control <= 4
+            and cal["cost_matched"]["branch"]["flop_batch"] == round(4 / payload["ideal_speedups"]["branch"]))
     assert sorted(cal["vanilla_measured"]) == ["1", "2", "4"]
     names = [a["arm"] for a in payload["summary"]["arms"]]
-    expected = ["vanilla@4", "branch@4"] + ([f"vanilla@{control} (cost-matched)"] if control < 4 else []) + [f"branch@{matched} (matched)"]
+    expected = ["vanilla@4", "branch@4"] + ([f"vanilla@{control} (cost-matched)"] if control < 4
+                                            else []) + [f"branch@{matched} (matched)"]
     assert names == expected
     rows = {r["arm"]: r for r in payload["summary"]["arms"]}
-    assert rows["branch@4"]["references"] == ["vanilla@4"] + ([f"vanilla@{control} (cost-matched)"] if control < 4 else [])
+    assert rows["branch@4"]["references"] == ["vanilla@4"] + ([f"vanilla@{control} (cost-matched)"] if control < 4
+                                                              else [])
     # every arm at its own rate from the sweep on the tuning seed, over the sweep's factors
     sweep = payload["sweep"]
     assert sweep["seeds"] == [100] and len(sweep["rows"]) == 2 * len(names)
@@ -192,7 +199,8 @@ def test_cli_runs_the_protocol_and_writes_the_report(tmp_path, capsys):
     lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
     kinds = [line["kind"] for line in lines]
     assert kinds[:2] == ["study", "calibration"] and kinds.count("sweep") == 1
-    assert sum(1 for line in lines if line["kind"] == "point" and line["phase"] == "study") == sum(len(r["points"]) for r in payload["runs"])
+    assert sum(1 for line in lines if line["kind"] == "point"
+               and line["phase"] == "study") == sum(len(r["points"]) for r in payload["runs"])
     assert sum(1 for line in lines if line["kind"] == "run" and line["phase"] == "study") == len(payload["runs"])
     assert sum(1 for line in lines if line["kind"] == "run" and line["phase"] == "sweep") == 2 * len(names)
 
@@ -335,7 +343,8 @@ def test_a_study_step_is_the_modules_step(task, dm, monkeypatch):
     """A run trains through ``PrunedDPO.step`` (the step ``training_step`` runs), with the module's own parts and
     sampler stream: one call per training step."""
     calls, step = [], PrunedDPO.step
-    monkeypatch.setattr(PrunedDPO, "step", lambda self, batch, *args: calls.append((self, args)) or step(self, batch, *args))
+    monkeypatch.setattr(PrunedDPO, "step",
+                        lambda self, batch, *args: calls.append((self, args)) or step(self, batch, *args))
     run = make_run(task, Arm("all", 4), 0, dm)
     run.train_step()
     run.train_step()

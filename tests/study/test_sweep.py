@@ -27,7 +27,8 @@ def test_the_final_window_not_the_best_point_decides():
 
 
 def test_pick_lr():
-    assert pick_lr({1e-3: [0.5, 0.6], 2e-3: [0.4, 0.5], 4e-3: [math.inf, 0.1]}) == 2e-3  # a diverged seed rules a rate out
+    # a diverged seed rules a rate out
+    assert pick_lr({1e-3: [0.5, 0.6], 2e-3: [0.4, 0.5], 4e-3: [math.inf, 0.1]}) == 2e-3
     assert pick_lr({2e-3: [0.5], 1e-3: [0.5]}) == 1e-3  # a tie: the smaller rate
     with pytest.raises(ValueError, match="at least one rate"):
         pick_lr({})

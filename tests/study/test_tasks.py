@@ -30,7 +30,8 @@ def test_a_missing_data_file_or_tokenizer_is_named(tmp_path, monkeypatch):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("")
     monkeypatch.setattr(tasks, "GPT2_TOKENIZER", tmp_path / "gpt2")
-    with pytest.raises(FileNotFoundError, match=f"hh-rlhf task: tokenizer '{tmp_path / 'gpt2'}' not found.*--tokenizer"):
+    with pytest.raises(FileNotFoundError,
+                       match=f"hh-rlhf task: tokenizer '{tmp_path / 'gpt2'}' not found.*--tokenizer"):
         HHRLHFTask(path=str(pairs)).datamodule(tmp_path)
 
 

@@ -18,7 +18,8 @@ from lit_prunedpo.study.runner import run_study
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 from lit_prunedpo.study.turns import load_record, under_load
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,8 @@ def test_runs_take_turns_of_turn_steps_and_evaluate_only_at_their_grid_points(ti
     # a turn stops at a grid point (vanilla's at 3 and 6, branch's at 2 and 4): vanilla 2, 1, 2, 1; branch 2, 2
     assert taken == [("vanilla", 2), ("branch", 2), ("vanilla", 1), ("branch", 2), ("vanilla", 2), ("vanilla", 1)]
     for run in runs:
-        assert run.summary()["load"]["turn_steps"] == 2 and len(run.loadavg) == sum(1 for a, _ in taken if a == run.arm.mode)
+        assert run.summary()["load"]["turn_steps"] == 2 and len(run.loadavg) == sum(1 for a,
+                                                                                    _ in taken if a == run.arm.mode)
 
 
 def test_one_step_turns_interleave_every_step_and_the_old_schedule_does_not(tiny, monkeypatch):

@@ -15,13 +15,15 @@ from lit_prunedpo.study.warm_start import RECORD, chosen_inputs, chosen_nll, war
 
 pytestmark = pytest.mark.slow  # warm-start trainings: `pytest -m slow` (CI runs it)
 
-TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
 def task():
-    return EditedTask(name="tiny-warm", num_rows=200, batch_size=8, model=dict(TINY), warm_start_steps=STEPS, warm_start_lr=1e-2)
+    return EditedTask(name="tiny-warm", num_rows=200, batch_size=8, model=dict(TINY), warm_start_steps=STEPS,
+                      warm_start_lr=1e-2)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,8 @@ def test_every_arm_of_a_seed_starts_from_the_warmed_model(warmed, task, dm):
     for run in runs:
         assert run.initial_checksum == pytest.approx(warm_sum)
         assert run.warm_start["reused"] is True and run.warm_start["path"] == record["path"]
-        assert weights_checksum(run.module.reference.model) == pytest.approx(warm_sum)  # the reference is the warmed model
+        # the reference is the warmed model
+        assert weights_checksum(run.module.reference.model) == pytest.approx(warm_sum)
         assert run.points[0].loss == pytest.approx(0.6931, abs=1e-3)  # policy = reference: every margin 0
         assert run.summary()["warm_start"]["cpu_s"] == record["cpu_s"]
 
@@ -111,7 +114,8 @@ def test_cli_reports_the_warm_start_apart(tmp_path):
 
     out = tmp_path / "study"
     code = main(["--task", "quickstart", "--max-rows", "120", "--batch-size", "4", "--modes", "vanilla", "--seeds", "0",
-                 "--budget", "0.05", "--steps", "1", "--evals", "1", "--no-matched", "--max-eval-pairs", "4", "--warm-start-steps", "3", "--work-dir", str(tmp_path / "work"),
+                 "--budget", "0.05", "--steps", "1", "--evals", "1", "--no-matched", "--max-eval-pairs", "4",
+                 "--warm-start-steps", "3", "--work-dir", str(tmp_path / "work"),
                  "--out", str(out), "--quiet"])
     assert code == 0
     payload = json.loads((out / "study.json").read_text())
