@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 
 from helpers import REPO
 
@@ -48,3 +50,10 @@ def test_the_code_names_no_issue_numbers():
     found = [f"{p.relative_to(REPO)}:{i}" for p in CODE if p.is_file()
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, f"issue numbers in the code: {found}"
+
+
+def test_no_line_is_over_the_limit():
+    """ruff reads the limit from pyproject.toml ([tool.ruff] line-length): a wider line is re-wrapped, not allowed."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "E501", "--no-cache", str(REPO)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"lines over the limit:\n{result.stdout}{result.stderr}"
