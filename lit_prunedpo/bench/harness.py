@@ -97,10 +97,9 @@ def run_benchmark(
         device: ``cpu`` or a CUDA device.
         seed, log: seed of the data and the sampler generators; called with a progress line per round (or None).
         dtype, precision: parameter dtype (older) or Lightning's precision (:mod:`~lit_prunedpo.bench.precision`).
-        peer: TRL peers (names, or comma-separated): ``trl`` (precomputed reference), ``trl-online`` (online),
-            ``trl-online-checkpointing`` (online, DPOConfig's default activation checkpointing), each
-            timed in every round on a copy of the same initial weights (:mod:`~lit_prunedpo.bench.peer_trl`); results
-            then carry ``speedup_vs_<peer>`` (``speedup_vs_peer``: against ``trl``).
+        peer: TRL peers (names, or comma-separated; :data:`~lit_prunedpo.bench.peer_trl.PEERS`), each timed in
+            every round on a copy of the same initial weights; results carry ``speedup_vs_<peer>``
+            (``speedup_vs_peer``: against ``trl``).
         observe: called with every measured step's configuration and output, after its time and memory are read
             (the scaling sweep reads the executed shapes from it); ``None`` calls nothing.
         source: the model (``--model``, :mod:`~lit_prunedpo.bench.own_model`) instead of the preset's random one;
