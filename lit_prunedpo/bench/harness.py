@@ -6,7 +6,8 @@ configuration, round ``r`` runs one step of every configuration on batch ``r``, 
 unrecorded) on synthetic batches of the preset's shape (:mod:`lit_prunedpo.bench.batches`) or on ``--data``'s, with
 the preset's random model or ``--model``, and summarises each configuration: median and p90 step time, peak memory,
 tokens executed, FLOPs, utilisation of a peak measured right before the rounds (:mod:`lit_prunedpo.bench.utilisation`),
-and speedups against ``vanilla`` and each TRL peer; the payload names the model and data measured.
+and speedups against ``vanilla`` and each TRL peer; the payload names the model and data measured and the load the
+rounds ran under (:mod:`lit_prunedpo.bench.load`).
 
 Sharing one module keeps the process's memory that of a single training run (so peak memory compares across
 modes) and every configuration runs on the same weights: they move by one tiny AdamW step per step, which does not
@@ -26,6 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from lit_prunedpo.bench import cost
+from lit_prunedpo.bench.load import LoadMeter
 from lit_prunedpo.bench.memory_model import LayerDims
 from lit_prunedpo.bench.own_data import DataSpec, data_identity
 from lit_prunedpo.bench.own_model import model_identity, preset_identity
@@ -107,7 +109,7 @@ def run_benchmark(
         data: the pairs (``--data``, :mod:`~lit_prunedpo.bench.own_data`) instead of the preset's synthetic ones.
 
     Returns:
-        The report payload: ``preset``, ``device``, ``results``, ``peers``, ``peak_flops_per_s``, ``model``, context.
+        The payload: ``preset``, ``device``, ``results``, ``peers``, ``peak_flops_per_s``, ``load``, ``model``, context.
 
     Raises:
         ValueError: an unknown mode, reference, scorer, peer or precision (or a ``dtype`` unlike it), a step count
@@ -120,11 +122,11 @@ def run_benchmark(
                           seed, dtype, peers, source=source, data=module, precision=precision)
     measured = _measured(preset, seed, rounds, prompts, source, data, module)  # before any step: the initial weights
     before = _peak(rounds)  # right before the rounds, on the machine as they find it, and again after them
-    records, peer_records = _run_frozen(rounds, log, observe)
+    records, peer_records, load = _run_frozen(rounds, log, observe)
     peak = higher_peak(before, _peak(rounds))
     results = _summarise(list(rounds.parts), records, peak["flops_per_s"])
     peer_rows = _peer_rows(peer_records, results, peak)
-    return {**_payload(preset, rounds, steps, warmup, results, peer_rows, peak), **measured}
+    return {**_payload(preset, rounds, steps, warmup, results, peer_rows, peak), "load": load, **measured}
 
 
 def _peer_rows(peer_records: dict[str, Any], results: list[dict[str, Any]],
@@ -190,14 +192,23 @@ def _step_counts(preset: Preset, steps: int | None, warmup: int | None) -> tuple
 
 def _run_frozen(rounds: Rounds, log: Callable[[str], None] | None,
                 observe: Callable[[Config, StepOutput], None] | None,
-                ) -> tuple[dict[Config, StepRecord], dict[str, StepRecord]]:
-    """:func:`~lit_prunedpo.bench.rounds.run_rounds` with everything built so far frozen out of the collector."""
+                ) -> tuple[dict[Config, StepRecord], dict[str, StepRecord], dict[str, Any]]:
+    """:func:`~lit_prunedpo.bench.rounds.run_rounds` with everything built so far frozen out of the collector, and
+    the load the rounds ran under (:mod:`~lit_prunedpo.bench.load`, the load average sampled after every round)."""
     # Everything built so far (transformers' modules, the model) is long-lived: freezing it keeps the per-step
     # gc.collect() of the memory meter at milliseconds instead of a full-heap scan.
     gc.collect()
     gc.freeze()
+    meter = LoadMeter()
+
+    def each_round(line: str) -> None:  # run_rounds logs once per round: the load is sampled there
+        meter.sample()
+        if log is not None:
+            log(line)
+
     try:
-        return run_rounds(rounds, log, observe)
+        records, peer_records = run_rounds(rounds, each_round, observe)
+        return records, peer_records, meter.record()
     finally:
         gc.unfreeze()
 

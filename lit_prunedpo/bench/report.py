@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from lit_prunedpo.bench.load import under_load
+
 COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mode", "mode", str),
     ("reference", "reference", str),
@@ -100,6 +102,7 @@ def to_markdown(payload: dict[str, Any]) -> str:
             "model, is exact). Measure with `--preset quickstart` or larger."
         )] if smoke else []),
         *peak_lines(payload),
+        *load_lines(payload),
         "",
         *table_lines(payload, smoke),
         *peer_lines(payload),
@@ -119,6 +122,20 @@ def precision_text(payload: dict[str, Any]) -> str:
     how = f"{weights}, every step's forward under {autocast} autocast" if autocast else weights
     peers = "; TRL peers alike" if payload.get("peers") else ""
     return f"precision {payload['precision']} ({how}{peers})"
+
+
+def load_lines(payload: dict[str, Any]) -> list[str]:
+    """The load the rounds ran under, and whether it marks the timings as taken under load (none for a payload
+    from before the bench recorded it)."""
+    load = payload.get("load")
+    if not load:
+        return []
+    mean, top, ratio = load.get("loadavg_mean"), load.get("loadavg_max"), load.get("wall_per_cpu")
+    seen = (f"load average {mean:.2f} (max {top:.2f})" if mean is not None else "load average not readable")
+    line = (f"- load: {seen} beside this process's {load.get('torch_threads')} torch thread(s) on {load.get('cpus')}"
+            f" CPUs" + (f", wall/CPU {ratio:.2f}" if ratio is not None else ""))
+    why = under_load(load)
+    return [line + (f"; **taken under load** ({why}): absolute times move with it, ratios less so" if why else "")]
 
 
 def table_lines(payload: dict[str, Any], smoke: bool) -> list[str]:

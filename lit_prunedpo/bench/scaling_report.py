@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from lit_prunedpo.bench.load import under_load
+
 SMOKE_HIDDEN = ("time_ratio", "time_error")  # measured speedups: not stated by a smoke test
 
 
@@ -77,11 +79,23 @@ def context_lines(payload: dict[str, Any]) -> list[str]:
                      "model has one size)")
     for point in payload.get("skipped") or []:
         lines.append(f"- **not measured**: {point}")
+    lines += load_lines(payload.get("rows") or [])
     if payload.get("smoke_test"):
         lines.append("- **smoke test** (`--quick`): tiny models and 2 steps check that the sweeps run; measured time "
                      "ratios mean nothing here and are not stated (the cost model's FLOP ratios are exact for these "
                      "shapes)")
     return lines
+
+
+def load_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The points whose rounds ran under load (:func:`~lit_prunedpo.bench.load.under_load`), if any."""
+    points = {(r["sweep"], r["size"], r["response"], r["batch"]): r.get("load") for r in rows}
+    loaded = {point: why for point, load in points.items() if (why := under_load(load))}
+    if not loaded:
+        return []
+    (sweep, size, response, batch), why = next(iter(loaded.items()))
+    return [f"- **taken under load**: {len(loaded)} of {len(points)} points, e.g. the {sweep} sweep's size {size}, "
+            f"{response}-token responses, {batch} pair(s) ({why}): their time ratios may move with it"]
 
 
 def definitions(measure: str = "") -> list[str]:

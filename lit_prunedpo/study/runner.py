@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader
 
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.bench.load import load_record
 from lit_prunedpo.callbacks import PeakMemoryMeter
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data import PreferenceDataModule
@@ -57,7 +58,7 @@ from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.memory import accumulate
 from lit_prunedpo.study.tasks import StudyTask
-from lit_prunedpo.study.turns import Clock, events, load_record, round_robin
+from lit_prunedpo.study.turns import Clock, events, round_robin
 from lit_prunedpo.study.warm_start import warm_start
 
 #: The precisions a run trains and evaluates in, with Lightning's meaning: float32 parameters, and each step's forward

@@ -8,19 +8,20 @@ re-ran as 1.29x on the same bit-identical models. With ``turn_steps`` steps per 
 study advances in the same minutes, so a change of load lasting longer than one round of turns hits every arm
 alike: the *ratios* of the summed clocks (time per epoch, time to a target) and of the step medians are the
 bench's alternated-round ratios, taken over the whole run. Absolute seconds still move with the load; they are
-recorded with it (:func:`load_record`) and never compared across runs taken apart.
+recorded with it (:func:`~lit_prunedpo.bench.load.load_record`) and never compared across runs taken apart.
 
 The load a run was timed under: the 1-minute load average sampled at each of its turns, and the ratio of its
 training wall seconds to its CPU seconds (about 1 on a quiet core with one torch thread; a neighbour sharing the
-core raises it). :func:`under_load` is the rule the reports use to say a figure was taken under load.
+core raises it). :func:`~lit_prunedpo.bench.load.under_load` is the rule the reports use to say a figure was
+taken under load.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 from lit_prunedpo.batch import PreferenceBatch
+from lit_prunedpo.bench.load import loadavg, under_load
 
 Clock = Literal["cpu", "wall"]
 
@@ -41,10 +42,6 @@ class Run(Protocol):
 
     def evaluate(self, batches: Sequence[PreferenceBatch], grids: list[str]) -> Any: ...
 
-#: A run timed with one torch thread whose wall seconds exceed its CPU seconds by more than this waited for the core.
-WAITED = 1.2
-#: Runnable tasks beyond this process's own threads (1-minute load average) that mark a run as under load.
-NEIGHBOURS = 1.0
 
 
 def events(budget_s: float | None, steps: int, evals: int) -> tuple[list[float], list[int]]:
@@ -98,7 +95,7 @@ def round_robin(runs: Sequence[Run], grids: dict[int, tuple[list[float], list[in
         still = []
         for run in active:
             seen = len(run.points)
-            run.loadavg.append(_loadavg())
+            run.loadavg.append(loadavg())
             more = advance(run, *grids[id(run)], clock, batches, stop_on_nonfinite, turn_steps)
             if len(run.points) > seen:
                 p = run.points[-1]
@@ -114,37 +111,6 @@ def round_robin(runs: Sequence[Run], grids: dict[int, tuple[list[float], list[in
             elif on_done is not None:
                 on_done(run)
         active = still
-
-
-def _loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:  # no load average on this platform
-        return None
-
-
-def load_record(wall_s: float, cpu_s: float, loadavg: Sequence[float | None], threads: int,
-                turn_steps: int | None) -> dict[str, Any]:
-    """What a run's clocks were taken under: wall/CPU seconds, the load average over its turns (mean, max; None
-    where unreadable), this process's torch threads, the machine's CPUs and the schedule (steps per turn)."""
-    seen = [x for x in loadavg if x is not None]
-    return {"wall_per_cpu": wall_s / cpu_s if cpu_s > 0 else None,
-            "loadavg_mean": sum(seen) / len(seen) if seen else None, "loadavg_max": max(seen) if seen else None,
-            "torch_threads": threads, "cpus": os.cpu_count(), "turn_steps": turn_steps}
-
-
-def under_load(load: dict[str, Any] | None) -> str | None:
-    """Why a run's clocks were taken under load (one phrase), or None when nothing says so (or nothing was kept)."""
-    if not load:
-        return None
-    reasons = []
-    ratio, threads = load.get("wall_per_cpu"), load.get("torch_threads") or 1
-    if ratio is not None and threads == 1 and ratio > WAITED:
-        reasons.append(f"wall {ratio:.2f}x its CPU time")
-    mean = load.get("loadavg_mean")
-    if mean is not None and mean - threads > NEIGHBOURS:
-        reasons.append(f"load average {mean:.1f} beside its {threads} thread(s) on {load.get('cpus')} CPUs")
-    return "; ".join(reasons) or None
 
 
 def record_load(record: Mapping[str, Any], threads: int | None) -> dict[str, Any] | None:

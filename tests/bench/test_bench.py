@@ -145,6 +145,8 @@ def test_cli_small_in_process(tmp_path, capsys):
     payload = json.loads((tmp_path / "bench.json").read_text())
     _check_payload(payload, list(MODES), references, ["plain", "chunked"])
     assert "| mode |" in (tmp_path / "bench.md").read_text()
+    assert payload["load"]["torch_threads"] == torch.get_num_threads() and payload["load"]["wall_per_cpu"] > 0
+    assert "- load: load average" in (tmp_path / "bench.md").read_text()
     assert "| vanilla |" in capsys.readouterr().out
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "bench.png").stat().st_size > 0

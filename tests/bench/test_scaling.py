@@ -35,6 +35,7 @@ def test_quick_run_writes_the_report_and_states_no_speedups(tmp_path, capsys):
     assert [r["mode"] for r in rows[:len(MODES)]] == list(MODES)
     for r in rows:
         assert r["step_time_s"] > 0 and r["time_ratio_pred"] > 0 and r["memory_pred_mb"] > 0
+        assert r["load"]["torch_threads"] == torch.get_num_threads() and r["load"]["wall_per_cpu"] > 0
         assert r["time_error"] == pytest.approx(r["time_ratio"] / r["time_ratio_pred"] - 1)
         if r["mode"] == "vanilla":
             assert r["time_ratio"] == r["time_ratio_pred"] == r["memory_ratio_pred"] == 1.0

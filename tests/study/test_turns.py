@@ -16,7 +16,6 @@ from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.curves import bootstrap_interval, ratio_of_sums
 from lit_prunedpo.study.runner import run_study
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
-from lit_prunedpo.study.turns import load_record, under_load
 
 TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
         "num_key_value_heads": 1}
@@ -74,17 +73,6 @@ def test_turn_steps_is_checked(tiny):
     task, dm = tiny
     with pytest.raises(ValueError, match="turn_steps must be an integer >= 1"):
         run_study(task, [Arm("vanilla", 4)], [0], None, 2, 1, dm=dm, turn_steps=0)
-
-
-def test_the_load_record_and_the_rule_that_says_under_load():
-    quiet = load_record(10.0, 9.9, [1.0, 1.1, None], threads=1, turn_steps=1)
-    assert quiet["wall_per_cpu"] == pytest.approx(10.0 / 9.9) and quiet["loadavg_mean"] == pytest.approx(1.05)
-    assert quiet["loadavg_max"] == 1.1 and quiet["cpus"] == os.cpu_count() and under_load(quiet) is None
-    waited = load_record(20.0, 10.0, [1.0], threads=1, turn_steps=1)
-    assert "wall 2.00x its CPU time" in under_load(waited)
-    crowded = load_record(10.0, 10.0, [3.5], threads=1, turn_steps=1)
-    assert "load average 3.5 beside its 1 thread(s)" in under_load(crowded)
-    assert under_load(None) is None and load_record(1.0, 0.0, [], 1, None)["loadavg_mean"] is None
 
 
 def _pinned_neighbour(cpu: int) -> subprocess.Popen:
