@@ -5,9 +5,10 @@ position sampler that cannot run with the run's model or reference.
 Each would otherwise fail far from its cause: a token id past the embedding or a sequence past a learned position
 table is an ``IndexError: index out of range in self`` inside the embedding; a checkpoint of NaN weights is a file
 that looks like any other until someone resumes or evaluates from it; a sampler of the wrong kind fails inside the
-first step's plan. :class:`~lit_prunedpo.module.PrunedDPO` calls :func:`check_data_vocabulary` and
-:func:`check_positions` at set-up, :func:`refuse_nonfinite_weights` in ``on_save_checkpoint``, so every save
-(``ModelCheckpoint``, the preemption checkpoint, ``trainer.save_checkpoint``) is covered, and
+first step's plan. :class:`~lit_prunedpo.module.PrunedDPO` calls :func:`check_setup` at set-up (the data
+against the model, and a warning when a 16-bit precision would run slowly on this CPU),
+:func:`refuse_nonfinite_weights` in ``on_save_checkpoint``, so every save (``ModelCheckpoint``, the preemption
+checkpoint, ``trainer.save_checkpoint``) is covered, and
 :func:`check_sampler_kinds` in ``use_samplers``. :func:`check_log_softmax_split` runs at set-up too, so that a run
 that cannot work stops before its first step, and whenever ``use_samplers`` brings in a position sampler after it.
 """
@@ -20,10 +21,19 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from lit_prunedpo.cpu_16bit import warn_if_slow_16bit
 from lit_prunedpo.samplers import BranchSampler, LogSoftmaxSplit, PositionSampler, PrefixSampler
 from lit_prunedpo.samplers.control_variates import described
 from lit_prunedpo.scoring import model_head
 from lit_prunedpo.token_terms import fused_linear_head, why_not_fusable
+
+
+def check_setup(policy: nn.Module, datamodule: Any, trainer: Any) -> None:
+    """What set-up checks before a run: the data's vocabulary and lengths against the policy (refusals), and a
+    16-bit precision on a CPU that runs it slowly (:func:`~lit_prunedpo.cpu_16bit.warn_if_slow_16bit`)."""
+    check_data_vocabulary(policy, datamodule)
+    check_positions(policy, datamodule)
+    warn_if_slow_16bit(trainer)
 
 
 def check_data_vocabulary(policy: nn.Module, datamodule: Any) -> None:

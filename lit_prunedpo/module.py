@@ -33,7 +33,7 @@ from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
 from lit_prunedpo.gradient_check import checked_closure
 from lit_prunedpo.guards import (
-    check_data_vocabulary, check_positions, check_sampler_kinds, refuse_nonfinite_weights, refusing_setter,
+    check_sampler_kinds, check_setup, refuse_nonfinite_weights, refusing_setter,
     usable_position_sampler,
 )
 from lit_prunedpo.layout import Layout, SharedPromptLayout
@@ -225,8 +225,7 @@ class PrunedDPO(L.LightningModule):
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
         datamodule = getattr(self._trainer, "datamodule", None)
-        check_data_vocabulary(self.policy, datamodule)
-        check_positions(self.policy, datamodule)
+        check_setup(self.policy, datamodule, self._trainer)
         self.reference.prepare(self.policy, datamodule, ReferenceRuntime.of(self._trainer))
         self._set_up = True
         self._position_given = None  # a set-up again (fit, then test) checks again

@@ -161,6 +161,18 @@ def own_run(args: argparse.Namespace) -> tuple[Preset, Any, Any]:
 
 
 
+def _check_precision_here(precision: Any, device: str) -> None:
+    """Refuse now an autocast torch does not run on ``device``; on a CPU, say when the precision's 16-bit matmuls run
+    far slower there than float32's (:mod:`lit_prunedpo.cpu_16bit`: every timing would be of that fallback)."""
+    import torch
+
+    from lit_prunedpo.cpu_16bit import slow_16bit_here
+
+    precision.stepper(torch.device(device))
+    if torch.device(device).type == "cpu" and (slow := slow_16bit_here(precision.name)):
+        print(f"lit-prunedpo-bench: warning: {slow}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status."""
     parser = build_parser()
@@ -181,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--peer: unknown {bad_peers}; choose from {','.join(PEERS)}")
     try:
         precision = resolve_precision(args.precision, args.dtype)
-        precision.stepper(torch.device(args.device))  # an autocast torch does not run here is refused now
+        _check_precision_here(precision, args.device)
         args.dtype = precision.weights  # --model's parameters
         preset, source, data = own_run(args)
     except (ValueError, FileNotFoundError) as err:

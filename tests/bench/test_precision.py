@@ -157,3 +157,19 @@ def test_payload_and_report_record_the_precision(tmp_path):
                          warmup=0, dtype="bfloat16")
     assert (true["precision"], true["dtype"], true["autocast_dtype"]) == ("bf16-true", "bfloat16", None)
     assert true["peak_measure"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_16_bit_precision_the_cpu_runs_slowly_is_said_before_the_rounds(slow, tmp_path, capsys, monkeypatch):
+    """The CPU's matmul rates given (slow or fast bfloat16), so that the test means the same on any CPU."""
+    import lit_prunedpo.cpu_16bit as cpu_16bit
+
+    monkeypatch.setattr(cpu_16bit, "matmul_rate",
+                        lambda dtype, *a, **k: 1e8 if slow and dtype == torch.bfloat16 else 1e11)
+    assert main(["--preset", "small", "--modes", "vanilla", "--references", "online", "--scorers", "plain",
+                 "--precision", "bf16-true", "--steps", "1", "--warmup", "0", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    said = "lit-prunedpo-bench: warning: precision bf16-true on this CPU" in err
+    assert said == slow, err
+    if slow:
+        assert "a bfloat16 matmul ran 1000x slower than a float32 one here" in err
