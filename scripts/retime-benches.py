@@ -7,7 +7,8 @@ threads, output folder) and overwrites the folder. Printed per folder: the load 
 configuration (and TRL peer) the old and new median step time and speedup against vanilla (and against each peer),
 so that what moved can be corrected in the pages and the old figures kept in the changelog. Run it on a quiet
 machine, nothing else heavy beside it: the bench's ratios are of arms alternated in the same minutes, its absolute
-seconds are not comparable across days.
+seconds are not comparable across days. A command that names no ``--threads`` takes torch's default, which
+``OMP_NUM_THREADS`` changes: the script says when the re-run's device or threads differ from the stored run's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def retime(folder: Path) -> None:
     new = json.loads((folder / "bench.json").read_text())
     load = new.get("load") or {}
     print(f"## {folder}: load average {load.get('loadavg_mean')}, wall/CPU {load.get('wall_per_cpu')}")
+    if old.get("device_name") != new.get("device_name"):  # e.g. OMP_NUM_THREADS set where the command names none
+        print(f"**not the same device or threads**: was {old.get('device_name')}, now {new.get('device_name')}")
     before, after = _rows(old), _rows(new)
     for name, row in after.items():
         was = before.get(name, {})

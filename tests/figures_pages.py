@@ -145,6 +145,11 @@ def compiled_row(mode: str):
     return compute
 
 
+def quiet_load(data: dict) -> tuple[str, str]:
+    """The load average a bench's rounds ran under (``load`` in bench.json) and its torch threads."""
+    return f"{data['load']['loadavg_mean']:.2f}", threads(data)
+
+
 PERFORMANCE = [
     *(Figure((P,), f"| {m} | {{}} | {{}} | {{}} | {{}} | {{}} |", COMPILE, compiled_row(m))
       for m in ("vanilla", "branch", "all")),
@@ -152,21 +157,21 @@ PERFORMANCE = [
     Figure((P,), "{0} in the 100 measured rounds", COMPILE, lambda d: str(d["graphs"]["after_warmup"])),
     Figure((P,), "The first compiled step took {9.0} s", COMPILE,
            lambda d: f"{d['rows'][0]['first_step_compiled_s']:.1f}"),
-    Figure((P,), "| vanilla | 1.00x (1.00x), {6.249} s | 1.00x (1.00x), {3.227} s | {556} |", MED,
+    Figure((P,), "| vanilla | 1.00x (1.00x), {1.701} s | 1.00x (1.00x), {1.208} s | {556} |", MED,
            lambda d: (*(f"{bench(d, 'vanilla', r)['step_time_s']:.3f}" for r in ("online", "cached")),
                       f"{bench(d, 'vanilla')['peak_step_memory_mb']:.0f}")),
     *(Figure((P,), f"| {m} | {{}} ({{}}) | {{}} ({{}}) | {{}} |", MED, speedups(m))
       for m in ("branch", "sequence", "position", "all")),
-    Figure((P,), "(`medium`'s `all`, cached reference, chunked scorer: {0.74}-{8.05} s)", MED,
+    Figure((P,), "(`medium`'s `all`, cached reference, chunked scorer: {0.43}-{0.57} s)", MED,
            lambda d: spread(bench(d, "all", "cached", scorer="chunked"))),
-    Figure((P,), "Under this load the plain scorer's modes ran at {0.62}-{1.27} of their cost-model ideal", MED,
+    Figure((P,), "The plain scorer's modes ran at {0.92}-{1.10} of their cost-model ideal", MED,
            efficiencies),
     Figure((P,), "`all`'s about {0.38x} of it", MED,
            lambda d: x(bench(d, "all")["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"])),
-    Figure((P,), "With the chunked scorer `all` is {1.59x} online / {1.45x} cached (ideal {2.28x} / {2.69x})", MED,
+    Figure((P,), "With the chunked scorer `all` is {2.26x} online / {2.49x} cached (ideal {2.28x} / {2.69x})", MED,
            lambda d: tuple(x(bench(d, "all", r, scorer="chunked")[k]) for k in ("speedup", "ideal_speedup")
                            for r in ("online", "cached"))),
-    Figure((P,), "`position` ran at {0.78x} (ideal {2.89x}) and its step memory above start is {141} MiB against "
+    Figure((P,), "`position` ran at {3.03x} (ideal {2.89x}) and its step memory above start is {141} MiB against "
            "vanilla's {478} ({3.4x} less); the chunked scorer alone takes {97} MiB ({4.9x} less, full supervision), "
            "both together {79} MiB", HH,
            lambda d: (*speedups("position")(d)[:2], f"{bench(d, 'position')['peak_step_memory_mb']:.0f}",
@@ -176,25 +181,31 @@ PERFORMANCE = [
                       x(bench(d, "vanilla")["peak_step_memory_mb"]
                         / bench(d, "vanilla", scorer="chunked")["peak_step_memory_mb"], 1),
                       f"{bench(d, 'position', scorer='chunked')['peak_step_memory_mb']:.0f}")),
-    Figure((P,), "with the cached reference `position` ran at {3.53x}, and its online steps took {0.41}-{3.74} s", HH,
+    Figure((P,), "with the cached reference `position` ran at {3.25x}, and its online steps took {0.20}-{0.23} s", HH,
            lambda d: (x(bench(d, "position", "cached")["speedup"]), *spread(bench(d, "position")))),
-    Figure((P,), "Online reference: {1.04x} against {2.19x} for `position-bernoulli` (ideal {2.87x} / {2.88x}; over "
-           "the summed steps {1.12x} / {1.25x}); cached reference: {4.06x} against {2.82x}; step memory {173} / "
+    Figure((P,), "Online reference: {3.45x} against {3.44x} for `position-bernoulli` (ideal {2.87x} / {2.88x}; over "
+           "the summed steps {3.42x} / {3.21x}); cached reference: {3.31x} against {3.25x}; step memory {173} / "
            "{133} MiB against {177} / {176}", MODES,
            lambda d: (*(x(bench(d, m)[k]) for k in ("speedup", "ideal_speedup", "speedup_total_time")
                         for m in ("position", "position-bernoulli")),
                       *(x(bench(d, m, "cached")["speedup"]) for m in ("position", "position-bernoulli")),
                       *(f"{bench(d, m, r)['peak_step_memory_mb']:.0f}" for m in ("position", "position-bernoulli")
                         for r in ("online", "cached")))),
-    Figure((P,), "`branch` is {0.97x} online and {0.98x} cached (ideal {1.32x} / {1.48x}), `all` {1.12x} / {1.07x} "
+    Figure((P,), "`branch` is {1.03x} online and {1.01x} cached (ideal {1.32x} / {1.48x}), `all` {1.13x} / {1.21x} "
            "(ideal {1.84x} / {2.04x})", QS,
            lambda d: tuple(x(bench(d, m, r)[k]) for m in ("branch", "all") for k in ("speedup", "ideal_speedup")
                            for r in ("online", "cached"))),
     Figure((P,), "(its step holds {8.2} against vanilla's {12.8} MiB online)", QS,
            lambda d: tuple(f"{bench(d, m)['peak_step_memory_mb']:.1f}" for m in ("branch", "vanilla"))),
-    Figure((P,), "both cores (load average 3.5-4.0), {2} torch threads, float32, 4 steps", BODY, threads),
+    Figure((P,), "on a quiet machine (load average {1.84} beside its {2} torch threads), float32, 4 steps", BODY,
+           quiet_load),
+    Figure((P,), "the medians gave {2.34x} online / {1.88x} cached", BODY,
+           lambda d: tuple(x(bench(d, "vanilla", r)["speedup"]) for r in ("online", "cached"))),
+    Figure((P,), "({2.09x} vs {2.34x} online, {1.94x} vs {1.88x} cached; step memory {213} vs {223} MiB)", BODY,
+           lambda d: (*(x(bench(d, m, r)["speedup"]) for r in ("online", "cached") for m in ("branch", "vanilla")),
+                      *(f"{bench(d, m)['peak_step_memory_mb']:.0f}" for m in ("branch", "vanilla")))),
     Figure((P,),
-           "| vanilla, padded (baseline) | {1542} | 1.00x (1.00x), {5.224} s | 1.00x (1.00x), {3.894} s | {421} |",
+           "| vanilla, padded (baseline) | {1542} | 1.00x (1.00x), {1.513} s | 1.00x (1.00x), {1.002} s | {421} |",
            BODY, lambda d: (f"{bench(d, 'vanilla', prompt='padded')['tokens_executed']:.0f}",
                             *(f"{bench(d, 'vanilla', r, 'padded')['step_time_s']:.3f}" for r in ("online", "cached")),
                             f"{bench(d, 'vanilla', prompt='padded')['peak_step_memory_mb']:.0f}")),
@@ -202,43 +213,48 @@ PERFORMANCE = [
              lambda d, m=m, p=p: (f"{bench(d, m, prompt=p)['tokens_executed']:.0f}", *speedups(m, p)(d)))
       for m, p, bold in (("vanilla", "shared", "**"), ("branch", "shared", ""), ("all", "shared", "**"),
                          ("branch", "padded", ""), ("all", "padded", ""))),
-    Figure((P,), "`all`'s median step was {0.98x} online and {0.82x} cached (ideal {1.29x} / {1.30x}) of "
+    Figure((P,), "`all`'s median step was {1.03x} online and {1.24x} cached (ideal {1.29x} / {1.30x}) of "
            "vanilla-shared's", BODY,
            lambda d: (*(x(bench(d, "vanilla", r)["step_time_s"] / bench(d, "all", r)["step_time_s"])
                         for r in ("online", "cached")),
                       *(x(bench(d, "all", r)["ideal_speedup"] / bench(d, "vanilla", r)["ideal_speedup"])
                         for r in ("online", "cached")))),
-    Figure((P,), "Shared vs padded **{1.81x}** faster with the online reference (ideal {2.22x}), {1.59x} cached (ideal "
-           "{2.22x}; p90 step times up to {2.9}x the medians, from the load), step memory {667} vs {1312} MiB online",
+    Figure((P,), "Shared vs padded **{2.04x}** faster with the online reference (ideal {2.22x}), {2.07x} cached (ideal "
+           "{2.22x}; p90 step times up to {2.5}x the medians: the batches differ in length), step memory {667} vs "
+           "{1312} MiB online",
            BODY_VANILLA,
            lambda d: (*(x(bench(d, "vanilla", r)[k]) for r in ("online", "cached")
                         for k in ("speedup", "ideal_speedup")),
                       f"{max(r['step_time_p90_s'] / r['step_time_s'] for r in d['results']):.1f}",
                       *(f"{bench(d, 'vanilla', prompt=p)['peak_step_memory_mb']:.0f}" for p in ("shared", "padded")))),
-    Figure((P,), "both cores (load average 4.0), {2} torch threads, float32, 4 steps, medians", HBT, threads),
-    Figure((P,), "TRL's four steps took {2.80}-{8.27} s, vanilla's (shared prompt) {0.72}-{6.67} s", HBT,
+    Figure((P,), "on a quiet machine (load average {1.46} beside its {2} torch threads), float32, 4 steps, medians",
+           HBT,
+           quiet_load),
+    Figure((P,), "TRL's four steps took {0.75}-{1.91} s, vanilla's (shared prompt) {0.38}-{0.66} s", HBT,
            lambda d: (*spread(peer(d)), *spread(bench(d, "vanilla", "cached")))),
-    Figure((P,), "| TRL DPOTrainer, precomputed reference | {4.902} s | {1002} MiB | {1334} | 1.00x |", HBT, trl_line),
-    Figure((P,), "| vanilla, padded | {4.385} s | {412} MiB | {1542} | {1.12x} |", HBT,
+    Figure((P,), "| TRL DPOTrainer, precomputed reference | {1.437} s | {1002} MiB | {1334} | 1.00x |", HBT, trl_line),
+    Figure((P,), "| vanilla, padded | {1.144} s | {412} MiB | {1542} | {1.26x} |", HBT,
            against_peer("vanilla", "padded")),
-    Figure((P,), "| all, padded | {1.782} s | {183} MiB | {1297} | {2.75x} |", HBT, against_peer("all", "padded")),
-    Figure((P,), "| vanilla, shared prompt | {1.339} s | {220} MiB | {704} | {3.66x} |", HBT, against_peer("vanilla")),
-    Figure((P,), "| all, shared prompt | {1.433} s | {188} MiB | {672} | **{3.42x}** |", HBT, against_peer("all")),
+    Figure((P,), "| all, padded | {0.638} s | {183} MiB | {1297} | {2.25x} |", HBT, against_peer("all", "padded")),
+    Figure((P,), "| vanilla, shared prompt | {0.575} s | {220} MiB | {704} | {2.50x} |", HBT, against_peer("vanilla")),
+    Figure((P,), "| all, shared prompt | {0.455} s | {188} MiB | {672} | **{3.16x}** |", HBT, against_peer("all")),
     Figure((P,), "TRL's {1002} MiB against vanilla's {220} with the shared prompt ({4.6x} less) and `all`'s {188}", HBT,
            lambda d: (f"{peer(d)['peak_step_memory_mb']:.0f}",
                       f"{bench(d, 'vanilla', 'cached')['peak_step_memory_mb']:.0f}",
                       memory_ratio(d, peer(d), bench(d, "vanilla", "cached")),
                       f"{bench(d, 'all', 'cached')['peak_step_memory_mb']:.0f}")),
-    Figure((P,), "both cores (load average 3.9-4.0), {2} torch threads, float32, 4 steps each", HGT, threads),
-    Figure((P,), "| TRL DPOTrainer, precomputed reference | {10.704} s | {2121} MiB | {1334} | 1.00x |", HGT, trl_line),
-    Figure((P,), "| vanilla | {6.432} s | {350} MiB | {704} | **{1.66x}** |", HGT, against_peer("vanilla")),
-    Figure((P,), "| all | {2.094} s | {212} MiB | {672} | **{5.11x}** |", HGT, against_peer("all")),
+    Figure((P,), "on a quiet machine (load average {1.72} beside its {2} torch threads), float32, 4 steps each", HGT,
+           quiet_load),
+    Figure((P,), "| TRL DPOTrainer, precomputed reference | {3.805} s | {2121} MiB | {1334} | 1.00x |", HGT, trl_line),
+    Figure((P,), "| vanilla | {0.636} s | {350} MiB | {704} | **{5.98x}** |", HGT, against_peer("vanilla")),
+    Figure((P,), "| all | {0.452} s | {212} MiB | {672} | **{8.42x}** |", HGT, against_peer("all")),
     Figure((P,), "The step's own memory is {6.1x} lower in vanilla.", HGT,
            lambda d: x(peer(d)["peak_step_memory_mb"] / bench(d, "vanilla", "cached")["peak_step_memory_mb"], 1)),
-    Figure((P,), "vanilla's four steps took {0.72}-{7.08} s and TRL's {7.26}-{13.56} s, so vanilla's {1.66x} is not",
+    Figure((P,), "Vanilla's four steps took {0.47}-{0.84} s and TRL's {2.33}-{6.00} s, so vanilla's {5.98x} comes with "
+           "a wide spread",
            HGT, lambda d: (*spread(bench(d, "vanilla", "cached")), *spread(peer(d)),
                            x(bench(d, "vanilla", "cached")["speedup_vs_peer"]))),
-    Figure((P,), "Shared vs padded: {1.31x} faster online and {1.28x} cached (the ideal is {1.34x}: quickstart prompts "
+    Figure((P,), "Shared vs padded: {1.19x} faster online and {1.21x} cached (the ideal is {1.34x}: quickstart prompts "
            "are 3 tokens, so the shared layout saves only the padding, {719} vs {1091} tokens per step), step memory "
            "{12.8} vs {15.1} MiB online", QS_PROMPTS,
            lambda d: (*(x(bench(d, "vanilla", r)["speedup"]) for r in ("online", "cached")),

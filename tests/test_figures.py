@@ -78,8 +78,8 @@ FIGURES = [
            lambda d: memory_ratio(d, peer(d), bench(d, "vanilla", "cached"))),
     Figure((R, I), "and **{6.1x}** less on a GPT-2-vocabulary model", HGT,
            lambda d: memory_ratio(d, peer(d), bench(d, "vanilla", "cached"))),
-    Figure((R, I), "and ran {3.66x} and", HBT, lambda d: x(bench(d, "vanilla", "cached")["speedup_vs_peer"])),
-    Figure((R, I), "and {1.66x} faster per step (re-measured 2026-12-06", HGT,
+    Figure((R, I), "and ran {2.50x} and", HBT, lambda d: x(bench(d, "vanilla", "cached")["speedup_vs_peer"])),
+    Figure((R, I), "and {5.98x} faster per step (re-measured 2026-12-06", HGT,
            lambda d: x(bench(d, "vanilla", "cached")["speedup_vs_peer"])),
     Figure((R, I), "its held-out exact loss is {0.6676 [0.6536, 0.6816]} (ln 2", LEARN, learning("val_loss", ".4f")),
     Figure((R, I), "held-out preference accuracy {0.599 [0.519, 0.680]} (5 seeds", LEARN,
@@ -91,28 +91,28 @@ FIGURES = [
            lambda d: x(bench(d, "vanilla", "cached")["speedup_vs_trl"])),
     Figure((R, I), "(branch {1.05x}, position {1.14x} per step; the LM head is {8} % of its forward)", FP32,
            lambda d: (x(bench(d, "branch")["speedup"]), x(bench(d, "position")["speedup"]), pct(d["head_share"]))),
-    Figure((R, I), "one branch per pair: {1.10x}-{1.73x} per step, timed under load", MED,
+    Figure((R, I), "one branch per pair: {1.49x}-{1.66x} per step on a small random model", MED,
            lambda d: (x(bench(d, "branch")["speedup"]), x(bench(d, "branch", "cached")["speedup"]))),
     Figure((R, I), "position pruning: {3.4x} less step memory on a head-heavy model", HH,
            lambda d: memory_ratio(d, bench(d, "vanilla"), bench(d, "position"))),
     Figure((R, I), "reached the loss target in {0.25x}-{0.54x} of the better vanilla's time", CVMAP, wins),
     Figure((R, I), "every other design in none ({0} wins, {18} losses, {12} ties over {15} cells", MAP, verdicts),
     # the README's results
-    Figure((R,), "the shipped modes ran at {0.62}-{1.27} of their cost-model ideal, so read these speed ratios as "
-           "rough", MED, efficiency_range),
-    Figure((R,), "one back-propagated branch per pair was {1.10x} faster per step with an online reference, {1.73x} "
-           "with a cached one; `configs/modes/all.yaml` {2.80x} and {1.59x}. Every pruned mode's step holds less "
+    Figure((R,), "the shipped modes ran at {0.92}-{1.10} of their cost-model ideal: one", MED, efficiency_range),
+    Figure((R,), "one back-propagated branch per pair was {1.49x} faster per step with an online reference, {1.66x} "
+           "with a cached one; `configs/modes/all.yaml` {2.42x} and {2.69x}. Every pruned mode's step holds less "
            "memory than vanilla's, `all`'s {0.38x} of it", MED,
            lambda d: (*(x(bench(d, m, ref)["speedup"]) for m in ("branch", "all") for ref in ("online", "cached")),
                       x(bench(d, "all")["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"]))),
     Figure((R,), "Position pruning takes {3.4x} less step memory on a head-heavy model (V=32768), the chunked scorer "
            "{4.9x} less", HH, lambda d: (memory_ratio(d, bench(d, "vanilla"), bench(d, "position")),
                                         memory_ratio(d, bench(d, "vanilla"), bench(d, "vanilla", scorer="chunked")))),
-    Figure((R,), "vanilla here (shared prompt, cached reference) ran {1.66x} faster per step, `all` {5.11x}, timed "
-           "under load (vanilla's four steps took {0.72}-{7.08} s), with {6.1x} less step memory in vanilla", HGT,
-           lambda d: (*(x(bench(d, m, "cached")["speedup_vs_peer"]) for m in ("vanilla", "all")),
-                      *spread(bench(d, "vanilla", "cached")),
-                      memory_ratio(d, peer(d), bench(d, "vanilla", "cached")))),
+    Figure((R,), "vanilla here (shared prompt, cached reference) ran {5.98x} faster per step, `all` {8.42x} "
+           "(vanilla's four steps took {0.47}-{0.84} s, TRL's {2.33}-{6.00} s), with {6.1x} less step memory in "
+           "vanilla",
+           HGT, lambda d: (*(x(bench(d, m, "cached")["speedup_vs_peer"]) for m in ("vanilla", "all")),
+                           *spread(bench(d, "vanilla", "cached")), *spread(peer(d)),
+                           memory_ratio(d, peer(d), bench(d, "vanilla", "cached")))),
     Figure((R,), "reached the loss target in {0.25x [0.20x-0.32x]} of the better vanilla's time where the LM head is "
            "{97} % of a step", CVMAP, lambda d: (map_row(d, ND16, SCE)["loss_text"], pct(map_row(d, ND16, SCE)
                                                                                        ["head_share"]))),

@@ -63,3 +63,26 @@ def test_the_scaling_report_names_the_points_taken_under_load():
     assert scaling_load_lines(rows("xs", quiet) + rows("2xs", None)) == []
     (line,) = scaling_load_lines(rows("xs", quiet) + rows("s", busy))
     assert line.startswith("- **taken under load**: 1 of 2 points, e.g. the size sweep's size s, 16-token responses")
+
+
+def test_the_retime_script_reruns_a_stored_command_in_place_and_prints_what_moved(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "small"
+    command = ["--preset", "small", "--modes", "vanilla,branch", "--references", "online", "--scorers", "plain",
+               "--steps", "1", "--warmup", "0", "--threads", "1", "--out", str(out), "--quiet"]
+    from lit_prunedpo.bench.cli import main
+    assert main(command) == 0
+    before = json.loads((out / "bench.json").read_text())
+    done = subprocess.run([sys.executable, str(repo / "scripts/retime-benches.py"), str(out)], cwd=repo,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = json.loads((out / "bench.json").read_text())
+    assert after["command"] == before["command"] and "load" in after
+    assert f"## {out}: load average" in done.stdout and "not the same device" not in done.stdout
+    (line,) = [row for row in done.stdout.splitlines() if row.startswith("- branch/online/plain/shared: step ")]
+    assert f"{before['results'][1]['step_time_s']:.3f} -> {after['results'][1]['step_time_s']:.3f} s" in line
