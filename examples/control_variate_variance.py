@@ -82,8 +82,7 @@ def make_task(name: str) -> Any:
 def parts_for(module: PrunedDPO, mode: str, reference: Any) -> StepParts:
     """The module's step parts with ``mode``'s samplers and ``reference``."""
     prefix, position, branch = load_mode(mode).samplers
-    return dataclasses.replace(module.parts, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch,
-                               reference=reference)
+    return dataclasses.replace(module.parts_with(prefix, position, branch), reference=reference)
 
 
 def gradient(module: PrunedDPO, batch: Any, parts: StepParts, generator: torch.Generator) -> torch.Tensor:

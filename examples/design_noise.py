@@ -64,7 +64,7 @@ def bound(samplers, batch):
 def gradient(module, batch, samplers, generator) -> torch.Tensor:
     module.zero_grad(set_to_none=True)
     prefix, position, branch = bound(samplers, batch)
-    parts = dataclasses.replace(module.parts, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch)
+    parts = module.parts_with(prefix, position, branch)
     module.step(batch, parts, generator).estimate.objective.backward()
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                       for p in module.policy.parameters() if p.requires_grad])

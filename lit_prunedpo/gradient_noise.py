@@ -127,7 +127,7 @@ def gradient(module: Any, batch: PreferenceBatch, samplers: Samplers, generator:
     ``samplers`` (the module's own scorer, reference and layout); the module's gradients are left set."""
     module.zero_grad(set_to_none=True)
     prefix, position, branch = samplers
-    parts = dataclasses.replace(module.parts, prefix_sampler=prefix, position_sampler=position, branch_sampler=branch)
+    parts = module.parts_with(prefix, position, branch)  # admitted as training admits them (its fallback, say)
     module.step(batch, parts, generator).estimate.objective.backward()
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                       for p in module.policy.parameters() if p.requires_grad])

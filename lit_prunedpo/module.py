@@ -34,7 +34,6 @@ from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, lay
 from lit_prunedpo.gradient_check import checked_closure
 from lit_prunedpo.guards import (
     check_sampler_kinds, check_setup, refuse_nonfinite_weights, refusing_setter,
-    usable_position_sampler,
 )
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
@@ -47,6 +46,7 @@ from lit_prunedpo.policy_setup import EvalModeWarning, build_policy
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.run_state import load_run_state, save_run_state
+from lit_prunedpo.sampler_set import SamplerSet
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
@@ -140,9 +140,7 @@ class PrunedDPO(L.LightningModule):
         self.loss = trl_loss(loss) if isinstance(loss, (str, list)) else (loss if loss is not None else SigmoidLoss())
         given = (prefix_sampler, position_sampler, branch_sampler)
         check_sampler_kinds(type(self).__name__, *given)  # a sampler's class, or another kind, refused at once
-        self._samplers = tuple(s if s is not None else exact for s, exact in zip(given, exact_samplers()))
-        self._set_up = False  # from set-up on, use_samplers checks a new position sampler as setup() does
-        self._position_given: PositionSampler | None = None  # as given, before a fallback (use_samplers)
+        self.sampler_set = SamplerSet(*(s if s is not None else exact for s, exact in zip(given, exact_samplers())))
         self.scorer = scorer if scorer is not None else TokenScorer()
         self.optimizer_factory = optimizer if optimizer is not None else torch.optim.AdamW
         self.scheduler_factory = scheduler
@@ -171,21 +169,21 @@ class PrunedDPO(L.LightningModule):
     @property
     def prefix_sampler(self) -> PrefixSampler:
         """Which response prefixes run; changed with :meth:`use_samplers`."""
-        return self._samplers[0]
+        return self.sampler_set.samplers[0]
 
     prefix_sampler = prefix_sampler.setter(refusing_setter("prefix"))
 
     @property
     def position_sampler(self) -> PositionSampler:
         """Which kept positions are scored; changed with :meth:`use_samplers`."""
-        return self._samplers[1]
+        return self.sampler_set.samplers[1]
 
     position_sampler = position_sampler.setter(refusing_setter("position"))
 
     @property
     def branch_sampler(self) -> BranchSampler:
         """Which branches get a gradient; changed with :meth:`use_samplers`."""
-        return self._samplers[2]
+        return self.sampler_set.samplers[2]
 
     branch_sampler = branch_sampler.setter(refusing_setter("branch"))
 
@@ -200,13 +198,7 @@ class PrunedDPO(L.LightningModule):
                 the reference cannot run it (``guards.usable_position_sampler``, which puts the sampler it wraps in
                 its place, with a warning, when it has ``fallback``; before set-up, :meth:`setup` checks).
         """
-        check_sampler_kinds("use_samplers", prefix, position, branch)
-        if position is not None and position is self._position_given:
-            position = self.position_sampler  # checked when it came in (or its fallback): callbacks pass theirs often
-        elif position is not None and self._set_up:  # checked, or its fallback in its place; a refusal changes nothing
-            position, self._position_given = usable_position_sampler(position, self.policy, self.reference), position
-        given = (prefix, position, branch)
-        self._samplers = tuple(new if new is not None else old for new, old in zip(given, self._samplers))
+        self.sampler_set.use(prefix, position, branch)  # admitted there (lit_prunedpo.sampler_set)
 
     # ----------------------------------------------------------------------------------------- set-up
     def on_fit_start(self) -> None:
@@ -227,9 +219,7 @@ class PrunedDPO(L.LightningModule):
         datamodule = getattr(self._trainer, "datamodule", None)
         check_setup(self.policy, datamodule, self._trainer)
         self.reference.prepare(self.policy, datamodule, ReferenceRuntime.of(self._trainer))
-        self._set_up = True
-        self._position_given = None  # a set-up again (fit, then test) checks again
-        self.use_samplers(position=self.position_sampler)  # checked, or its fallback put in its place
+        self.sampler_set.set_up(self.policy, self.reference)  # checked, or its fallback put in its place
 
     def configure_model(self) -> None:
         """Shard the policy, and an online reference's frozen model, with FSDP2 per decoder layer when the
@@ -241,8 +231,7 @@ class PrunedDPO(L.LightningModule):
 
         shard_pruned_dpo(self, self.device_mesh)
         self._sharded = True
-        given, self._position_given = self._position_given or self.position_sampler, None
-        self.use_samplers(position=given)  # checked again: a sharded head gives no row (its fallback, or a refusal)
+        self.sampler_set.set_up(self.policy, self.reference)  # again: a sharded head gives no row (fallback or refusal)
 
     def configure_optimizers(self) -> Any:
         return configure_optimizers(self)  # recorded for checkpoints and resumes (lit_prunedpo.optimizer_setup)
@@ -279,7 +268,14 @@ class PrunedDPO(L.LightningModule):
     def parts(self) -> StepParts:
         """This module's samplers, scorer, reference and layout, as a step takes them. Read at every step, so that
         samplers replaced by :meth:`use_samplers` (``PruneEarly``) take effect at the next one."""
-        return StepParts(self.prefix_sampler, self.position_sampler, self.branch_sampler, self.scorer, self.reference,
+        return self.parts_with()
+
+    def parts_with(self, prefix: PrefixSampler | None = None, position: PositionSampler | None = None,
+                   branch: BranchSampler | None = None) -> StepParts:
+        """The step's parts with these samplers in place of this module's (``None``: its own), a position sampler
+        admitted as training admits it: what a measurement of this module's step (``AutoPruning``'s calibration,
+        ``lit_prunedpo.testing``'s unbiasedness check) must run. Every path that builds step parts comes here."""
+        return StepParts(*self.sampler_set.chosen(prefix, position, branch), self.scorer, self.reference,
                          self.resolved_layout())
 
     def step(

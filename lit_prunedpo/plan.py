@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.samplers import (
-    AllPositions, BothBranches, BranchSampler, FullPrefix, LogSoftmaxSplit, PositionSampler, PrefixSampler,
+    AllPositions, BothBranches, BranchSampler, FullPrefix, PositionSampler, PrefixSampler,
 )
 
 __all__ = [
@@ -236,7 +236,8 @@ def plan_step(
     them in both branch sums (``logps/*`` mean what TRL's do) without a gradient (they cancel exactly in the margin
     ``R_w - R_l``, so a loss of the margin alone loses nothing); the rejected row leaves them out.
 
-    A position sampler that samples only the log-sum-exp (:class:`~lit_prunedpo.samplers.LogSoftmaxSplit`) gets
+    A position sampler that samples only the log-sum-exp (``splits_log_softmax``: a
+    :class:`~lit_prunedpo.samplers.LogSoftmaxSplit`) gets
     groups whose scored positions are every executed position (``t < L``), the target logit's weight ``1 / s_t``
     and, in ``lse_weight``, the drawn positions' ``1 / (s_t p_t)`` (:class:`RowGroup`).
     """
@@ -250,7 +251,7 @@ def plan_step(
     kept = prefix.draw(lengths, generator)
     scored = position.draw(kept, T, generator)
     drawn = int(scored.sum())
-    split = isinstance(position, LogSoftmaxSplit)
+    split = position.splits_log_softmax
     # a split log-softmax: every executed position gets its (cheap) target logit, the draws choose the log-sum-exps
     terms = (torch.arange(T)[None, :] < kept[:, None]) if split else scored
     shared = None

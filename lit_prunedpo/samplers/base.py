@@ -54,6 +54,10 @@ class PrefixSampler(ABC):
 class PositionSampler(ABC):
     """Draws which of the kept positions ``t <= L`` get scored (LM head and log-softmax run only there)."""
 
+    #: whether the draws choose only where the log-sum-exp runs, every executed position getting its target logit
+    #: (:class:`~lit_prunedpo.samplers.LogSoftmaxSplit`, which sets it); the planner reads it, not the class
+    splits_log_softmax: bool = False
+
     @abstractmethod
     def inclusion(self, kept: Tensor, width: int) -> Tensor:
         """Return ``p[i, t-1] = P(t scored | L_i)`` as ``[N, width]`` float64: > 0 for ``t <= L_i``, 0 after."""

@@ -53,6 +53,7 @@ class LogSoftmaxSplit(PositionSampler):
         ValueError: ``positions`` splits the log-softmax itself (one split is all there is).
     """
 
+    splits_log_softmax = True
     #: whether the policy's sampled log-sum-exps are centred on the reference's (:class:`ReferenceLogSumExp`)
     uses_reference_lse: bool = False
 

@@ -6,7 +6,6 @@ made-up batches and scores they run on (:func:`synthetic_batch`, :func:`scored_v
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -124,8 +123,7 @@ def check_step_unbiased(
     unit = torch.nn.functional.normalize(torch.randn(directions, size, generator=g, dtype=torch.float64), dim=1)
 
     def draw(prefix_, position_, branch_, generator) -> tuple[Tensor, Tensor, Tensor]:
-        parts = dataclasses.replace(module.parts, prefix_sampler=prefix_, position_sampler=position_,
-                                    branch_sampler=branch_)
+        parts = module.parts_with(prefix_, position_, branch_)  # what training would run with them
         out = module.step(batch, parts, generator)
         est, plan = out.estimate, out.plan
         keep = (plan.grad_mask / plan.branch_prob).to(est.policy_logps)

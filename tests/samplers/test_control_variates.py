@@ -421,6 +421,30 @@ def test_with_fallback_such_a_head_gets_the_wrapped_sampler_with_a_warning():
     assert module.position_sampler.rate == 0.25  # a refused sampler changes nothing
 
 
+def test_a_measurement_of_the_step_runs_what_training_would_its_fallback_included():
+    """AutoPruning's calibration (``gradient_noise.gradient``) and the unbiasedness check build their parts through
+    ``PrunedDPO.parts_with``, which admits a position sampler as training does: on a head that gives no row, the
+    default position mode is measured as its fallback (it used to fail inside the step), and one without ``fallback``
+    is refused with the same message as at set-up. The module's own samplers stay as they were."""
+    from lit_prunedpo.gradient_noise import gradient
+
+    module = PrunedDPO(policy=Built(_shifted_model()), layout=PaddedLayout())
+    module.setup("fit")
+    estimator = ExactTargetLogits(CoupledStratifiedPositions(0.5), fallback=True)
+    with pytest.warns(UserWarning, match="fallback=True"):
+        assert module.parts_with(position=estimator).position_sampler is estimator.positions
+    batch = make_batch([2, 1], [6, 5], [4, 7], seed=3)
+    with pytest.warns(UserWarning, match="fallback=True"):
+        grad = gradient(module, batch, (FullPrefix(), estimator, BothBranches()), torch.Generator().manual_seed(0))
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    assert isinstance(module.position_sampler, AllPositions)  # a measurement changes nothing
+    with pytest.raises(ValueError, match="give the estimator fallback: true"):
+        module.parts_with(position=ExactTargetLogits())
+    with pytest.warns(UserWarning, match="fallback=True"):  # the fallback's draws, checked unbiased (raises if not)
+        report = check_step_unbiased(module, batch, estimator, FullPrefix(), BothBranches(), num_draws=60)
+    assert report.monte_carlo_checks == 3
+
+
 def test_with_fallback_a_linear_head_keeps_the_estimator_silently():
     estimator = ExactTargetLogits(fallback=True)
     module = make_module(ExactTargetLogits)
