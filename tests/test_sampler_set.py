@@ -39,8 +39,8 @@ def test_a_swap_is_admitted_and_a_refused_one_changes_nothing(run):
     with pytest.raises(ValueError, match=REFUSAL):
         samplers.use(prefix=FullPrefix(), position=ReferenceLogSumExp(), branch=RandomBranch())
     assert samplers.samplers == before
-    split = ExactTargetLogits(CoupledStratifiedPositions(0.5))
-    samplers.use(position=split, branch=(branch := RandomBranch()))
+    split, branch = ExactTargetLogits(CoupledStratifiedPositions(0.5)), RandomBranch()
+    samplers.use(position=split, branch=branch)
     assert samplers.samplers == (before[0], split, branch)
 
 
@@ -48,7 +48,8 @@ def test_measurements_choose_without_changing_the_set_and_are_admitted_alike(run
     samplers = SamplerSet(FullPrefix(), AllPositions(), BothBranches())
     samplers.set_up(*run)
     own = samplers.samplers
-    chosen = samplers.chosen(position=(split := ExactTargetLogits()))
+    split = ExactTargetLogits()
+    chosen = samplers.chosen(position=split)
     assert chosen == (own[0], split, own[2]) and samplers.samplers == own
     with pytest.raises(ValueError, match=REFUSAL):
         samplers.chosen(position=ReferenceLogSumExp())
