@@ -45,7 +45,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -65,6 +65,9 @@ from lit_prunedpo.gradient_noise import (
 )
 from lit_prunedpo.modes import load_mode, mode_names
 from lit_prunedpo.plan import exact_samplers
+
+if TYPE_CHECKING:
+    from lit_prunedpo.module import PrunedDPO
 
 VANILLA = "vanilla"
 #: the default position mode (the only design that has beaten a cost-matched vanilla) and antithetic branches, the
@@ -158,8 +161,8 @@ def decide(between: float, vanilla_s: float, candidates: dict[str, tuple[float, 
             tuple(arms))
 
 
-def calibrate(module: Any, batch: PreferenceBatch, candidates: dict[str, Sequence[Any]], pairs: int = 8, draws: int = 4,
-              min_gain: float = 0.1, seed: int = 0, budget_s: float | None = None) -> AutoDecision:
+def calibrate(module: PrunedDPO, batch: PreferenceBatch, candidates: dict[str, Sequence[Any]], pairs: int = 8,
+              draws: int = 4, min_gain: float = 0.1, seed: int = 0, budget_s: float | None = None) -> AutoDecision:
     """Measure ``between``, each arm's step time and each candidate's ``within`` on ``batch`` through ``module``'s
     own step, and choose (module docstring). ``candidates`` maps a mode name to its three samplers. The module's
     gradients are cleared afterwards; its weights, samplers and sampler stream are not touched (the draws use a

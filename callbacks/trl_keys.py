@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import lightning.pytorch as pl
 import torch
@@ -15,6 +15,9 @@ from typing_extensions import override
 from lit_prunedpo.metrics import TOKEN_METRICS
 from lit_prunedpo.trl_keys import REWARD_KEYS, RowContext, reports_dpo_rewards, trl_row
 from lit_prunedpo.validation import metric_key
+
+if TYPE_CHECKING:
+    from lit_prunedpo.module import PrunedDPO
 
 OWN_KEYS = ("unmatched", "all", "none")
 
@@ -70,7 +73,7 @@ class TRLKeys(Callback):
             raise ValueError(f"TRLKeys(own_keys={own_keys!r}): give one of {', '.join(map(repr, OWN_KEYS))}")
         self.own_keys = own_keys
         self._trainer: pl.Trainer | None = None
-        self._module: Any = None
+        self._module: PrunedDPO | None = None
         self._wrapped: list[Any] = []
         self._dpo_rewards = True
         self._token_start: int | None = None
@@ -147,7 +150,7 @@ class TRLKeys(Callback):
         value is the mean of the batches' values (``eval_loss`` itself is the mean over pairs, ``val/loss``)."""
         return ["loss", *(REWARD_KEYS if self._dpo_rewards else ()), *TOKEN_METRICS]
 
-    def _metric_sums(self, pl_module: Any) -> torch.Tensor:
+    def _metric_sums(self, pl_module: PrunedDPO) -> torch.Tensor:
         """``[M, 2]``: each validation mean's running ``(sum of value * weight, sum of weight)`` on this rank."""
         means = [pl_module.val_metrics[metric_key(name)] for name in self._names()]
         return torch.stack([torch.stack([m.mean_value.double(), m.weight.double()]) for m in means])

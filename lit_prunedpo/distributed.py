@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -118,13 +118,21 @@ def shard_causal_lm(model: nn.Module, mesh: Any, *, reshard_after_forward: bool 
     return model
 
 
-def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = True) -> None:
-    """Shard ``module.policy``, then let the reference source shard the frozen models it owns
+class ShardsItsModels(Protocol):
+    """A reference source, as sharding sees it (``lit_prunedpo.reference.ReferenceSource.shard``)."""
+
+    def shard(self, mesh: Any) -> None: ...
+
+
+def shard_pruned_dpo(policy: nn.Module, reference: ShardsItsModels, mesh: Any, *,
+                     reshard_after_forward: bool = True) -> None:
+    """Shard ``policy``, then let the reference source shard the frozen models it owns
     (:meth:`~lit_prunedpo.reference.ReferenceSource.shard`: an ``OnlineReference``'s model, so a frozen
     reference costs ``1/N`` of a replica per rank; a cached reference has nothing to shard).
 
     Args:
-        module: a ``PrunedDPO``.
+        policy: a ``PrunedDPO``'s policy.
+        reference: its reference source.
         mesh: the strategy's device mesh: a 1-D mesh, or a 2-D one with dimensions ``data_parallel`` and
             ``tensor_parallel`` of size 1 (``ModelParallelStrategy``'s).
 
@@ -139,8 +147,8 @@ def shard_pruned_dpo(module: Any, mesh: Any, *, reshard_after_forward: bool = Tr
             "ModelParallelStrategy(tensor_parallel_size=1))"
         )
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
-    shard_causal_lm(module.policy, dp_mesh, reshard_after_forward=reshard_after_forward)
-    module.reference.shard(dp_mesh)
+    shard_causal_lm(policy, dp_mesh, reshard_after_forward=reshard_after_forward)
+    reference.shard(dp_mesh)
 
 
 class FSDP2Strategy(ModelParallelStrategy):

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
+
+if TYPE_CHECKING:
+    from lit_prunedpo.module import PrunedDPO
 
 __all__ = [
     "RunningBetween", "Samplers", "between_variance", "gradient", "pair", "relative_inefficiency", "squared_distance",
@@ -122,7 +125,7 @@ def pair(batch: PreferenceBatch, i: int) -> PreferenceBatch:
     return PreferenceBatch(**{f.name: getattr(batch, f.name)[i:i + 1] for f in dataclasses.fields(batch)})
 
 
-def gradient(module: Any, batch: PreferenceBatch, samplers: Samplers, generator: torch.Generator) -> Tensor:
+def gradient(module: PrunedDPO, batch: PreferenceBatch, samplers: Samplers, generator: torch.Generator) -> Tensor:
     """The flattened gradient of the trainable policy parameters of one step of ``module`` on ``batch`` with
     ``samplers`` (the module's own scorer, reference and layout); the module's gradients are left set."""
     module.zero_grad(set_to_none=True)
@@ -133,7 +136,7 @@ def gradient(module: Any, batch: PreferenceBatch, samplers: Samplers, generator:
                       for p in module.policy.parameters() if p.requires_grad])
 
 
-def timed_gradient(module: Any, batch: PreferenceBatch, samplers: Samplers,
+def timed_gradient(module: PrunedDPO, batch: PreferenceBatch, samplers: Samplers,
                    generator: torch.Generator) -> tuple[Tensor, float]:
     """:func:`gradient` and the seconds (wall clock) it took."""
     start = time.perf_counter()

@@ -108,10 +108,10 @@ def check_sampler_kinds(where: str, prefix: Any, position: Any, branch: Any) -> 
         raise TypeError(f"{where}: {name} must be a {kind.__name__}, got {type(sampler).__name__}")
 
 
-def refusing_setter(name: str) -> Callable[[Any, Any], None]:
+def refusing_setter(name: str) -> Callable[[object, object], None]:
     """The setter of ``PrunedDPO.<name>_sampler``: refuses, pointing at ``use_samplers``, the one way to change a
     sampler (it checks it); ``prefix_sampler = prefix_sampler.setter(refusing_setter("prefix"))``."""
-    def refuse(module: Any, sampler: Any) -> None:
+    def refuse(module: object, sampler: object) -> None:
         raise AttributeError(f"{type(module).__name__}.{name}_sampler cannot be assigned: call "
                              f"use_samplers({name}=...), which checks the sampler and changes it for the next steps")
     return refuse

@@ -31,28 +31,25 @@ from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, un
 from lit_prunedpo.distributed import agree_on_forwards
 from lit_prunedpo.estimate import Estimate, estimate
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
-from lit_prunedpo.gradient_check import checked_closure
+from lit_prunedpo.gradient_check import GradientCheck
 from lit_prunedpo.guards import (
     check_sampler_kinds, check_setup, refuse_nonfinite_weights, refusing_setter,
 )
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
-from lit_prunedpo.metrics import MetricWindow, StepStats, pair_metrics
+from lit_prunedpo.metrics import StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.nonfinite import NonFiniteGuard
-from lit_prunedpo.optimizer_setup import apply_resumed_setup, configure_optimizers
 from lit_prunedpo.plan import StepPlan, exact_samplers, plan_step
 from lit_prunedpo.policy_setup import EvalModeWarning, build_policy
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
-from lit_prunedpo.run_state import load_run_state, save_run_state
+from lit_prunedpo.run_state import RunState, load_policy_state, save_policy_state
 from lit_prunedpo.sampler_set import SamplerSet
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.step import StepOutput, StepParts
-from lit_prunedpo.training_logs import (
-    log_optimizer_step, log_skipped, log_training_metrics, logs_this_step, tokens_over_ranks, window_values,
-)
+from lit_prunedpo.training_logs import TrainingLog, log_optimizer_step, log_skipped, logs_this_step, tokens_over_ranks
 from lit_prunedpo.training_noise import noise_free_training
 from lit_prunedpo.validation import epoch_means, exact_step, log_exact_metrics
 
@@ -134,7 +131,8 @@ class PrunedDPO(L.LightningModule):
             raise ValueError(f"beta must be > 0, got {beta!r}")
         if layout is not None and shared_prompt is not None:
             raise ValueError("give model.layout or model.shared_prompt (its older shorthand), not both")
-        self.nonfinite = NonFiniteGuard(on_nonfinite, max_consecutive_skips)
+        # the samplers' stream, the failure policy's counts, TRL's num_tokens, the optimizer's record: checkpointed
+        self.run_state = RunState(NonFiniteGuard(on_nonfinite, max_consecutive_skips))
         self.beta = float(beta)
         # a TRL loss_type name, or a list of them, as a TRL user writes it
         self.loss = trl_loss(loss) if isinstance(loss, (str, list)) else (loss if loss is not None else SigmoidLoss())
@@ -156,14 +154,17 @@ class PrunedDPO(L.LightningModule):
         self.strict_layout = bool(strict_layout)
         self._layout_choice: LayoutChoice | None = None
 
-        self.sampler_rng = SamplerRNG()
         self._eval_mode_warning = EvalModeWarning()  # opened at fit start, closed at train start
         self.step_stats: StepStats | None = None
-        self._window = MetricWindow()
-        self._grad_norm: Tensor | None = None  # this optimizer step's, checked before the update, then logged
+        self.training_log = TrainingLog()
+        self.gradient_check = GradientCheck(self.nonfinite, self._log_skipped)  # before each update
         self._sharded = False  # set by configure_model under FSDP2
-        self.num_tokens = 0  # TRL's num_tokens: input tokens of every rank's training batches so far
         self.val_metrics, self.test_metrics = epoch_means(), epoch_means()
+
+    # ---------------------------------------------------------------------------------- the run's state
+    sampler_rng = property(lambda self: self.run_state.sampler_rng, doc="The samplers' generator (one per rank).")
+    nonfinite = property(lambda self: self.run_state.nonfinite, doc="The failure policy and its counts.")
+    num_tokens = property(lambda self: self.run_state.num_tokens, doc="TRL's count of every rank's input tokens.")
 
     # ------------------------------------------------------------------------------------- the samplers
     @property
@@ -206,16 +207,16 @@ class PrunedDPO(L.LightningModule):
         self._eval_mode_warning.open(self.policy, self.disable_dropout)
 
     def on_train_start(self) -> None:
-        self._window = MetricWindow()  # a resumed run's window starts with its first step
+        self.training_log.restart()  # a resumed run's window starts with its first step
         self._eval_mode_warning.close()
-        apply_resumed_setup(self)
+        self.run_state.optimizer.apply_resumed(self.trainer.optimizers, self.trainer.lr_scheduler_configs)
 
     def teardown(self, stage: str) -> None:
         self._eval_mode_warning.close()
 
     def setup(self, stage: str) -> None:
         seed = self.sampler_seed if self.sampler_seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
-        self.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
+        self.run_state.sampler_rng = SamplerRNG(seed=seed, rank=self.global_rank)
         datamodule = getattr(self._trainer, "datamodule", None)
         check_setup(self.policy, datamodule, self._trainer)
         self.reference.prepare(self.policy, datamodule, ReferenceRuntime.of(self._trainer))
@@ -229,12 +230,15 @@ class PrunedDPO(L.LightningModule):
             return
         from lit_prunedpo.distributed import shard_pruned_dpo
 
-        shard_pruned_dpo(self, self.device_mesh)
+        shard_pruned_dpo(self.policy, self.reference, self.device_mesh)
         self._sharded = True
         self.sampler_set.set_up(self.policy, self.reference)  # again: a sharded head gives no row (fallback or refusal)
 
     def configure_optimizers(self) -> Any:
-        return configure_optimizers(self)  # recorded for checkpoints and resumes (lit_prunedpo.optimizer_setup)
+        trainable = (p for p in self.policy.parameters() if p.requires_grad)
+        # recorded for checkpoints and resumes (lit_prunedpo.optimizer_setup)
+        return self.run_state.optimizer.build(trainable, self.optimizer_factory, self.scheduler_factory,
+                                              lambda: self.trainer.estimated_stepping_batches)
 
     def train(self, mode: bool = True) -> "PrunedDPO":
         super().train(mode)
@@ -339,26 +343,29 @@ class PrunedDPO(L.LightningModule):
         logged = logs_this_step(self._trainer)
         out = self.step(batch, token_stats=logged)
         self.step_stats = out.stats
-        self.num_tokens += tokens_over_ranks(self, batch)
+        self.run_state.num_tokens += tokens_over_ranks(batch, self._trainer)
         strategy = self._trainer and self.trainer.strategy
         finite = self.nonfinite.loss_ok(out.estimate, batch, batch_idx, self.global_step, strategy)
-        # every step into the window, a skipped one with its own (non-finite) values, never the previous step's
-        self._window.add(window_values(out, self.beta))
+        self.training_log.add(out, self.beta)  # a skipped step too, with its own (non-finite) values
         if not finite:
-            log_skipped(self)
+            self._log_skipped()
         if logged:  # what Lightning writes: lit_prunedpo.training_logs
-            log_training_metrics(self, self._window, out, batch.num_pairs)
+            self.training_log.write(self, out, batch.num_pairs, self.num_tokens)
         return out.estimate.objective if finite else None
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         if optimizer_closure is None:
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # the step and its backward, then the gradient's check, before the update (lit_prunedpo.gradient_check)
-        optimizer.step(closure=checked_closure(self, optimizer, batch_idx, optimizer_closure))
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None  # a GradScaler's business
+        optimizer.step(closure=self.gradient_check.closure(optimizer, optimizer_closure, scaled, self.global_step,
+                                                           batch_idx))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        norm, self._grad_norm = self._grad_norm, None  # the gradient check's, this step's only
-        log_optimizer_step(self, optimizer, norm)
+        log_optimizer_step(self, optimizer, self.gradient_check.take_norm())  # the check's norm, this step's only
+
+    def _log_skipped(self) -> None:
+        log_skipped(self, self.nonfinite.skipped_steps)
 
     # ---------------------------------------------------------------------------- validation and test
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
@@ -373,14 +380,9 @@ class PrunedDPO(L.LightningModule):
         return pair_metrics(exact_step(self, batch)[2], self.beta)
 
     # ---------------------------------------------------------------------------- failure policy
-    @property
-    def skipped_steps(self) -> int:
-        """Steps skipped for a non-finite loss or gradient, over the whole run (resumes included)."""
-        return self.nonfinite.skipped_steps
-
-    @property
-    def skipped_in_a_row(self) -> int:
-        return self.nonfinite.skipped_in_a_row
+    skipped_steps = property(lambda self: self.nonfinite.skipped_steps,
+                             doc="Steps skipped for a non-finite loss or gradient, in the whole run (resumes too).")
+    skipped_in_a_row = property(lambda self: self.nonfinite.skipped_in_a_row, doc="Skipped steps in a row, now.")
 
     # ------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -389,7 +391,9 @@ class PrunedDPO(L.LightningModule):
         refuse_nonfinite_weights(checkpoint, self.global_step)
         if self._trainer is not None:  # a plain Trainer's atomic writes: the strategy writes after this hook
             install_atomic_io(self._trainer)
-        save_run_state(self, checkpoint)  # the samplers' stream, counters, optimizer set-up, policy spec
+        checkpoint.update(self.run_state.state_dict())  # the samplers' stream, counters, optimizer set-up
+        save_policy_state(checkpoint, self.policy, self.policy_source, self._sharded)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        load_run_state(self, checkpoint)  # the optimizer set-up is applied at train start
+        load_policy_state(checkpoint, self.policy, self.policy_source, getattr(self._trainer, "ckpt_path", None))
+        self.run_state.load_state_dict(checkpoint, self.sampler_seed)  # the optimizer's, applied at train start

@@ -9,7 +9,7 @@ its response tokens, as TRL's evaluation does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 from torchmetrics import MeanMetric
@@ -19,6 +19,22 @@ from lit_prunedpo.estimate import Estimate
 from lit_prunedpo.execute import StepLogps
 from lit_prunedpo.metrics import PAIR_METRICS, TOKEN_METRICS, pair_metrics, token_metrics
 from lit_prunedpo.plan import StepPlan, exact_plan
+from lit_prunedpo.training_logs import Logs
+
+
+class StepStages(Protocol):
+    """A step's execute and estimate stages, as ``PrunedDPO`` runs them with its own parts."""
+
+    beta: float
+
+    def execute(self, batch: PreferenceBatch, plan: StepPlan, parts: Any = None,
+                token_stats: bool = False) -> StepLogps: ...
+
+    def estimate(self, batch: PreferenceBatch, plan: StepPlan, logps: StepLogps) -> Estimate: ...
+
+
+class LoggedStepStages(StepStages, Logs, Protocol):
+    """Step stages that also log (``PrunedDPO``)."""
 
 
 def epoch_means() -> nn.ModuleDict:
@@ -31,16 +47,17 @@ def metric_key(name: str) -> str:
     return name.replace("/", "__")
 
 
-def exact_step(module: Any, batch: PreferenceBatch, token_stats: bool = False) -> tuple[StepPlan, StepLogps, Estimate]:
-    """The unpruned step of ``batch`` through ``module`` (a ``PrunedDPO``): its plan, log-probs and estimate;
-    draws nothing. ``token_stats`` also collects the policy's token statistics (for the token metrics)."""
+def exact_step(module: StepStages, batch: PreferenceBatch, token_stats: bool = False
+               ) -> tuple[StepPlan, StepLogps, Estimate]:
+    """The unpruned step of ``batch`` through ``module``'s stages (a ``PrunedDPO``'s): its plan, log-probs and
+    estimate; draws nothing. ``token_stats`` also collects the policy's token statistics (for the token metrics)."""
     batch.validate()
     plan = exact_plan(batch)
     logps = module.execute(batch, plan, token_stats=token_stats)
     return plan, logps, module.estimate(batch, plan, logps)
 
 
-def log_exact_metrics(module: Any, batch: PreferenceBatch, means: nn.ModuleDict, stage: str) -> None:
+def log_exact_metrics(module: LoggedStepStages, batch: PreferenceBatch, means: nn.ModuleDict, stage: str) -> None:
     """Run the exact step of ``batch`` and add its metrics to ``means`` (from :func:`epoch_means`), logged by
     ``module`` (a ``PrunedDPO``) as ``<stage>/<name>`` at the epoch's end."""
     plan, logps, est = exact_step(module, batch, token_stats=True)

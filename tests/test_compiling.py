@@ -100,7 +100,8 @@ def test_the_compiled_step_is_the_eager_step_and_stops_compiling_after_the_first
     optimizers = [m.configure_optimizers() for m in (eager, compiled)]
     graphs = []
     for mode in ("vanilla", "all"):
-        eager.sampler_rng, compiled.sampler_rng = SamplerRNG(seed=3), SamplerRNG(seed=3)  # the same draws
+        for m in (eager, compiled):
+            m.run_state.sampler_rng = SamplerRNG(seed=3)  # the same draws
         want = _steps(eager, optimizers[0], batches, mode)
         start = graphs_compiled()
         got = _steps(compiled, optimizers[1], batches[:1], mode)

@@ -63,7 +63,7 @@ class _Record:
 def _step(variant: Variant, batch: Any, rng: SamplerRNG) -> tuple[float, float, list[torch.Tensor | None], Any]:
     """One timed step: its seconds, its objective, a copy of the gradients (taken after the clock), its forwards."""
     module, cuda = variant.module, batch.response_ids.is_cuda
-    module.sampler_rng = rng
+    module.run_state.sampler_rng = rng
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()

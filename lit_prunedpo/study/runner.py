@@ -252,7 +252,7 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
         scorer=ChunkedScorer() if arm.chunked else None, gradient_checkpointing=arm.checkpointing,
         optimizer=partial(torch.optim.AdamW, lr=arm.lr if arm.lr is not None else task.lr, weight_decay=0.0),
     )
-    module.sampler_rng = SamplerRNG(seed=seed)
+    module.run_state.sampler_rng = SamplerRNG(seed=seed)
     module.train()
     optimizer = module.configure_optimizers()
     scheduler = WarmupCosineLR(optimizer, warmup_steps=task.warmup_steps, total_steps=arm.schedule_steps)

@@ -7,7 +7,7 @@ made-up batches and scores they run on (:func:`synthetic_batch`, :func:`scored_v
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,6 +25,9 @@ from lit_prunedpo.samplers import (
 )
 from lit_prunedpo.testing.report import SamplerReport, check_monte_carlo
 from lit_prunedpo.token_terms import TokenTerms
+
+if TYPE_CHECKING:
+    from lit_prunedpo.module import PrunedDPO
 
 
 def synthetic_batch(lengths: Tensor, prompt_length: int = 2, vocab: int = 16, seed: int = 0) -> PreferenceBatch:
@@ -97,7 +100,7 @@ def check_unbiased(
 
 
 def check_step_unbiased(
-    module: Any,
+    module: PrunedDPO,
     batch: PreferenceBatch,
     position: PositionSampler,
     prefix: PrefixSampler | None = None,
