@@ -20,6 +20,8 @@ ratio to the better vanilla, with a bootstrap interval over seeds and a WIN / TI
   (:mod:`~lit_prunedpo.study.report_markdown`) and study.png (:mod:`~lit_prunedpo.study.report_figure`);
 * :mod:`~lit_prunedpo.study.outputs`: the output folder's lock, files written whole, one-line write errors;
 * :mod:`~lit_prunedpo.study.arguments`: the command's arguments and the options they resolve to;
+* :mod:`~lit_prunedpo.study.protocol`: the study as a function (``run_study -> StudyResult``), which the command and
+  the regime map call;
 * :mod:`~lit_prunedpo.study.cli`: the command.
 
 The study is a client of the library: from outside the lab it imports only the public API, the ``__all__`` of the

@@ -129,7 +129,7 @@ def run_cell(task: StudyTask, dm: Any, designs: Sequence[Design], seeds: Sequenc
     skipped, a seed with some missing is run again whole (its designs share the seed's turns). ``precision``: the
     runs' (:data:`lit_prunedpo.study.runner.PRECISIONS`).
     """
-    from lit_prunedpo.study.runner import run_study
+    from lit_prunedpo.study.runner import train_arms
 
     by_arm = {d.arm: d for d in designs}
     records = []
@@ -143,7 +143,7 @@ def run_cell(task: StudyTask, dm: Any, designs: Sequence[Design], seeds: Sequenc
             if on_record is not None:
                 on_record(record)
 
-        run_study(task, [d.arm for d in designs], [seed], budget_s=None, steps=lambda arm: arm.schedule_steps,
+        train_arms(task, [d.arm for d in designs], [seed], budget_s=None, steps=lambda arm: arm.schedule_steps,
                   evals=evals, work_dir=work_dir, dm=dm, log=log, on_done=finished, precision=precision)
     return records
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from lit_prunedpo.study.outputs import OutputError, Refused, read_json, write_atomic
+from lit_prunedpo.study.outputs import OutputError, read_json, write_atomic
 
 
 def study_argv(out: Path, modes: Sequence[str], opt: dict[str, Any], budget: float, args: argparse.Namespace,
@@ -88,26 +88,22 @@ def run_cell(cell: Any, modes: Sequence[str], opt: dict[str, Any], budget: float
 
 
 def run_cell_study(argv: list[str], task: Any) -> None:
-    """The cell's ``lit-prunedpo-study``, its report on stdout dropped; an argument it refuses, or a non-zero exit,
-    raised with the study's own error line (argparse prints it to stderr, kept here to name it in the journal).
+    """The cell's study, through :func:`~lit_prunedpo.study.protocol.run_study`: ``argv`` (:func:`study_argv`) is
+    both what the cell's ``study.json`` records (``--resume`` compares it) and what the study is run with, parsed as
+    the study's command line parses it; quiet, its report not printed.
 
     Raises:
         OutputError: the study could not write a file (a full disk).
-        RuntimeError: the study refused its arguments or failed.
+        Refused: the cell's folder is in use.
+        UsageError: the study refused its arguments (argparse's own refusals as ``SystemExit``).
     """
-    from lit_prunedpo.study.cli import run
+    from lit_prunedpo.study.arguments import build_parser, resolve_options
+    from lit_prunedpo.study.cli import task_of
+    from lit_prunedpo.study.protocol import run_study
 
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            rc = run(argv, task=task)
-    except (SystemExit, Refused) as exc:
-        rc = exc.code if isinstance(exc, SystemExit) else f"{exc.status} ({exc})"
-    finally:
-        sys.stderr.write(err.getvalue())  # what the study said stays visible
-    if rc != 0:
-        said = [line for line in err.getvalue().splitlines() if "error:" in line]
-        raise RuntimeError(f"the study exited with status {rc}" + (f": {said[-1].strip()}" if said else ""))
+    args = build_parser().parse_args(argv)
+    run_study(task_of(args, task), resolve_options(args), out=Path(args.out), overwrite=args.overwrite,
+              threads=args.threads, work_dir=args.work_dir, command="lit-prunedpo-study " + " ".join(argv))
 
 
 def measure_noise(cell: Any, modes: Sequence[str], seed: int, pairs: int, draws: int,

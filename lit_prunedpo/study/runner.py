@@ -286,7 +286,7 @@ def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list
     return kept
 
 
-def run_study(
+def train_arms(
     task: StudyTask,
     arms: Sequence[Arm],
     seeds: Sequence[int],
@@ -350,7 +350,7 @@ def run_study(
 
 def _check_study(arms: Sequence[Arm], seeds: Sequence[int], budget_s: float | None, steps_of: Callable[[Arm], int],
                  evals: int, clock: Clock) -> None:
-    """:func:`run_study`'s arguments checked.
+    """:func:`train_arms`'s arguments checked.
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count, or an

@@ -3,7 +3,7 @@
 Every arm trains at a few multiples of the base rate (``--lr-factors``, default 0.5, 1, 2 times ``--lr``) on
 the tuning seeds (``--tune-seeds``, default 100 and 101; the command refuses tuning seeds that are also
 verdict seeds), with the study's own budgets, evaluations and schedule, interleaved like the study
-(:func:`~lit_prunedpo.study.runner.run_study`). A rate's score is its mean over tuning seeds of the held-out
+(:func:`~lit_prunedpo.study.runner.train_arms`). A rate's score is its mean over tuning seeds of the held-out
 loss over the *final window* of the time grid (the last third of the evaluations, at least one): a rate that
 learns fast then blows up scores badly. A run whose training loss turns non-finite scores ``inf``. Each arm
 keeps the rate with the lowest score (ties: the smaller rate).
@@ -16,7 +16,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from lit_prunedpo.study.arms import Arm
-from lit_prunedpo.study.runner import Run, run_study
+from lit_prunedpo.study.runner import Run, train_arms
 
 
 def final_window_loss(run: Run, window: int) -> float:
@@ -46,9 +46,9 @@ def pick_lr(scores: Mapping[float, Sequence[float]]) -> float:
 
 
 def sweep(arms: Sequence[Arm], base_lr: float, factors: Sequence[float], seeds: Sequence[int], evals: int,
-          run: Callable[..., list[Run]] = run_study, **study: Any) -> tuple[list[Arm], list[dict[str, Any]]]:
+          run: Callable[..., list[Run]] = train_arms, **study: Any) -> tuple[list[Arm], list[dict[str, Any]]]:
     """Run every arm at ``base_lr * f`` for each factor on ``seeds`` and return the arms at their chosen rates
-    (same order) and one row per (arm, rate) with its per-seed scores. ``study`` holds ``run_study``'s other
+    (same order) and one row per (arm, rate) with its per-seed scores. ``study`` holds ``train_arms``'s other
     arguments (task, budgets, data module, callbacks); arms whose own ``lr`` is set are swept around it."""
     if not factors or any(not f > 0 for f in factors):
         raise ValueError(f"the sweep needs positive learning-rate factors, got {list(factors)!r}")

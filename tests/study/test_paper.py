@@ -14,7 +14,7 @@ from lit_prunedpo.study.arms import Arm, with_settings
 from lit_prunedpo.study.epochs import make_designs, parse_design, probe_memory, steps_per_epoch
 from lit_prunedpo.study.paper_cli import main
 from lit_prunedpo.study.paper_report import compare, pareto, sentence, summarise_cell, to_markdown
-from lit_prunedpo.study.runner import make_run, run_study
+from lit_prunedpo.study.runner import make_run, train_arms
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask, family_config, with_family
 
 TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
@@ -97,7 +97,7 @@ def test_runs_without_a_time_budget_train_their_own_step_counts(tiny):
     torch.set_num_threads(1)
     arms = [Arm("vanilla", 8, schedule_steps=5), Arm("vanilla", 8, schedule_steps=2),
             Arm("branch", 4, schedule_steps=3)]
-    runs = run_study(task, arms, [0], budget_s=None, steps=lambda arm: arm.schedule_steps, evals=2, dm=dm)
+    runs = train_arms(task, arms, [0], budget_s=None, steps=lambda arm: arm.schedule_steps, evals=2, dm=dm)
     assert [r.step for r in runs] == [5, 2, 3]
     assert [[p.step for p in r.points] for r in runs] == [[0, 2, 5], [0, 1, 2], [0, 2, 3]]
 

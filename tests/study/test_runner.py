@@ -19,7 +19,7 @@ from lit_prunedpo.study.cli import main
 from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.study.curves import improvement_target, mean_curve
 from lit_prunedpo.study.report_summary import summarise
-from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run, run_study
+from lit_prunedpo.study.runner import eval_batches, exact_eval, make_run, train_arms
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
 pytestmark = pytest.mark.slow  # studies of tiny trainings: `pytest -m slow` (CI runs it)
@@ -43,7 +43,7 @@ def dm(task, tmp_path_factory):
 def runs(task, dm):
     torch.set_num_threads(1)
     arms = [Arm("vanilla", 4), Arm("all", 4), Arm("branch", 6, matched=True), Arm("vanilla", 2, cost_matched=True)]
-    return run_study(task, arms, seeds=[0, 1], budget_s=BUDGET, steps=STEPS, evals=EVALS, dm=dm, max_eval_pairs=8)
+    return train_arms(task, arms, seeds=[0, 1], budget_s=BUDGET, steps=STEPS, evals=EVALS, dm=dm, max_eval_pairs=8)
 
 
 def test_every_run_gets_both_budgets_and_the_same_grid(runs):
@@ -149,12 +149,12 @@ def test_compute_matched_batch(task, dm):
 
 def test_bad_study_arguments_are_refused(task, dm):
     with pytest.raises(ValueError, match="seeds must differ"):
-        run_study(task, [Arm("vanilla", 4)], [0, 0], 1.0, 2, 1, dm=dm)
+        train_arms(task, [Arm("vanilla", 4)], [0, 0], 1.0, 2, 1, dm=dm)
     with pytest.raises(ValueError, match="budget_s"):
-        run_study(task, [Arm("vanilla", 4)], [0], 0.0, 2, 1, dm=dm)
+        train_arms(task, [Arm("vanilla", 4)], [0], 0.0, 2, 1, dm=dm)
     # was a ZeroDivisionError at the first evaluation
     with pytest.raises(ValueError, match="max_eval_pairs must be >= 1"):
-        run_study(task, [Arm("vanilla", 4)], [0], 1.0, 2, 1, dm=dm, max_eval_pairs=0)
+        train_arms(task, [Arm("vanilla", 4)], [0], 1.0, 2, 1, dm=dm, max_eval_pairs=0)
     with pytest.raises(ValueError, match="cost-matched arm is a vanilla arm"):
         Arm("branch", 4, cost_matched=True)
 
@@ -365,9 +365,31 @@ def test_a_diverged_run_stops_alone_only_when_asked(task, dm, monkeypatch):
 
     monkeypatch.setattr(runner.Run, "train_step", branch_blows_up)
     arms = [Arm("vanilla", 4), Arm("branch", 4)]
-    runs = run_study(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4, stop_on_nonfinite=True)
+    runs = train_arms(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4, stop_on_nonfinite=True)
     (vanilla, branch) = runs
     assert branch.diverged and branch.step == 1 and all(p.step <= 1 for p in branch.points)  # stopped at the blow-up
     assert not vanilla.diverged and vanilla.step >= 3
     with pytest.raises(FloatingPointError, match="branch@4 seed 0"):
-        run_study(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4)
+        train_arms(task, arms, [0], budget_s=0.05, steps=3, evals=1, dm=dm, max_eval_pairs=4)
+
+
+def test_the_study_is_a_function_that_returns_its_report_and_writes_only_where_told(tmp_path):
+    """``run_study`` (what the command and the regime map call): the same report with or without a folder, a folder
+    holding exactly the files it names, no table printed."""
+    from lit_prunedpo.study.arguments import build_parser, resolve_options
+    from lit_prunedpo.study.cli import task_of
+    from lit_prunedpo.study.protocol import STUDY_FILES, StudyResult, run_study
+    from lit_prunedpo.study.tasks import TASKS
+
+    args = build_parser().parse_args(TINY_CLI + ["--modes", "vanilla", "--no-sweep", "--seeds", "0"])
+    task, options = task_of(args, TASKS["quickstart"]), resolve_options(args)
+    lines: list[str] = []
+    kept = run_study(task, options, log=lines.append, command="a study")
+    assert isinstance(kept, StudyResult) and kept.files == [] and kept.payload["command"] == "a study"
+    assert any(line.startswith("arms: vanilla@4") for line in lines)
+    out = tmp_path / "study"
+    written = run_study(task, options, out=out)
+    assert sorted(p.name for p in written.files) == sorted(n for n in STUDY_FILES if n != "progress.jsonl")
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(STUDY_FILES)
+    assert json.loads((out / "study.json").read_text())["runs"] == json.loads(json.dumps(written.payload["runs"]))
+    assert written.markdown == (out / "study.md").read_text()

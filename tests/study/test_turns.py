@@ -14,7 +14,7 @@ import torch
 
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.curves import bootstrap_interval, ratio_of_sums
-from lit_prunedpo.study.runner import run_study
+from lit_prunedpo.study.runner import train_arms
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
 TINY = {**QUICKSTART_MODEL, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
@@ -47,7 +47,7 @@ def test_runs_take_turns_of_turn_steps_and_evaluate_only_at_their_grid_points(ti
     torch.set_num_threads(1)
     taken = _turns(monkeypatch)
     arms = [Arm("vanilla", 4, schedule_steps=6), Arm("branch", 4, schedule_steps=4)]
-    runs = run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=2, dm=dm, turn_steps=2)
+    runs = train_arms(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=2, dm=dm, turn_steps=2)
     assert [r.step for r in runs] == [6, 4]
     assert [[p.step for p in r.points] for r in runs] == [[0, 3, 6], [0, 2, 4]]
     # a turn stops at a grid point (vanilla's at 3 and 6, branch's at 2 and 4): vanilla 2, 1, 2, 1; branch 2, 2
@@ -62,17 +62,17 @@ def test_one_step_turns_interleave_every_step_and_the_old_schedule_does_not(tiny
     torch.set_num_threads(1)
     taken = _turns(monkeypatch)
     arms = [Arm("vanilla", 4, schedule_steps=5), Arm("branch", 4, schedule_steps=5)]
-    run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=1, dm=dm)
+    train_arms(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=1, dm=dm)
     assert taken == [("vanilla", 1), ("branch", 1)] * 5
     taken.clear()
-    run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=1, dm=dm, turn_steps=None)
+    train_arms(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=1, dm=dm, turn_steps=None)
     assert taken == [("vanilla", 5), ("branch", 5)]
 
 
 def test_turn_steps_is_checked(tiny):
     task, dm = tiny
     with pytest.raises(ValueError, match="turn_steps must be an integer >= 1"):
-        run_study(task, [Arm("vanilla", 4)], [0], None, 2, 1, dm=dm, turn_steps=0)
+        train_arms(task, [Arm("vanilla", 4)], [0], None, 2, 1, dm=dm, turn_steps=0)
 
 
 def _pinned_neighbour(cpu: int) -> subprocess.Popen:
@@ -95,7 +95,7 @@ def _study_with_neighbour(task, dm, turn_steps, neighbour: bool) -> tuple[float,
             child.wait()
     arms = [Arm("vanilla", 4, schedule_steps=40), Arm("branch", 4, schedule_steps=40)]
     try:
-        runs = run_study(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=2, dm=dm,
+        runs = train_arms(task, arms, [0], budget_s=None, steps=lambda a: a.schedule_steps, evals=2, dm=dm,
                          clock="wall", on_point=on_point, turn_steps=turn_steps)
     finally:
         if child is not None and child.poll() is None:

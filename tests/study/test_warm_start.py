@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lit_prunedpo.study.arms import Arm
-from lit_prunedpo.study.runner import run_study, weights_checksum
+from lit_prunedpo.study.runner import train_arms, weights_checksum
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 from lit_prunedpo.study.warm_start import RECORD, chosen_inputs, chosen_nll, warm_start
 
@@ -96,7 +96,7 @@ def test_the_cache_is_reused_per_seed_and_settings(warmed, task, dm):
 
 def test_every_arm_of_a_seed_starts_from_the_warmed_model(warmed, task, dm):
     work, source, record = warmed
-    runs = run_study(task, [Arm("vanilla", 8), Arm("branch", 8)], seeds=[0], budget_s=0.05, steps=1, evals=1, dm=dm,
+    runs = train_arms(task, [Arm("vanilla", 8), Arm("branch", 8)], seeds=[0], budget_s=0.05, steps=1, evals=1, dm=dm,
                      work_dir=work, max_eval_pairs=8)
     warm_sum = weights_checksum(source.build())
     assert warm_sum != weights_checksum(task.policy(0).build())
