@@ -17,7 +17,7 @@ position samplers (one draw per pair shared by both branches) should cut the noi
 ``--skip-common-prefix`` does what a training step with the shared prompt does for a margin loss: positions of
 the two responses' common prefix are not scored (their log-ratios cancel exactly in the margin).
 
-    python examples/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
+    python scripts/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
         [--skip-common-prefix] [--shared-prompt] [--modes sequence,branch]
 
 The modes are the shipped overlays ``configs/modes/<mode>.yaml`` (:mod:`lit_prunedpo.modes`).

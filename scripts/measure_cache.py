@@ -14,7 +14,7 @@ then times training steps (plan, policy forwards, reference, IPW estimate, backw
 the cached one (B), alternated A B A B on the same batches and draws in one process; the median of
 ``--steps`` steps after ``--warmup`` warm-up steps each. Run from the repository root::
 
-    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python examples/measure_cache.py
+    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python scripts/measure_cache.py
 
 Prints the figures; nothing is written outside a temporary directory.
 """

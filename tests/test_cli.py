@@ -40,7 +40,7 @@ def examples_importable(monkeypatch):
 def test_every_yaml_is_found():
     names = {p.relative_to(REPO).as_posix() for p in YAMLS}
     assert {f"configs/modes/{m}.yaml" for m in MODES} | {"configs/quickstart.yaml"} <= names
-    assert "examples/custom_sampler.yaml" in names
+    assert {"examples/custom_sampler.yaml", "examples/custom_loss.yaml"} <= names
 
 
 #: A ChatML template (SmolLM2's, without its system message) for the GPT-2 tokenizer standing in for SmolLM2's.
@@ -249,7 +249,7 @@ def test_shipped_configs_by_name_from_an_empty_folder(tmp_path, monkeypatch, cap
     assert f"config: using the packaged modes/branch {REPO / 'configs/modes/branch.yaml'}" in caplog.text
 
 
-@pytest.mark.parametrize("layout", ["RightPaddedLayout", "PaddedLayout", "SharedPromptLayout"])
+@pytest.mark.parametrize("layout", ["RightPaddedLayout", "LeftPaddedLayout", "SharedPromptLayout"])
 def test_the_layout_is_chosen_by_class_path_and_said_in_one_line(layout, tmp_path, caplog):
     caplog.set_level("INFO")
     cli = build_cli(["fit", *config_args("quickstart"), f"--trainer.default_root_dir={tmp_path}", *csv_logger(tmp_path),

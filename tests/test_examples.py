@@ -1,9 +1,12 @@
-"""The user-facing example: a custom sampler from the user's own module is unbiased (checked with the public
-helper, as a user would) and trains through the CLI with no change to the package."""
+"""The user-facing examples (what a user copies): a custom sampler from the user's own module is unbiased (checked
+with the public helper, as a user would) and trains through the CLI with no change to the package; so does a custom
+loss, whose pruned step's gradient is the exact one's in expectation; and training from Python runs the same
+objects without the command line. The measuring scripts are the lab's (``scripts/``, ``tests/test_lab_scripts.py``)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.testing import check_position_sampler, check_unbiased
@@ -40,37 +43,60 @@ def test_custom_sampler_config_trains(custom_sampler, tmp_path):
     assert cli.trainer.global_step == 2
 
 
-def test_lora_memory_script_counts(monkeypatch):
-    """examples/lora_memory.py in one process on the small preset: LoRA trains and keeps optimizer state for the
-    adapters only, full fine-tuning for every weight (and holds the reference copy)."""
+@pytest.fixture
+def custom_loss(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
-    from lora_memory import run_one
+    import custom_loss
 
-    full = run_one("small", "full", "vanilla", steps=1, warmup=0, rank=2)
-    lora = run_one("small", "lora", "vanilla", steps=1, warmup=0, rank=2)
-    assert full["params"] == 2 * full["trainable"]  # the policy and its frozen online-reference copy
-    assert lora["trainable"] < full["trainable"] / 4 and lora["params"] == full["trainable"] + lora["trainable"]
-    assert lora["optimizer_state_mib"] * 4 < full["optimizer_state_mib"]
-    # full: fp32 policy + reference copy + gradients (3 x 4 bytes a policy weight) + the optimizer state
-    assert full["model_state_mib"] == pytest.approx(12 * full["trainable"] / 2**20 + full["optimizer_state_mib"])
-    assert full["model_state_mib"] > 3 * lora["model_state_mib"]
+    return custom_loss
 
 
-def test_control_variate_variance_script_quick(monkeypatch, capsys):
-    """examples/control_variate_variance.py --quick: every mode's row at both checkpoints, finite, the estimators'
-    extra target logits in their cost ratio, and at the initial weights (policy = reference) far less within-pair
-    variance than the position design they wrap."""
+def test_custom_loss_is_the_squared_hinge_and_its_derivative_autograds(custom_loss):
+    loss = custom_loss.SquaredHingeLoss(scale=2.0)
+    margin = torch.tensor([-3.0, 0.0, 5.0, 10.0, 20.0])
+    assert torch.allclose(loss.value(margin, 0.1), 2.0 * torch.tensor([1.3**2, 1.0, 0.5**2, 0.0, 0.0]))
+    assert torch.allclose(loss.derivative(margin, 0.1), -2 * 2.0 * 0.1 * torch.tensor([1.3, 1.0, 0.5, 0.0, 0.0]))
+    assert loss.margin_only
+    with pytest.raises(ValueError, match="scale"):
+        custom_loss.SquaredHingeLoss(scale=0.0)
+
+
+def test_custom_loss_gradient_under_pruning_is_the_exact_ones_in_expectation(custom_loss, tiny_source, small_batch):
+    """The custom loss in the module's real step: the mean gradient of branch-pruned steps matches the exact
+    step's, within Monte Carlo error (the loss's coefficient is a function of the exact margin here: one draw of
+    the branches changes only which branch is back-propagated)."""
+    from lit_prunedpo import PrunedDPO
+    from lit_prunedpo.samplers import BothBranches, RandomBranch
+
+    module = PrunedDPO(tiny_source, loss=custom_loss.SquaredHingeLoss())  # margin 0 at first: inside the hinge
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+
+    def gradient(branch, seed: int) -> torch.Tensor:
+        out = module.step(small_batch, module.parts_with(branch=branch), torch.Generator().manual_seed(seed))
+        grads = torch.autograd.grad(out.estimate.objective, params, allow_unused=True)
+        return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+
+    exact = gradient(BothBranches(), 0)
+    draws = torch.stack([gradient(RandomBranch(), seed) for seed in range(200)])
+    error = draws.std(0) / 200 ** 0.5
+    assert exact.norm() > 0
+    assert ((draws.mean(0) - exact).abs() <= 5 * error + 1e-6).all()
+
+
+def test_custom_loss_config_trains(custom_loss, tmp_path):
+    cli = build_cli(["fit", "--config", str(REPO / "examples/custom_loss.yaml"),
+                     f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2",
+                     "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+                     "--data.init_args.max_rows=64", "--trainer.enable_progress_bar=false"])
+    assert type(cli.model.loss).__name__ == "SquaredHingeLoss"
+    assert cli.trainer.global_step == 2
+
+
+def test_training_from_python_runs_and_validates_the_exact_objective(monkeypatch, tmp_path, capsys):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
-    from control_variate_variance import MODES, main
+    from train_from_python import main
 
-    rows = main(["--quick"])
-    assert "| quickstart | 2 | stratified-coupled-reference-lse | cached |" in capsys.readouterr().out
-    assert [(r["step"], r["mode"]) for r in rows] == [(s, m) for s in (0, 2)
-                                                      for m in ("vanilla", *(m for m, _ in MODES))]
-    by_mode = {r["mode"]: r for r in rows if r["step"] == 0}
-    assert all(r["between"] > 0 and r["within"] >= 0 and r["k"] >= 1 for r in rows)
-    wrapped = by_mode["stratified-coupled"]
-    for mode in ("stratified-coupled-exact-targets", "stratified-coupled-reference-lse"):
-        assert by_mode[mode]["within"] < wrapped["within"] / 10 and by_mode[mode]["k"] > 1
-    # the same head saving as the design it wraps (same reference), less the target logits' 2d FLOPs a token
-    assert by_mode["stratified-coupled-exact-targets"]["k"] < wrapped["k"]
+    trainer = main(["--steps", "3", "--max-rows", "64", "--batch-size", "8", "--branch-pruning", "--out",
+                    str(tmp_path)])
+    assert trainer.global_step == 3 and type(trainer.lightning_module.branch_sampler).__name__ == "RandomBranch"
+    assert "'val/loss'" in capsys.readouterr().out

@@ -45,7 +45,7 @@ PROMPTS = ("shared", "padded")  # PrunedDPO(shared_prompt=True / False)
 
 # 5%-step quantiles (0%, 5%, ..., 100%) of HH-RLHF lengths in GPT-2 tokens: the 2,196 training pairs of the
 # harmless-base test file through PreferenceDataModule (max_length 512, max_prompt_length 256, EOS included), as
-# printed by `python examples/measure_padding.py --quantiles`.
+# printed by `python scripts/measure_padding.py --quantiles`.
 HH_RLHF_LENGTHS: dict[str, tuple[int, ...]] = {
     "prompt": (12, 17, 19, 21, 25, 33, 47, 61, 72, 84, 97, 110, 122, 136, 151, 169, 191, 227, 256, 256, 256),
     "chosen": (2, 7, 10, 12, 14, 16, 18, 21, 24, 26, 29, 32, 37, 42, 47, 56, 65, 76, 91, 121, 282),
