@@ -371,7 +371,7 @@ class AutoLayout(Layout):
     conformance probe (:func:`choose_layout`). ``PrunedDPO`` resolves it once, before its first step; arranging rows
     before that is an error.
 
-    :class:`PaddedLayout` is not a default candidate: it costs what the right-padded layout costs (one row per
+    :class:`LeftPaddedLayout` is not a default candidate: it costs what the right-padded layout costs (one row per
     response) and is exact on fewer models (a recurrent layer that does not mask its padding reads the left
     padding into its state, which a probe on weights near their initialisation may not show).
 

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.layout import GroupInputs, LaidOutGroup, Layout, PaddedLayout, PairLengths, SharedPromptLayout
+from lit_prunedpo.layout import GroupInputs, LaidOutGroup, Layout, LeftPaddedLayout, PairLengths, SharedPromptLayout
 from lit_prunedpo.plan import RowGroup, StepPlan, merge_groups
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.token_terms import TokenTerms
@@ -66,7 +66,7 @@ class ReferenceScores(Protocol):
 
 def layout_for(shared_prompt: bool) -> Layout:
     """The packed layout (``shared_prompt``) or the padded one."""
-    return SharedPromptLayout() if shared_prompt else PaddedLayout()
+    return SharedPromptLayout() if shared_prompt else LeftPaddedLayout()
 
 
 def keeps_keys_values(model: nn.Module) -> bool:
@@ -177,7 +177,7 @@ class StepExecutor:
 
     def __init__(self, layout: Layout | None = None, reuse_keys_values: bool = True, agree: Agreement | None = None,
                  token_stats: bool = False):
-        self.layout = layout if layout is not None else PaddedLayout()
+        self.layout = layout if layout is not None else LeftPaddedLayout()
         self.reuse_keys_values = reuse_keys_values
         self.agree = agree
         self.token_stats = token_stats

@@ -93,7 +93,7 @@ class PrunedDPO(L.LightningModule):
             the margin; ``train/logps/*`` are the whole responses', as TRL's), and with branch pruning the no-grad
             rows read their prompts from the gradient forward's keys and values (not under gradient checkpointing).
         shared_prompt: shorthand kept for configs written before ``layout``: ``true`` is ``SharedPromptLayout``,
-            ``false`` is ``PaddedLayout``; give ``layout`` or this, not both.
+            ``false`` is ``LeftPaddedLayout``; give ``layout`` or this, not both.
         check_layout: before the first step, compare the layout's per-token log-probs on a small probe batch
             with the model's own plain forward (``lit_prunedpo.conformance``); a layout that differs is replaced by
             the exact right-padded one, with one line that names the difference.

@@ -138,7 +138,7 @@ def render(rows: list[Row], left_out: list[tuple[str, str]]) -> str:
         "default path's loss and gradient against a plain DPO loss.",
         "",
         "How to read a row: **layout used** is what `model.layout` (unset) chooses; **passed over** says why each "
-        "faster layout was not used (`SharedPromptLayout` runs each prompt once per pair; `PaddedLayout` and "
+        "faster layout was not used (`SharedPromptLayout` runs each prompt once per pair; `LeftPaddedLayout` and "
         "`RightPaddedLayout` run one sequence per response); **output head** is how the logits are formed from the "
         "gathered hidden states (the model's own transform after its LM head, read by running its forward tail); "
         "**noise off by default** lists the training-time noise fields `model.disable_dropout` zeroes besides "

@@ -10,7 +10,7 @@ import torch
 from helpers import Built, make_batch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.conformance import AutoLayout, choose_layout, layout_error, plain_logps, probe_batch
-from lit_prunedpo.layout import PaddedLayout, RightPaddedLayout, SharedPromptLayout
+from lit_prunedpo.layout import LeftPaddedLayout, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.layout.padded import RightPaddedGroup
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.zoo import build_tiny
@@ -83,8 +83,8 @@ def test_without_the_check_the_given_layout_runs_as_is(tiny_source):
 
 def test_layout_and_its_shorthand_are_not_both_given(tiny_source):
     with pytest.raises(ValueError, match="not both"):
-        PrunedDPO(policy=tiny_source, layout=PaddedLayout(), shared_prompt=True)
-    assert isinstance(PrunedDPO(policy=tiny_source, shared_prompt=False).resolved_layout(), PaddedLayout)
+        PrunedDPO(policy=tiny_source, layout=LeftPaddedLayout(), shared_prompt=True)
+    assert isinstance(PrunedDPO(policy=tiny_source, shared_prompt=False).resolved_layout(), LeftPaddedLayout)
 
 
 def test_an_unresolved_auto_layout_arranges_nothing(small_batch):
@@ -94,7 +94,7 @@ def test_an_unresolved_auto_layout_arranges_nothing(small_batch):
         AutoLayout([])
 
 
-@pytest.mark.parametrize("layout", [SharedPromptLayout, PaddedLayout, RightPaddedLayout])
+@pytest.mark.parametrize("layout", [SharedPromptLayout, LeftPaddedLayout, RightPaddedLayout])
 def test_each_layout_is_exact_on_llama_on_other_shapes(tiny_source, layout):
     model = tiny_source.build().eval()
     batch = make_batch([3, 1, 4, 2], [12, 2, 7, 9], [4, 14, 1, 6], seed=3)

@@ -30,7 +30,7 @@ from lit_prunedpo import PrunedDPO
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.conformance import AutoLayout, choose_layout, layout_error, plain_logps
-from lit_prunedpo.layout import PaddedLayout, RightPaddedLayout, SharedPromptLayout
+from lit_prunedpo.layout import LeftPaddedLayout, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.supported_models import REGENERATE, generated_with, left_out_cell, parse, parse_left_out
 from lit_prunedpo.zoo import UnbuildableError, build_tiny, causal_lm_types
@@ -42,7 +42,7 @@ LEFT_OUT = parse_left_out(TABLE)
 #: The table speaks for the transformers it was generated with; another one may add or change architectures (one
 #: test fails then: tests/test_supported_models.py; the ones here check the code alone).
 SAME_TRANSFORMERS = generated_with(TABLE) == transformers.__version__
-LAYOUTS = {"packed": SharedPromptLayout, "padded": PaddedLayout, "right-padded": RightPaddedLayout}
+LAYOUTS = {"packed": SharedPromptLayout, "padded": LeftPaddedLayout, "right-padded": RightPaddedLayout}
 SCORERS = {"plain": TokenScorer, "chunked": lambda: ChunkedScorer(num_chunks=3)}
 
 

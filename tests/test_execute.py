@@ -8,7 +8,7 @@ import torch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.bench import cost
 from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
-from lit_prunedpo.layout import PackedGroup, PaddedGroup, PaddedLayout, PairLengths, SharedPromptLayout
+from lit_prunedpo.layout import PackedGroup, LeftPaddedGroup, LeftPaddedLayout, PairLengths, SharedPromptLayout
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import NoReference
 from lit_prunedpo.samplers import AllPositions, RandomBranch, SharedFractionPrefix
@@ -31,7 +31,7 @@ def test_one_log_prob_tensor_per_plan_group_for_policy_and_reference(tiny_source
     assert [p.numel() for p in out.policy] == [r.numel() for r in out.reference] == [g.num_scored for g in plan.groups]
     assert out.policy[0].requires_grad and not out.policy[1].requires_grad and not out.reference[0].requires_grad
     assert out.reference_tokens_executed == out.forwards.reference.tokens > 0
-    expected = PackedGroup if shared_prompt else PaddedGroup
+    expected = PackedGroup if shared_prompt else LeftPaddedGroup
     assert all(isinstance(f.laid_out, expected) for f in out.forwards.policy)
     assert isinstance(out.forwards.reference, expected) and not out.forwards.reference.reads_previous
 
@@ -52,7 +52,7 @@ def test_keys_and_values_are_reused_only_when_asked_and_the_layout_can():
     assert reads(StepExecutor(SharedPromptLayout(), reuse_keys_values=True)) == [False, True]
     assert keeps(StepExecutor(SharedPromptLayout(), reuse_keys_values=True)) == [True, False]
     assert reads(StepExecutor(SharedPromptLayout(), reuse_keys_values=False)) == [False, False]
-    assert reads(StepExecutor(PaddedLayout(), reuse_keys_values=True)) == [False, False]
+    assert reads(StepExecutor(LeftPaddedLayout(), reuse_keys_values=True)) == [False, False]
     # reading the gradient forward's prompts runs fewer tokens, never more
     cached = StepExecutor(SharedPromptLayout(), reuse_keys_values=True).forwards(plan.groups, pairs)
     whole = StepExecutor(SharedPromptLayout(), reuse_keys_values=False).forwards(plan.groups, pairs)
@@ -63,14 +63,22 @@ def test_gradient_checkpointing_turns_the_reuse_off(tiny_source):
     assert keeps_keys_values(PrunedDPO(policy=tiny_source).policy)
     module = PrunedDPO(policy=tiny_source, gradient_checkpointing=True)
     assert not keeps_keys_values(module.policy) and not module.executor().reuse_keys_values
-    assert isinstance(layout_for(True), SharedPromptLayout) and isinstance(layout_for(False), PaddedLayout)
+    assert isinstance(layout_for(True), SharedPromptLayout) and isinstance(layout_for(False), LeftPaddedLayout)
 
 
 def test_a_bare_plan_is_costed_as_the_padded_layout_runs_it():
     batch = make_batch([3, 2, 4], [5, 4, 6], [6, 3, 5], seed=3)
     plan = branch_plan(batch)
     dims = cost.ModelDims(body_params=1000, hidden_size=8, vocab_size=100, num_layers=2, attention_dim=8)
-    padded = StepExecutor(PaddedLayout()).forwards(plan.groups, PairLengths.of(batch))
+    padded = StepExecutor(LeftPaddedLayout()).forwards(plan.groups, PairLengths.of(batch))
     assert cost.step_flops(plan, dims) == cost.step_flops(padded, dims)
     P = batch.prompt_width
     assert [f.laid_out.shape for f in padded.policy] == [(3, P + int(g.kept.max()) - 1) for g in plan.groups]
+
+
+def test_the_left_padded_layouts_old_name_still_builds_it_and_says_so():
+    from lit_prunedpo.layout import LeftPaddedLayout, PaddedLayout
+
+    with pytest.warns(FutureWarning, match="now LeftPaddedLayout"):
+        layout = PaddedLayout()
+    assert isinstance(layout, LeftPaddedLayout)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lit_prunedpo.execute import StepExecutor, placeholder_group
-from lit_prunedpo.layout import PaddedLayout, PairLengths, SharedPromptLayout
+from lit_prunedpo.layout import LeftPaddedLayout, PairLengths, SharedPromptLayout
 from lit_prunedpo.plan import RowGroup, exact_plan, exact_samplers, merge_groups, plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
@@ -42,7 +42,7 @@ def test_vanilla_is_one_concatenated_group():
     batch = make_batch([1, 3], [4, 2], [5, 1])
     plan = plan_step(batch, FullPrefix(), AllPositions(), BothBranches(), torch.Generator())
     (group,) = plan.groups
-    padded = StepExecutor(PaddedLayout()).forwards(plan.groups, PairLengths.of(batch))
+    padded = StepExecutor(LeftPaddedLayout()).forwards(plan.groups, PairLengths.of(batch))
     assert group.requires_grad and group.num_rows == 4 and padded.policy[0].laid_out.shape == (4, 3 + 5 - 1)
     assert padded.tokens_executed == plan.unpruned_tokens and plan.positions_scored == 4 + 2 + 5 + 1
     assert torch.all(group.weight == 1)
@@ -86,7 +86,7 @@ def test_merge_groups_concatenates_every_row_field_and_offsets_scored_rows():
     grad, nograd = plan.groups
     merged = merge_groups(plan.groups)
     pairs = PairLengths.of(batch)
-    width = lambda g: PaddedLayout().arrange(g, pairs).shape[1]  # noqa: E731
+    width = lambda g: LeftPaddedLayout().arrange(g, pairs).shape[1]  # noqa: E731
     assert not merged.requires_grad and width(merged) == max(width(grad), width(nograd))
     for f in fields(RowGroup):
         value = getattr(merged, f.name)
@@ -106,7 +106,7 @@ def test_placeholder_and_device_move():
     batch = make_batch([3, 2], [4, 5], [5, 3])
     plan = exact_plan(batch)
     empty = placeholder_group(False)
-    width = PaddedLayout().arrange(empty, PairLengths.of(batch)).shape[1]
+    width = LeftPaddedLayout().arrange(empty, PairLengths.of(batch)).shape[1]
     assert (empty.num_rows, empty.num_scored, width, empty.requires_grad) == (1, 0, batch.prompt_width, False)
     moved = plan.groups[0].to("meta")
     assert all(getattr(moved, f.name).device.type == "meta" for f in fields(RowGroup)

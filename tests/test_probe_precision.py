@@ -17,7 +17,7 @@ import torch
 
 from helpers import REPO, TINY_LLAMA
 from lit_prunedpo.conformance import AutoLayout, choose_layout
-from lit_prunedpo.layout import PaddedLayout, RightPaddedLayout, SharedPromptLayout
+from lit_prunedpo.layout import LeftPaddedLayout, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.layout.attention import AttentionForm
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.probe_precision import FLOAT32_TOLERANCE, WorkingPrecision, in_float32, rounding_tolerance
@@ -146,7 +146,7 @@ def test_an_ignored_sliding_window_is_stopped_in_bf16(window_ignored, name, auto
 def test_padding_read_by_a_recurrent_layer_is_stopped_in_bf16(name, autocast, weights):
     """RWKV takes no attention mask: left padding runs through its recurrence (Mamba zeroes its padded inputs)."""
     model = _zoo("rwkv")
-    _stops(model, PaddedLayout(), TokenScorer(), autocast, weights)
+    _stops(model, LeftPaddedLayout(), TokenScorer(), autocast, weights)
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "16-mixed"])

@@ -319,7 +319,7 @@ def test_the_no_grad_forward_runs_no_prompt_tokens(tiny_source):
 def test_unsupported_attention_is_refused(tiny_source):
     model = tiny_source.build()
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*PaddedLayout"):
+    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*LeftPaddedLayout"):
         check_attention(model)
 
     class Flash(FromConfig):

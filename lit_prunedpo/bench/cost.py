@@ -40,7 +40,7 @@ from typing import Iterable, Literal
 from torch import nn
 
 from lit_prunedpo.execute import StepExecutor, StepForwards
-from lit_prunedpo.layout import PairLengths, PaddedLayout
+from lit_prunedpo.layout import PairLengths, LeftPaddedLayout
 from lit_prunedpo.plan import StepPlan
 from lit_prunedpo.scoring import split_causal_lm
 
@@ -174,7 +174,7 @@ def step_flops(
     if reference not in ("online", "cached"):
         raise ValueError(f"reference must be 'online' or 'cached', got {reference!r}")
     if isinstance(forwards, StepPlan):
-        forwards = StepExecutor(PaddedLayout()).forwards(forwards.groups, PairLengths.of_plan(forwards))
+        forwards = StepExecutor(LeftPaddedLayout()).forwards(forwards.groups, PairLengths.of_plan(forwards))
     forward = backward = recompute = 0
     for run in forwards.policy:
         laid_out = run.laid_out

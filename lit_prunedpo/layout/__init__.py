@@ -12,14 +12,17 @@ by ``PrunedDPO``'s ``layout`` argument, by default the automatic choice of :mod:
 
 from lit_prunedpo.layout.base import GroupInputs, LaidOutGroup, Layout, PairLengths, PastColumns
 from lit_prunedpo.layout.packed import PackedGroup, SharedPromptLayout
-from lit_prunedpo.layout.padded import PaddedGroup, PaddedLayout, RightPaddedGroup, RightPaddedLayout
+from lit_prunedpo.layout.padded import (
+    LeftPaddedGroup, LeftPaddedLayout, PaddedLayout, RightPaddedGroup, RightPaddedLayout,
+)
 
 __all__ = [
     "GroupInputs",
     "LaidOutGroup",
     "Layout",
+    "LeftPaddedGroup",
+    "LeftPaddedLayout",
     "PackedGroup",
-    "PaddedGroup",
     "PaddedLayout",
     "PairLengths",
     "PastColumns",

@@ -40,7 +40,7 @@ def check_attention(model: nn.Module) -> None:
         raise ValueError(
             f"shared-prompt execution needs a custom 4-D attention mask, which {type(model).__name__} with "
             f"attn_implementation={impl!r} cannot take (supported: {', '.join(SUPPORTED_ATTENTION)}); "
-            "use another layout (model.layout: lit_prunedpo.layout.PaddedLayout), or build the model with "
+            "use another layout (model.layout: lit_prunedpo.layout.LeftPaddedLayout), or build the model with "
             "attn_implementation='sdpa'"
         )
 

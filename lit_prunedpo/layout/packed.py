@@ -263,7 +263,7 @@ class SharedPromptLayout(Layout):
         if why is not None:
             raise ValueError(
                 f"the shared-prompt layout cannot run {type(model).__name__} exactly: {why}; use "
-                "lit_prunedpo.layout.PaddedLayout or RightPaddedLayout (model.layout), or leave model.layout unset "
+                "lit_prunedpo.layout.LeftPaddedLayout or RightPaddedLayout (model.layout), or leave model.layout unset "
                 "to let the automatic layout choose"
             )
 

@@ -1,6 +1,6 @@
 """The padded layouts: one sequence per response row, concatenated DPO's layout, padded on the left or the right.
 
-:class:`PaddedLayout`: every row runs its left-padded prompt (``P`` columns, so every response starts at column
+:class:`LeftPaddedLayout`: every row runs its left-padded prompt (``P`` columns, so every response starts at column
 ``P``) followed by its first ``L - 1`` kept response tokens; the group's tensor is cut to ``P + max(L) - 1``
 columns, so prefix pruning really shortens it. Row ``r``'s response position ``t`` is predicted by column
 ``P - 1 + t``. Position ids skip the left padding and the attention mask hides it, which is exact for attention
@@ -13,6 +13,7 @@ token is preceded by padding: exact for any causal model.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from lit_prunedpo.plan import RowGroup
 
 
 @dataclass(frozen=True)
-class PaddedGroup(LaidOutGroup):
+class LeftPaddedGroup(LaidOutGroup):
     """A row group as padded rows.
 
     Attributes:
@@ -75,11 +76,20 @@ def padded_inputs(batch: PreferenceBatch, group: RowGroup, width: int | None = N
     )
 
 
-class PaddedLayout(Layout):
+class LeftPaddedLayout(Layout):
     """One left-padded sequence per response row; a forward never reads another's keys and values."""
 
-    def arrange(self, group: RowGroup, pairs: PairLengths, previous: LaidOutGroup | None = None) -> PaddedGroup:
-        return PaddedGroup(group, pairs)
+    def arrange(self, group: RowGroup, pairs: PairLengths, previous: LaidOutGroup | None = None) -> LeftPaddedGroup:
+        return LeftPaddedGroup(group, pairs)
+
+
+class PaddedLayout(LeftPaddedLayout):
+    """:class:`LeftPaddedLayout` under the name it had before (``class_path: lit_prunedpo.layout.PaddedLayout`` in
+    configs written then); the same layout, with a warning naming the new one."""
+
+    def __init__(self) -> None:
+        warnings.warn("lit_prunedpo.layout.PaddedLayout is now LeftPaddedLayout (the same layout: it pads on the "
+                      "left); write that name", FutureWarning, stacklevel=2)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from helpers import Built, ForcedPositions, ForcedPrefix, TINY_LLAMA, make_batch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.guards import check_log_softmax_split
-from lit_prunedpo.layout import PaddedLayout, SharedPromptLayout
+from lit_prunedpo.layout import LeftPaddedLayout, SharedPromptLayout
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.plan import plan_step
 from lit_prunedpo.reference import CachedReference, compute_reference_logps
@@ -240,7 +240,7 @@ def test_check_step_unbiased_through_the_module(estimator, scorer):
 
 
 # ------------------------------------------------------------------------- an independent implementation
-@pytest.mark.parametrize("layout", [PaddedLayout(), SharedPromptLayout()], ids=lambda x: type(x).__name__)
+@pytest.mark.parametrize("layout", [LeftPaddedLayout(), SharedPromptLayout()], ids=lambda x: type(x).__name__)
 @pytest.mark.parametrize("scorer", SCORERS)
 @pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: e.__name__)
 def test_everything_drawn_equals_the_plain_forward(estimator, scorer, layout):
@@ -308,7 +308,7 @@ def test_the_whole_head_runs_on_the_drawn_positions_only(scorer):
     batch = make_batch([3, 2], [12, 9], [10, 14], seed=8)
     base = TokenScorer if scorer == "plain" else ChunkedScorer
     module = PrunedDPO(policy=FromConfig(model_type="llama", config=TINY_LLAMA, seed=0), scorer=counting(base)())
-    parts = dataclasses.replace(module.parts, layout=PaddedLayout())
+    parts = dataclasses.replace(module.parts, layout=LeftPaddedLayout())
     counted = module.scorer
     for rows in (counted.lse_rows, counted.target_rows, counted.logp_rows):
         rows.clear()  # resolving the layout scored its probe batch
@@ -389,7 +389,7 @@ def test_a_head_that_is_not_a_linear_row_is_refused_naming_the_model(scorer):
         "fallback: true to use its wrapped sampler alone"
     )
     batch = make_batch([2], [3], [4])
-    parts = dataclasses.replace(module.parts, position_sampler=ExactTargetLogits(), layout=PaddedLayout())
+    parts = dataclasses.replace(module.parts, position_sampler=ExactTargetLogits(), layout=LeftPaddedLayout())
     with pytest.raises(ValueError, match=message):
         module.step(batch, parts, torch.Generator())
     with pytest.raises(ValueError, match=message):
@@ -401,7 +401,7 @@ def test_with_fallback_such_a_head_gets_the_wrapped_sampler_with_a_warning():
     drawn positions whole, says so once, and keeps that choice when a callback passes the same sampler again."""
     wrapped = CoupledStratifiedPositions(0.5)
     module = PrunedDPO(policy=Built(_shifted_model()), position_sampler=ExactTargetLogits(wrapped, fallback=True),
-                       layout=PaddedLayout())
+                       layout=LeftPaddedLayout())
     warning = (r"Shifted: its LM head is the model's own forward "
                r"tail.*fallback=True.*CoupledStratifiedPositions\(rate=0.5")
     with pytest.warns(UserWarning, match=warning):
@@ -428,7 +428,7 @@ def test_a_measurement_of_the_step_runs_what_training_would_its_fallback_include
     is refused with the same message as at set-up. The module's own samplers stay as they were."""
     from lit_prunedpo.gradient_noise import gradient
 
-    module = PrunedDPO(policy=Built(_shifted_model()), layout=PaddedLayout())
+    module = PrunedDPO(policy=Built(_shifted_model()), layout=LeftPaddedLayout())
     module.setup("fit")
     estimator = ExactTargetLogits(CoupledStratifiedPositions(0.5), fallback=True)
     with pytest.warns(UserWarning, match="fallback=True"):
