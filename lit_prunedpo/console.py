@@ -16,7 +16,7 @@ from typing import Sequence
 
 from lit_prunedpo.user_errors import run_command
 
-__all__ = ["bench", "bench_scaling", "cache", "lit_prunedpo", "paper", "study", "study_map"]
+__all__ = ["bench", "bench_scaling", "cache", "lab", "lit_prunedpo", "paper", "study", "study_map"]
 
 
 def _option(name: str, argv: Sequence[str] | None = None) -> str | None:
@@ -122,3 +122,35 @@ def paper() -> object:
         return f"{_in_out('records.jsonl')} keeps finished designs; rerun with --resume to continue"
 
     return run_command(main, kept=kept)
+
+
+#: ``lit-prunedpo-lab``'s subcommands: subcommand -> (the command of the same job, what it does)
+LAB = {
+    "bench": ("lit-prunedpo-bench", "time pruning modes (and TRL) side by side on the same weights and batches"),
+    "scaling": ("lit-prunedpo-bench-scaling", "the cost model's predictions against measured steps, over sizes"),
+    "study": ("lit-prunedpo-study", "time to quality of pruning modes against the honest controls, on one task"),
+    "map": ("lit-prunedpo-study-map", "the regime map: the study over a grid of cells, and AutoPruning in each"),
+    "paper": ("lit-prunedpo-paper", "the paper's epoch-matched cells: run, report, reproduce, compare"),
+}
+
+
+def lab() -> object:
+    """``lit-prunedpo-lab``: the laboratory's one command, ``lit-prunedpo-lab {bench,scaling,study,map,paper} ...``.
+
+    Each subcommand is the command of the same job, with the same arguments (``lit-prunedpo-lab bench --help``);
+    those five commands stay installed under their own names, which the published records store and reproduce
+    with, and a record written through the lab names them too."""
+    argv = sys.argv[1:]
+    usage = "usage: lit-prunedpo-lab {" + ",".join(LAB) + "} [arguments]"
+    if argv[:1] in (["-h"], ["--help"]):
+        print("\n".join([usage, "", "The laboratory's measurements; each subcommand takes --help.", ""]
+                        + [f"  {name:<8} {job}" for name, (_, job) in LAB.items()]))
+        return None
+    if not argv or argv[0] not in LAB:
+        said = f"unknown subcommand {argv[0]!r}" if argv else "a subcommand is required"
+        print(f"{usage}\nlit-prunedpo-lab: error: {said} (choose from {', '.join(LAB)})", file=sys.stderr)
+        raise SystemExit(2)
+    command = LAB[argv[0]][0]
+    sys.argv = [command, *argv[1:]]
+    return {"lit-prunedpo-bench": bench, "lit-prunedpo-bench-scaling": bench_scaling, "lit-prunedpo-study": study,
+            "lit-prunedpo-study-map": study_map, "lit-prunedpo-paper": paper}[command]()

@@ -56,6 +56,8 @@ class Row:
     work: Callable[[Path], list[str]]
     full: Callable[[Path], tuple[list[str], str]]
     signal_at: float | None = None
+    sub: tuple[str, ...] = ()
+    """The subcommand that reaches ``main`` (``lit-prunedpo-lab bench``)."""
 
 
 def _cache_args(out: Path) -> list[str]:
@@ -83,6 +85,10 @@ TABLE: dict[str, Row] = {
     "lit-prunedpo-study-map": Row("lit_prunedpo.study.map_cli:main", (BAD_FLAG,),
                                   lambda out: ["--quick", "--out", str(out)],
                                   lambda out: (["--quick", "--out", str(out)], "progress.jsonl")),
+    "lit-prunedpo-lab": Row("lit_prunedpo.bench.cli:main", ("bench", BAD_FLAG),
+                            lambda out: ["bench", "--preset", "quickstart", "--out", str(out)],
+                            lambda out: (["bench", "--preset", "small", "--quiet", "--out", str(out)], "bench.json"),
+                            sub=("bench",)),
     "lit-prunedpo-paper": Row(
         "lit_prunedpo.study.paper_cli:main", ("cell", "--task", "quickstart", "--out", "x", BAD_FLAG),
         lambda out: ["cell", "--task", "quickstart", "--out", str(out)],
@@ -125,7 +131,7 @@ def test_every_entry_point_goes_through_the_runner(command, monkeypatch, capsys)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(importlib.import_module(module), name, interrupted)
-    monkeypatch.setattr(sys, "argv", [command, "--out", "somewhere"])
+    monkeypatch.setattr(sys, "argv", [command, *TABLE[command].sub, "--out", "somewhere"])
     monkeypatch.delenv("LIT_PRUNEDPO_TRACEBACK", raising=False)
     with pytest.raises(SystemExit) as stop:
         load(entry_points()[command])()
