@@ -124,13 +124,17 @@ def paper() -> object:
     return run_command(main, kept=kept)
 
 
-#: ``lit-prunedpo-lab``'s subcommands: subcommand -> (the command of the same job, what it does)
+#: ``lit-prunedpo-lab``'s subcommands: subcommand -> (the command of the same job, its entry point, what it does)
 LAB = {
-    "bench": ("lit-prunedpo-bench", "time pruning modes (and TRL) side by side on the same weights and batches"),
-    "scaling": ("lit-prunedpo-bench-scaling", "the cost model's predictions against measured steps, over sizes"),
-    "study": ("lit-prunedpo-study", "time to quality of pruning modes against the honest controls, on one task"),
-    "map": ("lit-prunedpo-study-map", "the regime map: the study over a grid of cells, and AutoPruning in each"),
-    "paper": ("lit-prunedpo-paper", "the paper's epoch-matched cells: run, report, reproduce, compare"),
+    "bench": ("lit-prunedpo-bench", bench,
+              "time pruning modes (and TRL) side by side on the same weights and batches"),
+    "scaling": ("lit-prunedpo-bench-scaling", bench_scaling,
+                "the cost model's predictions against measured steps, over sizes"),
+    "study": ("lit-prunedpo-study", study,
+              "time to quality of pruning modes against the honest controls, on one task"),
+    "map": ("lit-prunedpo-study-map", study_map,
+            "the regime map: the study over a grid of cells, and AutoPruning in each"),
+    "paper": ("lit-prunedpo-paper", paper, "the paper's epoch-matched cells: run, report, reproduce, compare"),
 }
 
 
@@ -144,13 +148,12 @@ def lab() -> object:
     usage = "usage: lit-prunedpo-lab {" + ",".join(LAB) + "} [arguments]"
     if argv[:1] in (["-h"], ["--help"]):
         print("\n".join([usage, "", "The laboratory's measurements; each subcommand takes --help.", ""]
-                        + [f"  {name:<8} {job}" for name, (_, job) in LAB.items()]))
+                        + [f"  {name:<8} {job}" for name, (_, _, job) in LAB.items()]))
         return None
     if not argv or argv[0] not in LAB:
         said = f"unknown subcommand {argv[0]!r}" if argv else "a subcommand is required"
         print(f"{usage}\nlit-prunedpo-lab: error: {said} (choose from {', '.join(LAB)})", file=sys.stderr)
         raise SystemExit(2)
-    command = LAB[argv[0]][0]
+    command, entry, _ = LAB[argv[0]]
     sys.argv = [command, *argv[1:]]
-    return {"lit-prunedpo-bench": bench, "lit-prunedpo-bench-scaling": bench_scaling, "lit-prunedpo-study": study,
-            "lit-prunedpo-study-map": study_map, "lit-prunedpo-paper": paper}[command]()
+    return entry()

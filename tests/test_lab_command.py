@@ -50,3 +50,11 @@ def test_the_installed_command_reaches_a_subcommands_help():
     assert lab.exists(), "lit-prunedpo-lab is not installed in this environment: pip install -e . --no-deps"
     run = subprocess.run([str(lab), "study", "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.startswith("usage: lit-prunedpo-study"), run.stderr[-2000:]
+
+
+def test_each_subcommand_names_the_installed_command_of_its_entry_point():
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    for sub, (command, entry, _) in console.LAB.items():
+        assert scripts[command] == f"lit_prunedpo.console:{entry.__name__}", sub
