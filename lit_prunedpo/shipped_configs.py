@@ -39,6 +39,10 @@ def shipped_configs() -> dict[str, Path]:
     return dict(sorted((p.relative_to(root).with_suffix("").as_posix(), p) for p in root.rglob("*.yaml")))
 
 
+#: shipped configs renamed: old name -> new name. The old name still runs the new file (a user's command or script
+#: written before the rename keeps working) and the log line says the new name.
+RENAMED = {"fast": "auto_pruning"}
+
 #: a ``--config`` value written as a relative path or a name: letters, digits, ``_.-`` and ``/`` only. Inline YAML
 #: (``{trainer: ...}``, ``key: value``) and URLs have other characters, an absolute path starts with ``/``.
 _RELATIVE = re.compile(r"[\w.-]+(?:/[\w.-]+)*")
@@ -51,7 +55,8 @@ def resolve_config(value: str) -> tuple[str, str | None]:
     not exist and is written as a relative path or a name is looked up among the shipped configs by its path under
     ``configs/``, with or without ``configs/`` in front and ``.yaml`` behind: ``quickstart``, ``modes/branch``,
     ``configs/modes/branch.yaml`` (the spelling the README and each YAML's first line use; after ``pip install`` the
-    working folder has no ``configs/``). Anything else (inline YAML, a URL, an absolute path) is left to
+    working folder has no ``configs/``); a renamed config's old name (:data:`RENAMED`) gives the new file and says
+    so. Anything else (inline YAML, a URL, an absolute path) is left to
     LightningCLI.
 
     Raises:
@@ -62,9 +67,12 @@ def resolve_config(value: str) -> tuple[str, str | None]:
         return value, None
     shipped = shipped_configs()
     name = value.removeprefix("configs/").removesuffix(".yaml")
+    renamed = ""
+    if name in RENAMED:
+        name, renamed = RENAMED[name], f"{name} was renamed {RENAMED[name]} (use that name): "
     if name in shipped:
         where = "" if value == name else f"{value} not in the working folder: "
-        return str(shipped[name]), f"config: {where}using the packaged {name} {shipped[name]}"
+        return str(shipped[name]), f"config: {where}{renamed}using the packaged {name} {shipped[name]}"
     raise ValueError(f"--config {value}: no such file in {os.getcwd()}, nor a shipped config; the shipped ones "
                      f"(--config NAME): {', '.join(shipped)} (lit-prunedpo configs --copy DIR copies them to edit)")
 

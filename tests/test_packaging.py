@@ -155,6 +155,19 @@ def test_every_shipped_config_is_found_by_its_name(name, tmp_path, monkeypatch):
         assert said == f"config: {where}using the packaged {name} {path}"
 
 
+@pytest.mark.parametrize("folder", ["repo", "empty"])
+def test_a_renamed_configs_old_name_runs_the_new_file_and_says_so(folder, tmp_path, monkeypatch):
+    from lit_prunedpo.shipped_configs import RENAMED, resolve_config
+
+    monkeypatch.chdir(REPO if folder == "repo" else tmp_path)  # the checkout no longer holds the old file either
+    for old, new in RENAMED.items():
+        assert old not in SHIPPED_NAMES and new in SHIPPED_NAMES
+        for spelling in (old, f"configs/{old}.yaml"):
+            path, said = resolve_config(spelling)
+            assert Path(path).read_bytes() == (REPO / "configs" / f"{new}.yaml").read_bytes()
+            assert f"{old} was renamed {new} (use that name): using the packaged {new}" in said
+
+
 def test_a_config_in_the_working_folder_wins(tmp_path, monkeypatch):
     from lit_prunedpo.cli import resolve_config
 
@@ -222,19 +235,20 @@ def test_configs_copy_onto_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_p
 
     real = shutil.copyfile
 
-    def full_at_fast(source, dest):
-        if Path(dest).name.startswith("fast.yaml"):
+    def full_at_auto_pruning(source, dest):
+        if Path(dest).name.startswith("auto_pruning.yaml"):
             Path(dest).write_bytes(b"")  # what the disk took before it was full
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(source, dest)
 
-    monkeypatch.setattr(shipped_configs.shutil, "copyfile", full_at_fast)
+    monkeypatch.setattr(shipped_configs.shutil, "copyfile", full_at_auto_pruning)
     with pytest.raises(SystemExit) as stop:
         run_command(lambda: main(["configs", "--copy", str(tmp_path / "c")]))
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 1 and len(err.splitlines()) == 1
-    assert err.startswith(f"error: --copy {tmp_path / 'c'}: cannot write {tmp_path / 'c/fast.yaml'}: disk full (ENOSPC")
-    assert [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith("fast")] == []
+    first = tmp_path / "c/auto_pruning.yaml"  # the first file copied, in name order
+    assert err.startswith(f"error: --copy {tmp_path / 'c'}: cannot write {first}: disk full (ENOSPC")
+    assert [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith("auto_pruning")] == []
     monkeypatch.undo()
     main(["configs", "--copy", str(tmp_path / "c")])  # once there is room: copied, nothing refused as differing
-    assert (tmp_path / "c/fast.yaml").read_bytes() == (REPO / "configs/fast.yaml").read_bytes()
+    assert (tmp_path / "c/auto_pruning.yaml").read_bytes() == (REPO / "configs/auto_pruning.yaml").read_bytes()

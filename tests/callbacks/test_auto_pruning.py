@@ -229,13 +229,14 @@ def test_a_short_fit_trains_vanilla_without_calibrating(tiny_source, monkeypatch
     assert all(s[0] == s[1] and s[2] == s[3] for s in record.steps)
 
 
-def test_configs_fast_through_the_cli(tmp_path):
-    # configs/fast.yaml is the quickstart plus AutoPruning: its 3-step run skips the calibration and trains vanilla;
-    # with max_share null (the command line's override of the callback's argument) it calibrates on the first batch
+def test_configs_auto_pruning_through_the_cli(tmp_path):
+    # configs/auto_pruning.yaml is the quickstart plus AutoPruning: its 3-step run skips the calibration and trains
+    # vanilla; with max_share null (the command line's override of the callback's argument) it calibrates on the
+    # first batch
     from helpers import REPO, csv_logger
     from lit_prunedpo.cli import build_cli
 
-    args = ["fit", "--config", str(REPO / "configs/fast.yaml"), "--trainer.max_steps=3",
+    args = ["fit", "--config", str(REPO / "configs/auto_pruning.yaml"), "--trainer.max_steps=3",
             "--trainer.limit_val_batches=0",
             "--trainer.enable_progress_bar=false", "--data.init_args.max_rows=128"]
     cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path / 'a'}", *csv_logger(tmp_path / "a")])
