@@ -103,6 +103,19 @@ DESCRIPTION = ("Train every pruning mode, vanilla and the cost-matched vanilla c
                "seeds; report time to a share of vanilla's best improvement, with bootstrap intervals and verdicts.")
 
 
+def _add_budget_options(a: Callable[..., object]) -> None:
+    """The options of how each run trains: its budgets, evaluations, clock, precision and batch."""
+    a("--budget", type=real(0.0), default=None, help="training seconds per run on --clock (default 30)")
+    a("--steps", type=count(1), default=None, help="the same-steps budget (default 300)")
+    a("--evals", type=count(1), default=None, help="exact evaluations per budget (default 10)")
+    a("--clock", choices=("cpu", "wall"), default="cpu",
+      help="the clock budgets and ratios use: process CPU seconds (default; steady on a shared machine) or wall")
+    a("--precision", default="32-true", choices=("32-true", "bf16-mixed"),
+      help="every run's, the calibration's and every evaluation's forward: 32-true (default) or bf16-mixed (float32 "
+           "weights, the forward under bfloat16 autocast, as Lightning's)")
+    a("--batch-size", type=count(1), default=None, help="the same-batch arm's pairs per step (default: the task's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lit-prunedpo-study", description=DESCRIPTION)
     a = parser.add_argument
@@ -126,12 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap's resampling (default 0)")
     a("--calibration-steps", type=count(1), default=None,
       help="timed steps per arm in the calibration, after one untimed (default 5; --quick 2)")
-    a("--budget", type=real(0.0), default=None, help="training seconds per run on --clock (default 30)")
-    a("--steps", type=count(1), default=None, help="the same-steps budget (default 300)")
-    a("--evals", type=count(1), default=None, help="exact evaluations per budget (default 10)")
-    a("--clock", choices=("cpu", "wall"), default="cpu",
-      help="the clock budgets and ratios use: process CPU seconds (default; steady on a shared machine) or wall")
-    a("--batch-size", type=count(1), default=None, help="the same-batch arm's pairs per step (default: the task's)")
+    _add_budget_options(a)
     a("--max-rows", type=count(2), default=None,
       help="use only the first N rows of the task's data (held-out share included)")
     a("--max-eval-pairs", type=count(1), default=None,
@@ -189,6 +197,8 @@ class StudyOptions:
     bootstrap: int
     confidence: float
     bootstrap_seed: int
+    precision: str = "32-true"
+    """Every run's, the calibration's and every evaluation's (a key of ``lit_prunedpo.study.runner.PRECISIONS``)."""
 
     @property
     def pruned(self) -> list[str]:
@@ -220,4 +230,5 @@ def resolve_options(args: argparse.Namespace) -> StudyOptions:
         calibration_steps=opt["calibration_steps"], max_eval_pairs=opt["max_eval_pairs"],
         target_share=args.target_share,
         bootstrap=args.bootstrap, confidence=args.confidence, bootstrap_seed=args.bootstrap_seed,
+        precision=args.precision,
     )

@@ -69,6 +69,18 @@ def _threads(payload: Mapping[str, Any]) -> int | None:
     return int(threads) if isinstance(threads, int) else None
 
 
+def _threads_words(payload: Mapping[str, Any]) -> str:
+    threads = _threads(payload) or 1  # studies recorded before the payload named its threads ran on one
+    return f"{threads} torch thread{'s' if threads > 1 else ''}"
+
+
+def _precision_words(payload: Mapping[str, Any]) -> str:
+    precision = payload.get("precision", "32-true")  # studies recorded before the option trained in float32
+    if precision == "32-true":
+        return "float32"
+    return f"{precision} (float32 weights, the forward under bfloat16 autocast)"
+
+
 def _table(payload: Mapping[str, Any]) -> list[str]:
     """The title, the command, the budgets and the protocol in words, then one table row per arm."""
     s, task = payload["summary"], payload["task"]
@@ -81,7 +93,8 @@ def _table(payload: Mapping[str, Any]) -> list[str]:
         "",
         f"Budget: {payload['budget_s']:g} s of training on the **{clock}** clock (evaluation excluded) and "
         f"{payload['steps']} steps; {len(payload['seeds'])} seeds {payload['seeds']}; {payload['evals']} exact "
-        f"evaluations per budget on {payload['eval_pairs']} held-out pairs; 1 torch thread; runs interleaved "
+        f"evaluations per budget on {payload['eval_pairs']} held-out pairs; {_threads_words(payload)}; "
+        f"{_precision_words(payload)}; runs interleaved "
         f"round-robin; warm-up then cosine decay over each arm's estimated steps. "
         "Best achievable held-out accuracy: "
         f"{task['best_accuracy'] if task['best_accuracy'] is not None else 'unknown'}.",

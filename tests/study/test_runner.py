@@ -393,3 +393,34 @@ def test_the_study_is_a_function_that_returns_its_report_and_writes_only_where_t
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(STUDY_FILES)
     assert json.loads((out / "study.json").read_text())["runs"] == json.loads(json.dumps(written.payload["runs"]))
     assert written.markdown == (out / "study.md").read_text()
+
+
+def test_a_study_in_bf16_mixed_calibrates_trains_and_evaluates_in_it(monkeypatch):
+    """``--precision bf16-mixed``: the calibration's steps, every run's steps and every evaluation run under bfloat16
+    autocast (none in float32), and the report says so; the default stays float32."""
+    from lit_prunedpo.study import runner
+    from lit_prunedpo.study.arguments import build_parser, resolve_options
+    from lit_prunedpo.study.cli import task_of
+    from lit_prunedpo.study.protocol import run_study
+    from lit_prunedpo.study.tasks import TASKS
+
+    seen: list[str] = []
+    real = runner.forward_precision
+    monkeypatch.setattr(runner, "forward_precision", lambda module, precision: seen.append(precision)
+                        or real(module, precision))
+    payloads = {}
+    for precision in ("bf16-mixed", "32-true"):
+        seen.clear()
+        args = build_parser().parse_args(TINY_CLI + ["--modes", "branch", "--no-sweep", "--no-matched", "--seeds",
+                                                     "0", "--precision", precision])
+        payloads[precision] = run_study(task_of(args, TASKS["quickstart"]), resolve_options(args)).payload
+        assert seen and set(seen) == {precision}
+        assert payloads[precision]["precision"] == precision == payloads[precision]["calibration"]["precision"]
+        assert {r["precision"] for r in payloads[precision]["runs"]} == {precision}
+    losses = {p: [pt["loss"] for r in payload["runs"] for pt in r["points"][1:]] for p, payload in payloads.items()}
+    assert losses["bf16-mixed"] != losses["32-true"]  # the same runs, another arithmetic
+    from lit_prunedpo.study.report import to_markdown
+
+    assert "pairs; 1 torch thread; bf16-mixed (float32 weights, the forward under bfloat16 autocast);" in to_markdown(
+        payloads["bf16-mixed"])
+    assert "pairs; 1 torch thread; float32;" in to_markdown(payloads["32-true"])
