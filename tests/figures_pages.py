@@ -389,9 +389,17 @@ REAL_MODEL = [
     Figure((M,), "| vanilla | - | 1 | 1 | {} | {} |", LEARNS, learns_row("vanilla")),
     *(Figure((M,), f"| {m} | {{}} | {{}} | {{}} | {{}} | {{}} |", LEARNS, learns_row(m))
       for m in ("branch", "position", "all")),
-    Figure((M,), "the closest, `position`, stood at {0.683} after {0.96}x of vanilla's training time", LEARNS,
+    Figure((M,), "the closest, branch, stood at {0.685} after {1.00}x of vanilla's training time", LEARNS,
+           lambda d: (paper("smollm2-hh", "branch@8", "loss")(d).split(" ")[0],
+                      f"{paper_row(d, 'smollm2-hh', 'branch@8')['time_ratio'][0]:.2f}")),
+    Figure((M,), "(position at {0.689} after {0.92}x)", LEARNS,
            lambda d: (paper("smollm2-hh", "position@8", "loss")(d).split(" ")[0],
                       f"{paper_row(d, 'smollm2-hh', 'position@8')['time_ratio'][0]:.2f}")),
+    *(Figure((M,), f"{m} {{}}", LEARNS, lambda d, m=m: (
+        "{:+.4f} [{:+.4f}, {:+.4f}]".format(*paper_row(d, "smollm2-hh", f"{m}@8")["loss_change"]),))
+      for m in ("branch", "position")),
+    Figure((M,), "`all` {} each interval above zero", LEARNS, lambda d: (
+        "{:+.4f} [{:+.4f}, {:+.4f}],".format(*paper_row(d, "smollm2-hh", "all@8")["loss_change"]),)),
     *(Figure((M,), "| {} | {} | {} |", LEARN, seed_line(seed)) for seed in range(5)),
     Figure((M,), "| **mean [95 % t-interval]** | **{0.6676 [0.6536, 0.6816]}** | **{0.599 [0.519, 0.680]}** |", LEARN,
            lambda r: (learning("val_loss", ".4f")(r), learning("val_accuracy", ".3f")(r))),
