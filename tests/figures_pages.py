@@ -20,6 +20,7 @@ LEARN = "docs/real-model/learning/records.jsonl"
 PROFILE = "docs/real-model/profile.json"
 LEARNS = "docs/real-model/epoch-cell-learns/report/paper.json"
 LIMIT = "docs/real-model/limit-b8/bench.json"
+TTQ = "docs/real-model/ttq-position/study.json"
 CKPT = "docs/real-model/bench-trl-checkpointing-fp32/bench.json"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
@@ -356,6 +357,11 @@ PAPER_PAGE = [
            lambda d: tuple(paper(c, "vanilla@16", q)(d) for c in CELLS for q in ("accuracy", "loss"))),
 ]
 
+def study_arm(data: dict, arm: str) -> dict:
+    """One arm's summary in a study's ``study.json``."""
+    return next(a for a in data["summary"]["arms"] if a["arm"] == arm)
+
+
 def learns_row(design: str):
     """A design's line of the real model's epoch cell at the learning budget."""
     qs = ("accuracy", "loss") if design == "vanilla" else ("time_saved", "step_speedup", "memory_ratio", "accuracy",
@@ -400,6 +406,19 @@ REAL_MODEL = [
       for m in ("branch", "position")),
     Figure((M,), "`all` {} each interval above zero", LEARNS, lambda d: (
         "{:+.4f} [{:+.4f}, {:+.4f}],".format(*paper_row(d, "smollm2-hh", "all@8")["loss_change"]),)),
+    Figure((M,), "position step at {7.20} CPU-s against vanilla's fitted {7.07} s at batch 8", TTQ, lambda d: (
+        f"{d['calibration']['cost_matched']['position']['pruned_cost_s']:.2f}",
+        f"{d['calibration']['cost_matched']['position']['vanilla_cost_at_batch_s']:.2f}")),
+    Figure((M,), "In the study's own steps position ran {7.44} CPU-s against vanilla's {7.95}", TTQ, lambda d: tuple(
+        f"{study_arm(d, arm)['median_step_s']:.2f}" for arm in ("position@8", "vanilla@8"))),
+    Figure((M,), "best held-out loss within the budget was {0.6852 [0.6830-0.6864]}, position's "
+           "{0.6904 [0.6865-0.6931]}", TTQ, lambda d: tuple(
+               "{:.4f} [{:.4f}-{:.4f}]".format(*study_arm(d, arm)["best_loss"])
+               for arm in ("vanilla@8", "position@8"))),
+    Figure((M,), "is a loss of {0.6875}. **Position pruning reached it on {1} of {3} seeds: {LOSS}** (time to target "
+           "{not reached [1.15x-not reached]} of vanilla's)", TTQ, lambda d: (
+               f"{d['summary']['target_loss']:.4f}", *(str(study_arm(d, 'position@8')['loss_time_ratio'][k])
+                                                      for k in ("reached", "seeds", "verdict", "interval_text")))),
     *(Figure((M,), "| {} | {} | {} |", LEARN, seed_line(seed)) for seed in range(5)),
     Figure((M,), "| **mean [95 % t-interval]** | **{0.6676 [0.6536, 0.6816]}** | **{0.599 [0.519, 0.680]}** |", LEARN,
            lambda r: (learning("val_loss", ".4f")(r), learning("val_accuracy", ".3f")(r))),

@@ -19,7 +19,7 @@ import pytest
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, paper,
                             paper_row, pct, peer, spread, verdicts, x)
 from figures_pages import (BF16, CKPT, LEARNS, CV512, CVCONF, CVLONG, CVMAP, CVMAP2, DESIGNS, FP32, HBT, HGT, HH, LEARN,
-                           LONG, LONG2, MAP, MED, PAGE_FIGURES, PAPER, SCALING)
+                           LONG, LONG2, MAP, MED, PAGE_FIGURES, PAPER, SCALING, TTQ, study_arm)
 from helpers import REPO
 
 R, I = "README.md", "docs/index.md"
@@ -69,6 +69,9 @@ def ratio_only(compute: Callable) -> Callable:
 
 
 FIGURES = [
+    Figure((R, I), "position pruning reached vanilla's held-out loss target on {1} of {3} seeds (time to quality: "
+           "{LOSS})", TTQ, lambda d: tuple(str(study_arm(d, "position@8")["loss_time_ratio"][k])
+                                           for k in ("reached", "seeds", "verdict"))),
     Figure((R, I), "no pruned design saved more than {11} % of an epoch", LEARNS,
            lambda d: str(max(round(100 * r["time_saved"][0]) for k, r in next(c for c in d["cells"])["rows"].items()
                              if not k.startswith("vanilla")))),
