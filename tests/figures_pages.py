@@ -426,18 +426,18 @@ REAL_MODEL = [
            "**{3.15x}** |", FP32, real_trl("online", "trl-online")),
     Figure((M,), "| float32 | online reference | {6.38} s | {1,713} MiB | precomputed (TRL's cheaper) | {16.90} s | "
            "{3,826} MiB | {2.65x} |", FP32, real_trl("online", "trl")),
-    Figure((M,), "| bfloat16 | online reference | {3.37} s | {1,280} MiB | online | {10.57} s | {3,035} MiB | "
-           "**{3.14x}** |", BF16, real_trl("online", "trl-online")),
-    Figure((M,), "| bfloat16 | cached reference | {2.60} s | {1,246} MiB | precomputed | {10.07} s | {3,003} MiB | "
-           "**{3.87x}** |", BF16, real_trl("cached", "trl")),
-    Figure((M,), "| bf16-mixed | online reference | {3.57} s | {1,496} MiB | online | {9.06} s | {3,177} MiB | "
-           "**{2.53x}** |", MIXED, real_trl("online", "trl-online")),
-    Figure((M,), "| bf16-mixed | online reference | {3.57} s | {1,496} MiB | precomputed | {6.76} s | {3,177} MiB | "
-           "{1.89x} |", MIXED, real_trl("online", "trl")),
-    Figure((M,), "its bfloat16 matmul peak read {169} GFLOP/s", MIXED,
+    Figure((M,), "| bfloat16 | online reference | {1.86} s | {1,069} MiB | online | {7.33} s | {2,765} MiB | "
+           "**{3.93x}** |", BF16, real_trl("online", "trl-online")),
+    Figure((M,), "| bfloat16 | cached reference | {1.47} s | {1,067} MiB | precomputed | {6.44} s | {2,765} MiB | "
+           "**{4.38x}** |", BF16, real_trl("cached", "trl")),
+    Figure((M,), "| bf16-mixed | online reference | {2.15} s | {1,496} MiB | online | {8.47} s | {3,261} MiB | "
+           "**{3.95x}** |", MIXED, real_trl("online", "trl-online")),
+    Figure((M,), "| bf16-mixed | online reference | {2.15} s | {1,496} MiB | precomputed | {8.06} s | {3,261} MiB | "
+           "{3.76x} |", MIXED, real_trl("online", "trl")),
+    Figure((M,), "Its bfloat16 matmul peak read {936} GFLOP/s", MIXED,
            lambda d: f"{d['peak_flops_per_s'] / 1e9:.0f}"),
-    Figure((M,), "same rounds: branch {1.02x}, position {1.07x}, `all` {1.07x} vanilla's step, step memory {0.81x}, "
-           "{0.95x} and {0.66x} of vanilla's {1,496} MiB", MIXED,
+    Figure((M,), "same rounds: branch {1.03x}, position {1.08x}, `all` {1.15x} vanilla's step, step memory {0.81x}, "
+           "{0.95x} and {0.71x} of vanilla's {1,496} MiB", MIXED,
            lambda d: (*(x(bench(d, m)["speedup"]) for m in ("branch", "position", "all")),
                       *(x(bench(d, m)["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"])
                         for m in ("branch", "position", "all")), mib(bench(d, "vanilla")["peak_step_memory_mb"]))),
@@ -457,7 +457,7 @@ REAL_MODEL = [
     Figure((M,), "{74} % of {159} GFLOP/s in float32 against TRL's {47} %", FP32,
            lambda d: (f"{100 * bench(d, 'vanilla')['utilisation']:.0f}", f"{d['peak_flops_per_s'] / 1e9:.0f}",
                       f"{100 * peer(d, 'trl-online')['utilisation']:.0f}")),
-    Figure((M,), "{52} % of {409} GFLOP/s in bfloat16 against TRL's {31} %", BF16,
+    Figure((M,), "{43} % of {945} GFLOP/s in bfloat16 against TRL's {22} %", BF16,
            lambda d: (f"{100 * bench(d, 'vanilla')['utilisation']:.0f}", f"{d['peak_flops_per_s'] / 1e9:.0f}",
                       f"{100 * peer(d, 'trl-online')['utilisation']:.0f}")),
     Figure((M,), "TRL's step took {2.45x} ours. Work explains {1.92x}", PROFILE,
