@@ -3,8 +3,9 @@ holds the README's and ``docs/index.md``'s, the test and the format)."""
 
 from __future__ import annotations
 
-from figure_sources import (Figure, arm_ratio, bench, learning, loss_text, map_row, memory_ratio, mib, paper,
+from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, mib, paper,
                             paper_row, peer, reproduced, spread, threads, verdicts, x)
+from helpers import REPO
 
 P, T, A, M = "docs/performance.md", "docs/time-to-quality.md", "docs/paper.md", "docs/real-model.md"
 MED, HH, QS = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json", "docs/bench/quickstart/bench.json"
@@ -22,6 +23,7 @@ LEARNS = "docs/real-model/epoch-cell-learns/report/paper.json"
 LIMIT = "docs/real-model/limit-b8/bench.json"
 TTQ = "docs/real-model/ttq-position/study.json"
 CKPT = "docs/real-model/bench-trl-checkpointing-fp32/bench.json"
+CKPT_MIXED = "docs/real-model/bench-trl-checkpointing-bf16-mixed/bench.json"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
                          "docs/study/cv-l512/map.json")
@@ -492,6 +494,19 @@ REAL_MODEL += [
     Figure((M,), "| TRL | {22.09} s | {3,657} MiB | {35} % | **{3.02x}** |", CKPT, checkpointing_row("trl-online")),
     Figure((M,), "| TRL with activation checkpointing (its default) | {18.30} s | {1,799} MiB | {51} % | **{2.50x}** |",
            CKPT, checkpointing_row("trl-online-checkpointing")),
+    Figure((M,), "| exact DPO here (vanilla) | {2.31} s | {1,496} MiB | {35} % | - |", CKPT_MIXED,
+           checkpointing_row(None)),
+    Figure((M,), "| TRL | {10.40} s | {3,261} MiB | {16} % | **{4.51x}** |", CKPT_MIXED,
+           checkpointing_row("trl-online")),
+    Figure((M,), "| TRL with activation checkpointing (its default) | {8.41} s | {1,741} MiB | {23} % | **{3.65x}** |",
+           CKPT_MIXED, checkpointing_row("trl-online-checkpointing")),
+    Figure((M,), "shortened TRL's step (in {6} of the {8} rounds)", CKPT_MIXED,
+           lambda d: checkpointing_rounds(d)[:2]),
+    Figure((M,), "TRL online's median step read {10.40} s here and {8.47} s in the `bf16-mixed` run above", CKPT_MIXED,
+           lambda d: (f"{peer(d, 'trl-online')['step_time_s']:.2f}",
+                      f"{peer(load(REPO / MIXED), 'trl-online')['step_time_s']:.2f}")),
+    Figure((M,), "(its steps spread over {4.1}-{13.1} s", CKPT_MIXED,
+           lambda d: tuple(f"{f(peer(d, 'trl-online')['step_times_s']):.1f}" for f in (min, max))),
     Figure((M,), "({1,701} against {1,429} GFLOP per step by the cost model)", CKPT,
            lambda d: tuple(mib(peer(d, n)["flops"] / 1e9) for n in ("trl-online-checkpointing", "trl-online"))),
     Figure((M,), "shorter in {4} of the {5} rounds ({0.72x}-{1.11x} of the plain one's", CKPT, checkpointing_rounds),
