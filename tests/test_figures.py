@@ -19,7 +19,8 @@ import pytest
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, paper,
                             paper_row, pct, peer, spread, verdicts, x)
 from figures_pages import (BF16, CKPT, LEARNS, CV512, CVCONF, CVLONG, CVMAP, CVMAP2, DESIGNS, FP32, HBT, HGT, HH, LEARN,
-                           LONG, LONG2, MAP, MED, PAGE_FIGURES, PAPER, SCALING, TTQ, study_arm)
+                           LONG, LONG2, MAP, MED, MIXED, CKPT_MIXED, PAGE_FIGURES, PAPER, SCALING, TTQ,
+                           study_arm)
 from helpers import REPO
 
 R, I = "README.md", "docs/index.md"
@@ -91,6 +92,9 @@ FIGURES = [
     Figure((R, I), "({2.50x} against TRL with its default activation checkpointing, in another run)", CKPT,
            lambda d: x(bench(d, "vanilla")["speedup_vs_trl-online-checkpointing"])),
     Figure((R, I), "and {3.93x} in bfloat16 weights", BF16, lambda d: x(bench(d, "vanilla")["speedup_vs_trl-online"])),
+    Figure((R, I), "{3.95x} in `bf16-mixed`", MIXED, lambda d: x(bench(d, "vanilla")["speedup_vs_trl-online"])),
+    Figure((R, I), "({3.65x} against TRL with its checkpointing, in another run)", CKPT_MIXED,
+           lambda d: x(bench(d, "vanilla")["speedup_vs_trl-online-checkpointing"])),
     Figure((R, I), "{4.38x} with a cached reference against TRL's precomputed one", BF16,
            lambda d: x(bench(d, "vanilla", "cached")["speedup_vs_trl"])),
     Figure((R, I), "(branch {1.04x}, position {1.08x} per step; the LM head is {8} % of its forward)", FP32,
