@@ -6,6 +6,7 @@ from __future__ import annotations
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, mib, paper,
                             paper_row, peer, reproduced, spread, threads, verdicts, x)
 from helpers import REPO
+from lit_prunedpo.stats import paired_ratio_interval
 
 P, T, A, M = "docs/performance.md", "docs/time-to-quality.md", "docs/paper.md", "docs/real-model.md"
 MED, HH, QS = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json", "docs/bench/quickstart/bench.json"
@@ -71,14 +72,23 @@ def trl_line(data: dict) -> tuple[str, ...]:
     return f"{p['step_time_s']:.3f}", f"{p['peak_step_memory_mb']:.0f}", f"{p['tokens_executed']:.0f}"
 
 
+def against_trl(data: dict, reference: str, name: str) -> tuple[str, str, str]:
+    """Vanilla's ratio to a TRL peer and its bootstrap interval over the paired rounds, as the pages write them."""
+    r, p = bench(data, "vanilla", reference), peer(data, name)
+    low, high = paired_ratio_interval(p["step_times_s"], r["step_times_s"])
+    return x(r[f"speedup_vs_{name}"]), x(low), x(high)
+
+
 def real_trl(reference: str, name: str):
-    """A line of the real model's table against TRL: the medians, their ratio, and the range of the ratio batch by
-    batch (the bench's rounds: each round one batch, every configuration on it)."""
+    """A line of the real model's table against TRL: the medians, their ratio, its bootstrap interval over the paired
+    rounds, and the range of the ratio batch by batch (the bench's rounds: each round one batch, every configuration
+    on it)."""
     def compute(data: dict) -> tuple[str, ...]:
         r, p = bench(data, "vanilla", reference), peer(data, name)
         paired = [theirs / ours for theirs, ours in zip(p["step_times_s"], r["step_times_s"], strict=True)]
+        ratio, low, high = against_trl(data, reference, name)
         return (f"{r['step_time_s']:.2f}", mib(r["peak_step_memory_mb"]), f"{p['step_time_s']:.2f}",
-                mib(p["peak_step_memory_mb"]), x(r[f"speedup_vs_{name}"]), f"{x(min(paired))}-{x(max(paired))}")
+                mib(p["peak_step_memory_mb"]), ratio, f"[{low}, {high}]", f"{x(min(paired))}-{x(max(paired))}")
     return compute
 
 
@@ -427,17 +437,17 @@ REAL_MODEL = [
     Figure((M,), "| **mean [95 % t-interval]** | **{0.6676 [0.6536, 0.6816]}** | **{0.599 [0.519, 0.680]}** |", LEARN,
            lambda r: (learning("val_loss", ".4f")(r), learning("val_accuracy", ".3f")(r))),
     Figure((M,), "| float32 | online reference | {6.38} s | {1,713} MiB | online | {20.11} s | {3,826} MiB | "
-           "**{3.15x}** | {2.03x-3.70x} |", FP32, real_trl("online", "trl-online")),
+           "**{3.15x}** | {[2.58x, 3.52x]} | {2.03x-3.70x} |", FP32, real_trl("online", "trl-online")),
     Figure((M,), "| float32 | online reference | {6.38} s | {1,713} MiB | precomputed (TRL's cheaper) | {16.90} s | "
-           "{3,826} MiB | {2.65x} | {} |", FP32, real_trl("online", "trl")),
+           "{3,826} MiB | {2.65x} | {} | {} |", FP32, real_trl("online", "trl")),
     Figure((M,), "| bfloat16 | online reference | {1.86} s | {1,069} MiB | online | {7.33} s | {2,765} MiB | "
-           "**{3.93x}** | {} |", BF16, real_trl("online", "trl-online")),
+           "**{3.93x}** | {} | {} |", BF16, real_trl("online", "trl-online")),
     Figure((M,), "| bfloat16 | cached reference | {1.47} s | {1,067} MiB | precomputed | {6.44} s | {2,765} MiB | "
-           "**{4.38x}** | {} |", BF16, real_trl("cached", "trl")),
+           "**{4.38x}** | {} | {} |", BF16, real_trl("cached", "trl")),
     Figure((M,), "| bf16-mixed | online reference | {2.15} s | {1,496} MiB | online | {8.47} s | {3,261} MiB | "
-           "**{3.95x}** | {} |", MIXED, real_trl("online", "trl-online")),
+           "**{3.95x}** | {} | {} |", MIXED, real_trl("online", "trl-online")),
     Figure((M,), "| bf16-mixed | online reference | {2.15} s | {1,496} MiB | precomputed | {8.06} s | {3,261} MiB | "
-           "{3.76x} | {} |", MIXED, real_trl("online", "trl")),
+           "{3.76x} | {} | {} |", MIXED, real_trl("online", "trl")),
     Figure((M,), "Its bfloat16 matmul peak read {936} GFLOP/s", MIXED,
            lambda d: f"{d['peak_flops_per_s'] / 1e9:.0f}"),
     Figure((M,), "same rounds: branch {1.03x}, position {1.08x}, `all` {1.15x} vanilla's step, step memory {0.81x}, "
@@ -481,7 +491,7 @@ def checkpointing_row(name: str | None):
     def compute(data: dict) -> tuple[str, ...]:
         r = bench(data, "vanilla") if name is None else peer(data, name)
         cells = (f"{r['step_time_s']:.2f}", mib(r["peak_step_memory_mb"]), f"{100 * r['utilisation']:.0f}")
-        return cells if name is None else (*cells, x(bench(data, "vanilla")[f"speedup_vs_{name}"]))
+        return cells if name is None else (*cells, *against_trl(data, "online", name))
     return compute
 
 
@@ -493,20 +503,26 @@ def checkpointing_rounds(data: dict) -> tuple[str, ...]:
 
 REAL_MODEL += [
     Figure((M,), "| exact DPO here (vanilla) | {7.30} s | {1,713} MiB | {53} % | - |", CKPT, checkpointing_row(None)),
-    Figure((M,), "| TRL | {22.09} s | {3,657} MiB | {35} % | **{3.02x}** |", CKPT, checkpointing_row("trl-online")),
-    Figure((M,), "| TRL with activation checkpointing (its default) | {18.30} s | {1,799} MiB | {51} % | **{2.50x}** |",
+    Figure((M,), "| TRL | {22.09} s | {3,657} MiB | {35} % | **{3.02x}** [{2.37x}, {3.87x}] |", CKPT,
+           checkpointing_row("trl-online")),
+    Figure((M,), "| TRL with activation checkpointing (its default) | {18.30} s | {1,799} MiB | {51} % | "
+           "**{2.50x}** [{2.18x}, {3.30x}] |",
            CKPT, checkpointing_row("trl-online-checkpointing")),
     Figure((M,), "| exact DPO here (vanilla) | {2.31} s | {1,496} MiB | {35} % | - |", CKPT_MIXED,
            checkpointing_row(None)),
-    Figure((M,), "| TRL | {10.40} s | {3,261} MiB | {16} % | **{4.51x}** |", CKPT_MIXED,
+    Figure((M,), "| TRL | {10.40} s | {3,261} MiB | {16} % | **{4.51x}** [{4.11x}, {5.13x}] |", CKPT_MIXED,
            checkpointing_row("trl-online")),
-    Figure((M,), "| TRL with activation checkpointing (its default) | {8.41} s | {1,741} MiB | {23} % | **{3.65x}** |",
+    Figure((M,), "| TRL with activation checkpointing (its default) | {8.41} s | {1,741} MiB | {23} % | "
+           "**{3.65x}** [{2.79x}, {4.27x}] |",
            CKPT_MIXED, checkpointing_row("trl-online-checkpointing")),
     Figure((M,), "shortened TRL's step (in {6} of the {8} rounds)", CKPT_MIXED,
            lambda d: checkpointing_rounds(d)[:2]),
     Figure((M,), "TRL online's median step read {10.40} s here and {8.47} s in the `bf16-mixed` run above", CKPT_MIXED,
            lambda d: (f"{peer(d, 'trl-online')['step_time_s']:.2f}",
                       f"{peer(load(REPO / MIXED), 'trl-online')['step_time_s']:.2f}")),
+    Figure((M,), "({4.51x} [{4.11x}, {5.13x}] here, {3.95x} [{3.42x}, {4.83x}] there: the two intervals overlap)",
+           CKPT_MIXED, lambda d: (*against_trl(d, "online", "trl-online"),
+                                  *against_trl(load(REPO / MIXED), "online", "trl-online"))),
     Figure((M,), "(its steps spread over {4.1}-{13.1} s", CKPT_MIXED,
            lambda d: tuple(f"{f(peer(d, 'trl-online')['step_times_s']):.1f}" for f in (min, max))),
     Figure((M,), "({1,701} against {1,429} GFLOP per step by the cost model)", CKPT,

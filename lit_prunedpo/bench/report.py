@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lit_prunedpo.bench.load import under_load
+from lit_prunedpo.bench.rounds import baseline_prompt
+from lit_prunedpo.stats import paired_ratio_interval
 
 COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mode", "mode", str),
@@ -105,6 +107,7 @@ def to_markdown(payload: dict[str, Any]) -> str:
         *load_lines(payload),
         "",
         *table_lines(payload, smoke),
+        *([] if smoke else interval_lines(payload)),
         *peer_lines(payload),
     ]
     if payload.get("command"):
@@ -148,6 +151,40 @@ def table_lines(payload: dict[str, Any], smoke: bool) -> list[str]:
             for key, _, fmt in cols
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def interval_lines(payload: dict[str, Any], confidence: float = 0.95) -> list[str]:
+    """Each measured ratio with its interval: a percentile bootstrap over the measured rounds (2000 resamples,
+    seed 0), drawing whole rounds, since every configuration and peer ran on each round's batch
+    (:func:`~lit_prunedpo.stats.paired_ratio_interval`). Nothing for fewer than 3 rounds or a payload from
+    before the rounds' step times were kept."""
+    rows, peers = payload["results"], peers_of(payload)
+    rounds = {len(r.get("step_times_s") or ()) for r in [*rows, *peers]}
+    if len(rounds) != 1 or min(rounds) < 3:
+        return []
+    baseline = baseline_prompt([r["prompt"] for r in rows])
+
+    def cell(numerator: dict[str, Any] | None, denominator: dict[str, Any]) -> str:
+        if numerator is None or numerator is denominator:
+            return "-"
+        low, high = paired_ratio_interval(numerator["step_times_s"], denominator["step_times_s"], confidence=confidence)
+        ratio = numerator["step_time_s"] / denominator["step_time_s"]
+        return f"{ratio:.2f}x [{low:.2f}x, {high:.2f}x]"
+
+    def base(row: dict[str, Any]) -> dict[str, Any] | None:
+        return next((b for b in rows if b["mode"] == "vanilla" and b["prompt"] == baseline
+                     and (b["reference"], b["scorer"]) == (row["reference"], row["scorer"])), None)
+
+    titles = ["speedup", *(f"vs {p['name']}" for p in peers)]
+    lines = ["", f"Ratios with {confidence * 100:g} % intervals over the {rounds.pop()} rounds (percentile bootstrap "
+             "drawing whole rounds: each round ran every configuration on the same batch):", "",
+             "| mode | reference | scorer | prompt | " + " | ".join(titles) + " |",
+             "|" + "|".join("---" for _ in range(4 + len(titles))) + "|"]
+    for row in rows:
+        cells = [cell(base(row), row), *(cell(p, row) for p in peers)]
+        lines.append(f"| {row['mode']} | {row['reference']} | {row['scorer']} | {row['prompt']} | "
+                     + " | ".join(cells) + " |")
     return lines
 
 

@@ -33,11 +33,11 @@ The protocol (docs/time-to-quality.md), in the order :mod:`lit_prunedpo.study.re
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Mapping, Sequence
 
-T = TypeVar("T")
+from lit_prunedpo.stats import bootstrap_interval
+
 
 
 def time_to_target(times: Sequence[float], values: Sequence[float], target: float,
@@ -111,28 +111,6 @@ def ratio_of_sums(pairs: Sequence[tuple[float, float]]) -> float:
     if r == 0:
         return 1.0 if a == 0 else math.inf
     return a / r
-
-
-def bootstrap_interval(samples: Sequence[T], statistic: Callable[[list[T]], float], resamples: int = 2000,
-                       confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap: resample ``samples`` with replacement ``resamples`` times (a ``random.Random(seed)``
-    stream, so the same call gives the same interval), and return the ``(1 - confidence) / 2`` and
-    ``(1 + confidence) / 2`` order statistics of ``statistic`` (no interpolation: infinities are kept).
-
-    Raises:
-        ValueError: on no samples, ``resamples < 1`` or a confidence outside (0, 1).
-    """
-    if not samples:
-        raise ValueError("bootstrap_interval needs at least one sample")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples!r}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    rng = random.Random(seed)
-    n = len(samples)
-    values = sorted(statistic([samples[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    k = math.floor((1.0 - confidence) / 2 * resamples)
-    return values[k], values[resamples - 1 - k]
 
 
 def verdict(low: float, high: float) -> str:

@@ -1,14 +1,18 @@
 """The benchmark's report: the chart's structure (one colour per mode, one hatch per variant, legends outside the
-axes, a memory panel of step peaks) and a smoke test's reports stating no measured speedup."""
+axes, a memory panel of step peaks), a smoke test's reports stating no measured speedup, the ratios' intervals
+over paired rounds, and every published bench page equal to its record rendered."""
 
 from __future__ import annotations
 
+import json
 import re
+import statistics
 
 import pytest
 
+from helpers import REPO
 from lit_prunedpo.bench.presets import get_preset
-from lit_prunedpo.bench.report import to_markdown, write_png
+from lit_prunedpo.bench.report import interval_lines, to_markdown, write_png
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -76,3 +80,40 @@ def test_smoke_test_chart_and_table_state_no_measured_speedup(tmp_path):
 def test_small_preset_is_a_smoke_test_and_others_are_not():
     assert get_preset("small").smoke_test
     assert not get_preset("quickstart").smoke_test and not get_preset("medium").smoke_test
+
+
+def rounds_payload(rounds: int) -> dict:
+    """Rounds whose load moves every configuration of a round together (a factor of up to 3x between rounds):
+    branch is 1.5x faster than vanilla and TRL 3x slower in every round, `all` is noisy around 1.2x."""
+    load = [1.0 + (i * 7 % 5) / 2 for i in range(rounds)]
+    noise = [1.0 + 0.1 * ((i * 3 % 4) - 1.5) for i in range(rounds)]
+    times = {"vanilla": load, "branch": [t / 1.5 for t in load], "all": [t / 1.2 * e for t, e in zip(load, noise)]}
+    rows = [dict(mode=m, reference="online", scorer="plain", prompt="shared", step_times_s=ts,
+                 step_time_s=statistics.median(ts)) for m, ts in times.items()]
+    trl = [3 * t for t in load]
+    return {"results": rows, "peers": [{"name": "trl", "step_times_s": trl, "step_time_s": statistics.median(trl)}]}
+
+
+def test_the_ratios_get_intervals_over_whole_rounds():
+    lines = interval_lines(rounds_payload(8))
+    assert "95 % intervals over the 8 rounds" in lines[1]
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ")[4:] for line in lines if line.startswith("| ")}
+    # a load shared by the round cancels in the paired ratio: no width however much the rounds differ
+    assert table["vanilla"] == ["-", "3.00x [3.00x, 3.00x] |"]
+    assert table["branch"][0] == "1.50x [1.50x, 1.50x]"
+    low, high = (float(v) for v in re.findall(r"\[([0-9.]+)x, ([0-9.]+)x\]", table["all"][0])[0])
+    assert low < 1.2 < high and high - low > 0.05
+
+
+def test_no_intervals_from_too_few_rounds_or_rounds_not_kept():
+    assert interval_lines(rounds_payload(2)) == []
+    assert interval_lines(payload()) == []  # a payload from before the rounds' step times were kept
+    assert "Ratios with 95 % intervals" not in to_markdown(payload())
+
+
+@pytest.mark.parametrize("record", sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("docs/**/bench.json")
+                                          if "results" in json.loads(p.read_text())))
+def test_every_published_bench_page_is_its_record_rendered(record):
+    # a page edited by hand, or rendered by an older report, would say what its record does not
+    payload = json.loads((REPO / record).read_text())
+    assert (REPO / record).with_name("bench.md").read_text() == to_markdown(payload)

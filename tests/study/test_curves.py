@@ -8,8 +8,8 @@ import random
 
 import pytest
 
+from lit_prunedpo.stats import bootstrap_interval
 from lit_prunedpo.study.curves import (
-    bootstrap_interval,
     censored_pairs,
     improvement_target,
     mean_curve,

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lit_prunedpo.study.arms import Arm
-from lit_prunedpo.study.curves import bootstrap_interval, ratio_of_sums
+from lit_prunedpo.stats import bootstrap_interval
+from lit_prunedpo.study.curves import ratio_of_sums
 from lit_prunedpo.study.runner import train_arms
 from lit_prunedpo.study.tasks import QUICKSTART_MODEL, EditedTask
 
