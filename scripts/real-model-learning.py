@@ -4,6 +4,8 @@ the held-out exact loss and preference accuracy of each run's last validation, w
 over the seeds, against ln 2 and 0.5 (the values every pair has before the first step: policy = reference).
 
     python scripts/real-model-learning.py --out docs/real-model/learning [--seeds 0,1,2] [--steps 60] [--resume]
+    python scripts/real-model-learning.py --out learning-gpu --accelerator gpu \
+        --model HuggingFaceTB/SmolLM2-135M-Instruct
 
 Each seed is the data module's seed: it draws both the held-out pairs and the training order (exact DPO has no other
 randomness), so the interval covers the choice of held-out pairs too. Settings are cut to a 2-core CPU (written into
@@ -53,6 +55,11 @@ def command(args: argparse.Namespace, seed: int, root: Path, export: Path | None
            "--model.optimizer.init_args.lr", str(args.lr),
            "--model.scheduler.init_args.warmup_steps", str(max(1, args.steps // 10)),
            "--trainer.default_root_dir", str(root)]
+    # given last, so they replace the offline line's CPU and local copies (a GPU, a hub name)
+    for value, keys in ((args.accelerator, ["--trainer.accelerator"]), (args.data, ["--data.init_args.path"]),
+                        (args.model, ["--model.policy.init_args.name_or_path", "--data.init_args.tokenizer"])):
+        if value is not None:
+            cmd += [word for key in keys for word in (key, str(value))]
     # the export is written from the final checkpoint; other seeds write none (1.6 GB each with Adam's moments)
     return cmd + (["--final.export_dir", str(export)] if export is not None
                   else ["--trainer.enable_checkpointing", "false"])
@@ -100,7 +107,7 @@ def table(records: list[dict], settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2")
@@ -113,8 +120,18 @@ def main() -> None:
     parser.add_argument("--val-fraction", type=float, default=0.05)
     parser.add_argument("--export", type=Path, default=None, help="export seed 0's model here")
     parser.add_argument("--resume", action="store_true", help="keep the records of seeds already run")
-    args = parser.parse_args()
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "seeds", "export", "resume")}
+    parser.add_argument("--accelerator", default=None, help="Lightning's accelerator (default: the offline line's cpu)")
+    parser.add_argument("--model", default=None, help="model and tokenizer: a hub name, folder or .gguf file "
+                                                      "(default: the offline line's GGUF under ../shared)")
+    parser.add_argument("--data", default=None, help="the pairs file (default: the offline line's, under ../shared)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
+    # options left at None are not settings: records written before they existed still resume
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("out", "seeds", "export", "resume") and v is not None}
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "records.jsonl"
     records = [json.loads(line) for line in store.open()] if args.resume and store.exists() else []

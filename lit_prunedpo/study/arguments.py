@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from lit_prunedpo.study.arms import MODES
+from lit_prunedpo.study.devices import check_clock_on, study_device
 from lit_prunedpo.study.tasks import TASKS
 
 QUICK = {"budget": 2.0, "steps": 40, "evals": 4, "max_eval_pairs": 64, "seeds": [0, 1, 2], "tune_seeds": [100],
@@ -114,6 +115,25 @@ def _add_budget_options(a: Callable[..., object]) -> None:
       help="every run's, the calibration's and every evaluation's forward: 32-true (default) or bf16-mixed (float32 "
            "weights, the forward under bfloat16 autocast, as Lightning's)")
     a("--batch-size", type=count(1), default=None, help="the same-batch arm's pairs per step (default: the task's)")
+    a("--device", default="cpu",
+      help="where every run trains and evaluates: cpu (default) or cuda[:N]; on a GPU pass --clock wall (its CPU "
+           "clock times the host's launches, not the work)")
+
+
+def _add_data_options(a: Callable[..., object]) -> None:
+    """The options of what a task reads: its data file, tokenizer or pretrained model, and lengths."""
+    a("--data-path", default=None, metavar="FILE",
+      help="the task's data file (tasks that read one: hh-rlhf, smollm2-hh; default: "
+           "shared/data/hh-rlhf/harmless-base-test.jsonl.gz beside the repository)")
+    a("--tokenizer", default=None, help="the task's tokenizer, a folder or hub name (hh-rlhf; default: "
+                                        "shared/tokenizers/gpt2 beside the repository)")
+    a("--model", default=None, metavar="NAME_OR_PATH",
+      help="the pretrained model, tokenizer included: a folder, a hub name or a .gguf file (smollm2-hh; default: "
+           "shared/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf beside the repository)")
+    a("--max-length", type=count(2), default=None, metavar="TOKENS",
+      help="tokens per sequence, prompt and response (tasks that read a data file; default: the task's)")
+    a("--max-prompt-length", type=count(1), default=None, metavar="TOKENS",
+      help="the prompt's last tokens kept, below --max-length (tasks that read a data file; default: the task's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,11 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warm-start-steps", type=count(0), default=None, metavar="N",
       help="supervised steps on the training split's chosen responses before DPO, cached per seed under "
            "--work-dir; every arm of a seed starts from them (default: the task's; 0: none)")
-    a("--data-path", default=None, metavar="FILE",
-      help="the task's data file (tasks that read one: hh-rlhf; default: "
-           "shared/data/hh-rlhf/harmless-base-test.jsonl.gz beside the repository)")
-    a("--tokenizer", default=None, help="the task's tokenizer, a folder or hub name (tasks that read a data file: "
-                                        "hh-rlhf; default: shared/tokenizers/gpt2 beside the repository)")
+    _add_data_options(a)
     a("--work-dir", default="study_results/work", help="where warm starts are cached (default: study_results/work)")
     a("--quick", action="store_true", help="a minutes-long study with fewer seeds: "
       + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + " unless given")
@@ -199,6 +215,8 @@ class StudyOptions:
     bootstrap_seed: int
     precision: str = "32-true"
     """Every run's, the calibration's and every evaluation's (a key of ``lit_prunedpo.study.runner.PRECISIONS``)."""
+    device: str = "cpu"
+    """Where every run, the calibration and every evaluation run: ``cpu`` or ``cuda[:N]``."""
 
     @property
     def pruned(self) -> list[str]:
@@ -209,8 +227,8 @@ def resolve_options(args: argparse.Namespace) -> StudyOptions:
     """The options of a parsed command line, the defaults filled in.
 
     Raises:
-        UsageError: if the tuning seeds share a verdict seed (with the sweep on), or ``--prune-early`` comes with
-            ``--memory-budget-mb``.
+        UsageError: if the tuning seeds share a verdict seed (with the sweep on), ``--prune-early`` comes with
+            ``--memory-budget-mb``, the device is not here, or the CPU clock is asked for on a GPU.
     """
     defaults = QUICK if args.quick else DEFAULTS
     opt = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in {**DEFAULTS, **defaults}.items()}
@@ -219,6 +237,10 @@ def resolve_options(args: argparse.Namespace) -> StudyOptions:
         raise UsageError(f"--tune-seeds {opt['tune_seeds']} and --seeds {seeds} share "
                          f"{sorted(set(opt['tune_seeds']) & set(seeds))}: the sweep must run on seeds the verdict does "
                          "not use")
+    try:
+        check_clock_on(study_device(args.device), args.clock)
+    except ValueError as err:
+        raise UsageError(f"--device {args.device}: {err}") from None
     if args.memory_budget_mb is not None and args.prune_early is not None:
         raise UsageError("--prune-early cannot be combined with --memory-budget-mb: a prune-early arm's peak changes "
                          "when it turns exact, so it cannot be fitted to one budget")
@@ -230,5 +252,5 @@ def resolve_options(args: argparse.Namespace) -> StudyOptions:
         calibration_steps=opt["calibration_steps"], max_eval_pairs=opt["max_eval_pairs"],
         target_share=args.target_share,
         bootstrap=args.bootstrap, confidence=args.confidence, bootstrap_seed=args.bootstrap_seed,
-        precision=args.precision,
+        precision=args.precision, device=args.device,
     )

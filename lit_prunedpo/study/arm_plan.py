@@ -105,7 +105,7 @@ def plan_arms(task: StudyTask, dm: PreferenceDataModule, options: StudyOptions, 
     def measure(arms: list[Arm]) -> dict:  # step costs and peak step memory, from the first verdict seed's weights
         # looked up when called, so that it can be replaced (the memory-budget tests hand in a made-up calibration)
         return calibrate.measure_step_costs(task, arms, dm, options.calibration_steps, warmup=1, seed=options.seeds[0],
-                                            memory=True, precision=options.precision)
+                                            memory=True, precision=options.precision, device=options.device)
 
     costs = measure(probes + base[1:] + enlarged)
     line = fit_line({a.batch_size: costs[a].on(options.clock) for a in probes})
@@ -113,7 +113,8 @@ def plan_arms(task: StudyTask, dm: PreferenceDataModule, options: StudyOptions, 
     _add_cost_matched_controls(plan)
     if options.memory_budget_mb is not None:
         _fit_memory_budget(plan, options.memory_budget_mb, measure, log)
-    plan.record = {"clock": options.clock, "precision": options.precision, "steps": options.calibration_steps,
+    plan.record = {"clock": options.clock, "precision": options.precision, "device": options.device,
+                   "steps": options.calibration_steps,
                    "warmup": 1, "seed": options.seeds[0],
                    "vanilla_measured": {a.batch_size: costs[a].on(options.clock) for a in probes},
                    "vanilla_line": list(line), "arms": {a.name: dataclasses.asdict(c) for a, c in costs.items()},

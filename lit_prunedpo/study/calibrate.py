@@ -60,20 +60,21 @@ def _median(values: Sequence[float]) -> float:
 
 
 def measure_step_costs(task: StudyTask, arms: Sequence[Arm], dm: PreferenceDataModule, steps: int, warmup: int = 1,
-                       seed: int = 0, memory: bool = False, precision: str = "32-true") -> dict[Arm, StepCost]:
+                       seed: int = 0, memory: bool = False, precision: str = "32-true",
+                       device: str = "cpu") -> dict[Arm, StepCost]:
     """Train each arm ``warmup + steps`` steps from ``seed``'s initial weights, round-robin one step at a time,
     and return the median cost of the last ``steps`` per arm (the first steps pay one-off costs). Arms that
     prune early are not measured: :func:`schedule_steps` prices them from their mode's and vanilla's costs.
     With ``memory`` every step's peak memory is measured too (``StepCost.peak_mb``; ``None`` where this machine
-    cannot read it). ``precision``: the steps' (a key of :data:`~lit_prunedpo.study.runner.PRECISIONS`), as the
-    study's runs train.
+    cannot read it). ``precision``: the steps' (a key of :data:`~lit_prunedpo.study.runner.PRECISIONS`), and
+    ``device`` where they run, as the study's runs train.
 
     Raises:
         ValueError: if ``steps`` < 1, ``warmup`` < 0 or an arm prunes early.
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"calibration needs steps >= 1 and warmup >= 0, got {steps!r} and {warmup!r}")
-    runs = {arm: make_run(task, arm, seed, dm, precision=precision) for arm in dict.fromkeys(arms)}
+    runs = {arm: make_run(task, arm, seed, dm, precision=precision, device=device) for arm in dict.fromkeys(arms)}
     meters = {arm: PeakMemoryMeter(next(run.module.policy.parameters()).device, settle=True) for arm, run in
               runs.items()} if memory else {}
     apart = any(m.intrusive for m in meters.values())  # a meter that slows the step: metered steps of their own

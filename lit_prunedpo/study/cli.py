@@ -64,21 +64,35 @@ def run(argv: Sequence[str] | None = None, task: StudyTask | None = None) -> int
 
 def task_of(args: argparse.Namespace, task: StudyTask) -> StudyTask:
     """``task`` with the settings the command line replaces (batch, rows, learning rate, warm start, data path,
-    tokenizer).
+    tokenizer, pretrained model, lengths).
 
     Raises:
-        UsageError: ``--data-path`` or ``--tokenizer`` for a task that reads no data file.
+        UsageError: a setting the task does not have (``--data-path`` for a task that generates its pairs,
+            ``--model`` for one built from a config), or a prompt length not below the sequence length.
     """
     for name in ("batch_size", "max_rows", "lr", "warm_start_steps"):  # checked by their argument types
         if getattr(args, name) is not None:
             task = dataclasses.replace(task, **{name: getattr(args, name)})
-    for option, name in (("--data-path", "path"), ("--tokenizer", "tokenizer")):
+    for option, name in (("--data-path", "path"), ("--tokenizer", "tokenizer"), ("--model", "model_path"),
+                         ("--max-length", "max_length"), ("--max-prompt-length", "max_prompt_length")):
         value = getattr(args, option[2:].replace("-", "_"))
         if value is not None:
             if name not in {f.name for f in dataclasses.fields(task)}:
-                raise UsageError(f"{option}: task {task.name} reads no data file (it generates its pairs)")
+                raise UsageError(f"{option}: task {task.name} has no such setting ({what_it_reads(task)})")
             task = dataclasses.replace(task, **{name: value})
+    if getattr(task, "max_prompt_length", 0) >= getattr(task, "max_length", 1):
+        raise UsageError(f"--max-prompt-length {task.max_prompt_length} must be below --max-length "
+                         f"{task.max_length} (task {task.name}): a response needs room")
     return task
+
+
+def what_it_reads(task: StudyTask) -> str:
+    """What a task takes from outside, for an error naming a setting it does not have."""
+    fields = {f.name for f in dataclasses.fields(task)}
+    if "path" not in fields:
+        return "it generates its pairs"
+    return "it reads a data file with " + ("a pretrained model's tokenizer" if "model_path" in fields
+                                          else "a tokenizer and a model built from a config")
 
 
 if __name__ == "__main__":

@@ -124,9 +124,10 @@ def run_study(task: StudyTask, options: StudyOptions, *, out: Path | None = None
         arms = plan.scheduled_arms(options.budget, options.steps, options.prune_early)
         log(f"arms: {', '.join(f'{a.name} ({a.schedule_steps} scheduled steps)' for a in arms)}; seeds "
             f"{options.seeds}; budget {options.budget:g} {options.clock}-s and {options.steps} steps; "
-            f"precision {options.precision}")
+            f"precision {options.precision}; device {options.device}")
         study = dict(task=task, budget_s=options.budget, steps=options.steps, clock=options.clock, dm=dm,
-                     max_eval_pairs=options.max_eval_pairs, log=log, work_dir=work_dir, precision=options.precision)
+                     max_eval_pairs=options.max_eval_pairs, log=log, work_dir=work_dir, precision=options.precision,
+                     device=options.device)
         runs, swept = _sweep_and_run(arms, options, study, journal, log)
         payload = _payload(runs, swept, plan, task, options, eval_pairs, command, threads)
         files = write_report(payload, out) if out is not None else []
@@ -145,7 +146,8 @@ def _payload(runs: list[Run], swept: dict[str, Any] | None, plan: ArmPlan, task:
     return payload_of(
         runs, task.describe(), options.clock, options.budget, options.steps, options.evals, options.seeds,
         eval_pairs, command,
-        extra={"torch_threads": threads, "precision": options.precision, "ideal_speedups": plan.speedups,
+        extra={"torch_threads": threads, "precision": options.precision, "device": options.device,
+               "ideal_speedups": plan.speedups,
                "torch": torch.__version__,
                "warm_start": warm_start_summary(runs), "calibration": plan.record, "sweep": swept,
                "memory": plan.memory},

@@ -81,6 +81,12 @@ def _precision_words(payload: Mapping[str, Any]) -> str:
     return f"{precision} (float32 weights, the forward under bfloat16 autocast)"
 
 
+def _device_words(payload: Mapping[str, Any]) -> str:
+    """``; on cuda:0`` for a study run on a GPU; nothing for the CPU (studies recorded before the option ran there)."""
+    device = payload.get("device", "cpu")
+    return "" if device == "cpu" else f"; on {device}"
+
+
 def _table(payload: Mapping[str, Any]) -> list[str]:
     """The title, the command, the budgets and the protocol in words, then one table row per arm."""
     s, task = payload["summary"], payload["task"]
@@ -94,7 +100,7 @@ def _table(payload: Mapping[str, Any]) -> list[str]:
         f"Budget: {payload['budget_s']:g} s of training on the **{clock}** clock (evaluation excluded) and "
         f"{payload['steps']} steps; {len(payload['seeds'])} seeds {payload['seeds']}; {payload['evals']} exact "
         f"evaluations per budget on {payload['eval_pairs']} held-out pairs; {_threads_words(payload)}; "
-        f"{_precision_words(payload)}; runs interleaved "
+        f"{_precision_words(payload)}{_device_words(payload)}; runs interleaved "
         f"round-robin; warm-up then cosine decay over each arm's estimated steps. "
         "Best achievable held-out accuracy: "
         f"{task['best_accuracy'] if task['best_accuracy'] is not None else 'unknown'}.",

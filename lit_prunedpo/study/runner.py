@@ -14,9 +14,12 @@ Clocks. Only the training steps are timed (plan, execute, estimate, backward, op
 (``time.perf_counter``) and the process's CPU clock (``time.process_time``); evaluation is timed apart and
 never counts. With one torch thread, CPU seconds are the work the step did, and barely move when other
 processes share the cores, while wall seconds do: the budget is enforced on one of the two (``clock``), both
-are recorded. Runs advance in turns of ``turn_steps`` steps (default 1), round-robin over arms and seeds, so that
-every arm is timed in the same minutes and load drifting on a shared machine hits every arm alike; each run keeps the
-load it was timed under (:mod:`lit_prunedpo.study.turns`).
+are recorded. On a GPU (``device``) only the wall clock means the step's work: the CPU clock counts the host's
+launches and waits, so a CUDA study must run on ``clock="wall"``, and each timed step starts and ends with
+``torch.cuda.synchronize`` (the kernels it queued are inside its time, none of the next step's are:
+:mod:`lit_prunedpo.study.devices`). Runs advance in turns of ``turn_steps`` steps (default 1), round-robin over arms
+and seeds, so that every arm is timed in the same minutes and load drifting on a shared machine hits every arm alike;
+each run keeps the load it was timed under (:mod:`lit_prunedpo.study.turns`).
 
 Evaluation is the module's exact, unpruned objective (every position of both whole responses) on every
 held-out pair, at fixed points of the training clock (``k * budget / evals``) and of the step count
@@ -56,6 +59,7 @@ from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.plan import exact_samplers
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
+from lit_prunedpo.study.devices import check_clock_on, study_device, synchronize
 from lit_prunedpo.study.memory import accumulate
 from lit_prunedpo.study.tasks import StudyTask
 from lit_prunedpo.study.turns import Clock, events, round_robin
@@ -117,6 +121,7 @@ class Run:
     loadavg: list[float | None] = field(default_factory=list)  # the 1-minute load average at each of its turns
     turn_steps: int | None = 1  # steps per turn of the schedule it ran in (:mod:`lit_prunedpo.study.turns`)
     precision: str = "32-true"  # a key of PRECISIONS: the forward's autocast, in training and evaluation
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the module's and its batches'
     _configured: tuple | None = None
     _batches: Iterator[PreferenceBatch] | None = None
 
@@ -128,7 +133,8 @@ class Run:
             self.loader.sampler.set_epoch(self.epoch)
             self._batches = iter(self.loader)
         try:
-            return next(self._batches)
+            batch = next(self._batches)
+            return batch if self.device.type == "cpu" else batch.to(self.device)
         except StopIteration:
             self.epoch += 1
             self._batches = None
@@ -145,6 +151,7 @@ class Run:
             module.use_samplers(*(exact_samplers() if exact else self._configured))
         if self.meter is not None:
             self.meter.start()
+        synchronize(self.device)
         wall, cpu = time.perf_counter(), time.process_time()
         if self.arm.micro_batches > 1:
             with forward_precision(module, self.precision):  # each micro-batch's backward runs inside it too
@@ -156,6 +163,7 @@ class Run:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        synchronize(self.device)
         dw, dc = time.perf_counter() - wall, time.process_time() - cpu
         if self.meter is not None:
             reading = self.meter.stop()
@@ -187,7 +195,7 @@ class Run:
         return {
             "arm": self.arm.name, "mode": self.arm.mode, "batch_size": self.arm.batch_size, "matched": self.arm.matched,
             "cost_matched": self.arm.cost_matched, "memory_fitted": self.arm.memory_fitted, "fit": self.arm.fit,
-            "micro_batches": self.arm.micro_batches, "precision": self.precision,
+            "micro_batches": self.arm.micro_batches, "precision": self.precision, "device": str(self.device),
             "lr": self.optimizer.param_groups[0]["initial_lr"],
             "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step,
             "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
@@ -218,8 +226,10 @@ def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch],
     was_training = module.training
     module.eval()
     losses, hits, pairs = 0.0, 0.0, 0
+    device = next(module.parameters()).device
     try:
         for batch in batches:
+            batch = batch if device.type == "cpu" else batch.to(device)
             with forward_precision(module, precision):
                 metrics = module.exact_pair_metrics(batch)
             losses += float(metrics["loss"].sum())
@@ -231,20 +241,24 @@ def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch],
 
 
 def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
-             clock: Clock = "cpu", policy: ModelSource | None = None, precision: str = "32-true") -> Run:
+             clock: Clock = "cpu", policy: ModelSource | None = None, precision: str = "32-true",
+             device: str | torch.device = "cpu") -> Run:
     """A fresh run: the task's initial weights for ``seed`` (the same for every arm; ``policy`` overrides them,
     e.g. a warm start), the arm's samplers and batch size, a training order and sampler stream seeded by
     ``seed``. The reference is the initial policy. The learning rate is the arm's (the task's if it has none),
     the schedule spans the arm's ``schedule_steps``. An arm with a ``prune_fraction`` needs the ``budget_s``
-    it is a fraction of. ``precision``: a key of :data:`PRECISIONS`.
+    it is a fraction of. ``precision``: a key of :data:`PRECISIONS`. ``device``: where the module (policy and
+    reference) trains and its batches go (:func:`study_device`).
 
     Raises:
-        ValueError: a pruning fraction without ``budget_s``, or an unknown ``precision`` (naming the choices).
+        ValueError: a pruning fraction without ``budget_s``, an unknown ``precision`` (naming the choices), or a
+            device this machine does not have.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision: a study run trains in one of {', '.join(PRECISIONS)}, got {precision!r}")
     if arm.prune_fraction is not None and budget_s is None:
         raise ValueError(f"arm {arm.name} prunes for a fraction of the budget: make_run needs budget_s")
+    dev = study_device(device)
     prefix, position, branch = arm.samplers()
     module = PrunedDPO(
         policy=policy if policy is not None else task.policy(seed), beta=0.1, prefix_sampler=prefix,
@@ -253,14 +267,14 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
         optimizer=partial(torch.optim.AdamW, lr=arm.lr if arm.lr is not None else task.lr, weight_decay=0.0),
     )
     module.run_state.sampler_rng = SamplerRNG(seed=seed)
-    module.train()
+    module.to(dev).train()  # before the optimizer is built: it holds the parameters where they train
     optimizer = module.configure_optimizers()
     scheduler = WarmupCosineLR(optimizer, warmup_steps=task.warmup_steps, total_steps=arm.schedule_steps)
     data = copy.copy(dm)  # the same tokenized splits; only the batch size and the order's seed differ
     data.batch_size, data.seed = arm.batch_size, seed
     run = Run(arm, seed, module, optimizer, scheduler, data.train_dataloader())
     run.initial_checksum = weights_checksum(module.policy)
-    run.clock_name, run.precision = clock, precision
+    run.clock_name, run.precision, run.device = clock, precision, dev
     if arm.prune_fraction is not None:
         run.exact_after_s = arm.prune_fraction * budget_s
     return run
@@ -303,6 +317,7 @@ def train_arms(
     stop_on_nonfinite: bool = False,
     turn_steps: int | None = 1,
     precision: str = "32-true",
+    device: str | torch.device = "cpu",
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
     and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. ``budget_s`` None:
@@ -315,17 +330,16 @@ def train_arms(
     (the learning-rate sweep), instead of stopping the study with ``FloatingPointError``.
     ``turn_steps``: steps each run trains per turn (None: a whole evaluation interval, the schedule before
     :mod:`lit_prunedpo.study.turns`, whose ratios moved with the machine's load). ``precision``: every run's
-    (:data:`PRECISIONS`).
+    (:data:`PRECISIONS`). ``device``: where every run trains and evaluates (:func:`study_device`; a CUDA device
+    needs ``clock="wall"``).
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count,
-            or no held-out pair to evaluate on.
+            no held-out pair to evaluate on, a device this machine does not have, or the CPU clock on a GPU.
     """
     steps_of = steps if callable(steps) else (lambda arm: steps)
-    _check_study(arms, seeds, budget_s, steps_of, evals, clock)
-    if turn_steps is not None and not (isinstance(turn_steps, int) and turn_steps >= 1):
-        raise ValueError("turn_steps must be an integer >= 1 (or None: a whole evaluation interval), got "
-                         f"{turn_steps!r}")
+    _check_study(arms, seeds, budget_s, steps_of, evals, clock, turn_steps)
+    check_clock_on(study_device(device), clock)
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
@@ -335,7 +349,7 @@ def train_arms(
         for seed in seeds:
             sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps,
                                                       lr=task.warm_start_lr, log=log)
-    runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed], precision=precision)
+    runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed], precision=precision, device=device)
             for seed in seeds for arm in arms]
     for run in runs:
         run.warm_start, run.turn_steps = records[run.seed], turn_steps
@@ -349,13 +363,16 @@ def train_arms(
 
 
 def _check_study(arms: Sequence[Arm], seeds: Sequence[int], budget_s: float | None, steps_of: Callable[[Arm], int],
-                 evals: int, clock: Clock) -> None:
+                 evals: int, clock: Clock, turn_steps: int | None = 1) -> None:
     """:func:`train_arms`'s arguments checked.
 
     Raises:
-        ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count, or an
-            unknown clock.
+        ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count, an
+            unknown clock or steps per turn that are not a positive integer (or None).
     """
+    if turn_steps is not None and not (isinstance(turn_steps, int) and turn_steps >= 1):
+        raise ValueError("turn_steps must be an integer >= 1 (or None: a whole evaluation interval), got "
+                         f"{turn_steps!r}")
     if not arms or not seeds:
         raise ValueError("a study needs at least one arm and one seed")
     if len(set(seeds)) != len(seeds):
@@ -365,3 +382,4 @@ def _check_study(arms: Sequence[Arm], seeds: Sequence[int], budget_s: float | No
             raise ValueError(f"{name} must be > 0, got {value!r}")
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+

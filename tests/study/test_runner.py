@@ -424,3 +424,31 @@ def test_a_study_in_bf16_mixed_calibrates_trains_and_evaluates_in_it(monkeypatch
     assert "pairs; 1 torch thread; bf16-mixed (float32 weights, the forward under bfloat16 autocast);" in to_markdown(
         payloads["bf16-mixed"])
     assert "pairs; 1 torch thread; float32;" in to_markdown(payloads["32-true"])
+
+
+def test_the_study_device_reaches_the_calibration_every_run_and_the_record(monkeypatch):
+    """``--device``: every run the calibration and the study build is built on it, the runs' records and the payload
+    name it (a CUDA study is refused here without a GPU: tests/study/test_devices.py)."""
+    from lit_prunedpo.study import calibrate, runner
+    from lit_prunedpo.study.arguments import build_parser, resolve_options
+    from lit_prunedpo.study.cli import task_of
+    from lit_prunedpo.study.protocol import run_study
+    from lit_prunedpo.study.report import to_markdown
+    from lit_prunedpo.study.tasks import TASKS
+
+    seen: list[str] = []
+    real = runner.make_run
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device", "not given"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "make_run", spy)
+    monkeypatch.setattr(calibrate, "make_run", spy)
+    args = build_parser().parse_args(TINY_CLI + ["--modes", "branch", "--no-sweep", "--no-matched", "--seeds", "0",
+                                                 "--device", "cpu:0"])
+    payload = run_study(task_of(args, TASKS["quickstart"]), resolve_options(args)).payload
+    assert len(seen) >= 4 and set(seen) == {"cpu:0"}  # the calibration's arms and both study runs
+    assert payload["device"] == payload["calibration"]["device"] == "cpu:0"
+    assert {r["device"] for r in payload["runs"]} == {"cpu:0"}
+    assert "; on cpu:0;" in to_markdown(payload)

@@ -42,7 +42,35 @@ def test_study_command_takes_the_data_path(tmp_path, capsys):
     assert f"hh-rlhf task: data file '{missing}' not found" in capsys.readouterr().err.strip().splitlines()[-1]
     with pytest.raises(SystemExit):
         main(["--task", "quickstart", "--data-path", str(missing), "--quiet"])
-    assert "--data-path: task quickstart reads no data file" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert ("--data-path: task quickstart has no such setting (it generates its pairs)"
+            in capsys.readouterr().err.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "hh-rlhf", "--model", "m.gguf"], "--model: task hh-rlhf has no such setting (it reads a data file with "
+                                                 "a tokenizer and a model built from a config)"),
+    (["--task", "smollm2-hh", "--tokenizer", "gpt2"], "--tokenizer: task smollm2-hh has no such setting (it reads a "
+                                                      "data file with a pretrained model's tokenizer)"),
+    (["--task", "smollm2-hh", "--max-length", "128", "--max-prompt-length", "128"],
+     "--max-prompt-length 128 must be below --max-length 128 (task smollm2-hh)"),
+    (["--task", "smollm2-hh", "--max-length", "100"], "--max-prompt-length 128 must be below --max-length 100"),
+])
+def test_study_settings_a_task_does_not_have_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main([*argv, "--quiet"])
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_pretrained_task_takes_its_model_and_lengths_from_the_command_line():
+    from lit_prunedpo.study.arguments import build_parser
+    from lit_prunedpo.study.cli import task_of
+
+    args = build_parser().parse_args(["--task", "smollm2-hh", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                      "--max-length", "1024", "--max-prompt-length", "512"])
+    task = task_of(args, tasks.TASKS["smollm2-hh"])
+    assert (task.model, task.max_length, task.max_prompt_length) == ("HuggingFaceTB/SmolLM2-135M-Instruct", 1024, 512)
+    assert task_of(build_parser().parse_args(["--task", "smollm2-hh"]), tasks.TASKS["smollm2-hh"]) == tasks.TASKS[
+        "smollm2-hh"]
 
 
 def test_the_pretrained_task_reads_hh_as_chat_messages_with_the_models_own_tokenizer(tmp_path):

@@ -1,0 +1,46 @@
+"""Where a study trains: the device checked before any work (named in the error), the CPU clock refused on a GPU,
+and a CUDA device asked for on a machine without one refused by the command while it parses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_prunedpo.study.arguments import build_parser, resolve_options
+from lit_prunedpo.study.cli import main
+from lit_prunedpo.study.devices import check_clock_on, study_device, synchronize
+
+
+def test_the_cpu_is_a_study_device_and_needs_no_synchronizing():
+    assert study_device("cpu") == torch.device("cpu") == study_device(torch.device("cpu"))
+    synchronize(torch.device("cpu"))  # nothing queued on the CPU: a no-op, not an error
+
+
+@pytest.mark.parametrize("device, message", [
+    ("tpu", "'tpu' is not a device torch knows"),
+    ("meta", "a study trains on 'cpu' or 'cuda\\[:N\\]', got 'meta'"),
+])
+def test_a_device_a_study_cannot_train_on_is_named(device, message):
+    with pytest.raises(ValueError, match=message):
+        study_device(device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_a_cuda_device_is_refused_before_any_work(capsys):
+    with pytest.raises(ValueError, match="torch sees no CUDA device here"):
+        study_device("cuda:0")
+    with pytest.raises(SystemExit):
+        main(["--task", "quickstart", "--device", "cuda", "--clock", "wall", "--quick"])
+    assert "--device cuda: device: 'cuda' asked for, but torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_the_cpu_clock_is_refused_on_a_gpu():
+    with pytest.raises(ValueError, match="clock 'cpu' on device cuda:0: .* use the wall clock"):
+        check_clock_on(torch.device("cuda:0"), "cpu")
+    check_clock_on(torch.device("cuda:0"), "wall")
+    check_clock_on(torch.device("cpu"), "cpu")
+
+
+def test_the_device_reaches_the_options_and_defaults_to_the_cpu():
+    assert resolve_options(build_parser().parse_args(["--task", "quickstart"])).device == "cpu"
+    assert resolve_options(build_parser().parse_args(["--task", "quickstart", "--device", "cpu:0"])).device == "cpu:0"
