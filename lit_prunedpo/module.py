@@ -48,7 +48,7 @@ from lit_prunedpo.run_state import RunState, load_policy_state, save_policy_stat
 from lit_prunedpo.sampler_set import SamplerSet
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
-from lit_prunedpo.step import StepOutput, StepParts
+from lit_prunedpo.step_io import StepOutput, StepParts
 from lit_prunedpo.training_logs import TrainingLog, log_optimizer_step, log_skipped, logs_this_step, tokens_over_ranks
 from lit_prunedpo.training_noise import noise_free_training
 from lit_prunedpo.validation import epoch_means, exact_step, log_exact_metrics

@@ -41,7 +41,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "lit_prunedpo.plan",
     "lit_prunedpo.execute",
     "lit_prunedpo.estimate",
-    "lit_prunedpo.step",
+    "lit_prunedpo.step_io",
     "lit_prunedpo.rng",
     # measuring: gradient noise of a pruned step, the samplers' unbiasedness checks, small statistics
     "lit_prunedpo.gradient_noise",

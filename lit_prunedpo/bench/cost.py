@@ -164,7 +164,7 @@ def step_flops(
     attention: bool = True,
     recompute_head: bool = False,
 ) -> StepFlops:
-    """FLOPs of the forwards a step ran (:attr:`lit_prunedpo.step.StepOutput.forwards`, or
+    """FLOPs of the forwards a step ran (:attr:`lit_prunedpo.step_io.StepOutput.forwards`, or
     :meth:`lit_prunedpo.execute.StepExecutor.forwards`): their actual rows, widths and scored positions. A bare
     plan is counted as the padded layout runs it.
 

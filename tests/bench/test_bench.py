@@ -32,7 +32,7 @@ from lit_prunedpo.samplers import (
     FullPrefix,
     RandomBranch,
 )
-from lit_prunedpo.step import StepParts
+from lit_prunedpo.step_io import StepParts
 
 pytestmark = pytest.mark.slow  # benchmark runs: `pytest -m slow` (CI runs it)
 

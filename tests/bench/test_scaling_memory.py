@@ -17,7 +17,7 @@ from lit_prunedpo.execute import layout_for
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.scoring import TokenScorer
-from lit_prunedpo.step import StepParts
+from lit_prunedpo.step_io import StepParts
 
 # d=4, 2 heads of 2 (a=4), 1 KV head (kv=2), f=8, 2 layers, V=10; 1000 parameters, the largest 100.
 DIMS = LayerDims(hidden=4, q_dim=4, kv_dim=2, heads=2, head_dim=2, ffn=8, layers=2, vocab=10, params=1000,
