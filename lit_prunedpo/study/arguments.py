@@ -115,6 +115,10 @@ def _add_budget_options(a: Callable[..., object]) -> None:
       help="every run's, the calibration's and every evaluation's forward: 32-true (default) or bf16-mixed (float32 "
            "weights, the forward under bfloat16 autocast, as Lightning's)")
     a("--batch-size", type=count(1), default=None, help="the same-batch arm's pairs per step (default: the task's)")
+    a("--seeds-at-once", type=count(1), default=None, metavar="K",
+      help="train the seeds K at a time, one group after another (the sweep's tuning seeds too): the memory of K "
+           "seeds' runs instead of all of them, for a large model; a seed's arms still alternate step by step "
+           "(default: every seed at once)")
     a("--device", default="cpu",
       help="where every run trains and evaluates: cpu (default) or cuda[:N]; on a GPU pass --clock wall (its CPU "
            "clock times the host's launches, not the work)")
@@ -217,6 +221,8 @@ class StudyOptions:
     """Every run's, the calibration's and every evaluation's (a key of ``lit_prunedpo.study.runner.PRECISIONS``)."""
     device: str = "cpu"
     """Where every run, the calibration and every evaluation run: ``cpu`` or ``cuda[:N]``."""
+    seeds_at_once: int | None = None
+    """How many seeds train together (None: all of them); the study's and the sweep's."""
 
     @property
     def pruned(self) -> list[str]:
@@ -252,5 +258,5 @@ def resolve_options(args: argparse.Namespace) -> StudyOptions:
         calibration_steps=opt["calibration_steps"], max_eval_pairs=opt["max_eval_pairs"],
         target_share=args.target_share,
         bootstrap=args.bootstrap, confidence=args.confidence, bootstrap_seed=args.bootstrap_seed,
-        precision=args.precision, device=args.device,
+        precision=args.precision, device=args.device, seeds_at_once=args.seeds_at_once,
     )

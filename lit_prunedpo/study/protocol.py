@@ -127,7 +127,7 @@ def run_study(task: StudyTask, options: StudyOptions, *, out: Path | None = None
             f"precision {options.precision}; device {options.device}")
         study = dict(task=task, budget_s=options.budget, steps=options.steps, clock=options.clock, dm=dm,
                      max_eval_pairs=options.max_eval_pairs, log=log, work_dir=work_dir, precision=options.precision,
-                     device=options.device)
+                     device=options.device, seeds_at_once=options.seeds_at_once)
         runs, swept = _sweep_and_run(arms, options, study, journal, log)
         payload = _payload(runs, swept, plan, task, options, eval_pairs, command, threads)
         files = write_report(payload, out) if out is not None else []
@@ -147,6 +147,7 @@ def _payload(runs: list[Run], swept: dict[str, Any] | None, plan: ArmPlan, task:
         runs, task.describe(), options.clock, options.budget, options.steps, options.evals, options.seeds,
         eval_pairs, command,
         extra={"torch_threads": threads, "precision": options.precision, "device": options.device,
+               "seeds_at_once": options.seeds_at_once,
                "ideal_speedups": plan.speedups,
                "torch": torch.__version__,
                "warm_start": warm_start_summary(runs), "calibration": plan.record, "sweep": swept,

@@ -67,7 +67,7 @@ class Journal:
 
     def point(self, phase: str, run: Run, point: Any) -> None:
         self.append("point", phase=phase, arm=run.arm.name, seed=run.seed,
-                    lr=run.optimizer.param_groups[0]["initial_lr"],
+                    lr=run.lr,
                     **vars(point))
 
     def run(self, phase: str, run: Run) -> None:

@@ -37,8 +37,8 @@ command appends them to ``progress.jsonl``, so a study stopped late keeps what i
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import gc
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -59,27 +59,13 @@ from lit_prunedpo.optim import WarmupCosineLR
 from lit_prunedpo.plan import exact_samplers
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
-from lit_prunedpo.study.devices import check_clock_on, study_device, synchronize
+from lit_prunedpo.study.devices import (PRECISIONS, available_bytes, check_clock_on, check_runs_fit, forward_precision,
+                                        study_device, synchronize, training_state_bytes)
+from lit_prunedpo.study.evaluation import eval_batches, exact_eval
 from lit_prunedpo.study.memory import accumulate
 from lit_prunedpo.study.tasks import StudyTask
 from lit_prunedpo.study.turns import Clock, events, round_robin
 from lit_prunedpo.study.warm_start import warm_start
-
-#: The precisions a run trains and evaluates in, with Lightning's meaning: float32 parameters, and each step's forward
-#: (the module's ``step``: forwards, scoring, loss) under autocast to this dtype (None: float32 throughout). The
-#: backward and the optimizer run outside it, as Lightning's ``MixedPrecision`` plugin runs them. ``bf16-true`` is not
-#: offered: AdamW on bfloat16 weights rounds away the short runs' small updates (lr 1e-5 of a weight near 1).
-PRECISIONS: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16}
-
-
-def forward_precision(module: torch.nn.Module, precision: str) -> contextlib.AbstractContextManager:
-    """The context a step's forward runs in at ``precision`` on ``module``'s device (:data:`PRECISIONS`)."""
-    dtype = PRECISIONS[precision]
-    if dtype is None:
-        return contextlib.nullcontext()
-    device = next(module.parameters()).device
-    return torch.autocast(device.type, dtype=dtype, cache_enabled=False)
-
 
 @dataclass
 class Point:
@@ -123,10 +109,22 @@ class Run:
     precision: str = "32-true"  # a key of PRECISIONS: the forward's autocast, in training and evaluation
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the module's and its batches'
     _configured: tuple | None = None
+    _lr: float | None = None  # kept by release()
     _batches: Iterator[PreferenceBatch] | None = None
 
     def clock(self, which: Clock) -> float:
         return self.cpu_s if which == "cpu" else self.wall_s
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the run trains at (its schedule's base)."""
+        return self._lr if self._lr is not None else self.optimizer.param_groups[0]["initial_lr"]
+
+    def release(self) -> None:
+        """Drop the model, optimizer and data of a finished run; its record (points, clocks, summary) stays. A study
+        that trains its seeds a few at a time keeps only the runs training together in memory."""
+        self._lr = self.lr
+        self.module = self.optimizer = self.scheduler = self.loader = self._batches = None  # type: ignore[assignment]
 
     def _next_batch(self) -> PreferenceBatch:
         if self._batches is None:
@@ -196,7 +194,7 @@ class Run:
             "arm": self.arm.name, "mode": self.arm.mode, "batch_size": self.arm.batch_size, "matched": self.arm.matched,
             "cost_matched": self.arm.cost_matched, "memory_fitted": self.arm.memory_fitted, "fit": self.arm.fit,
             "micro_batches": self.arm.micro_batches, "precision": self.precision, "device": str(self.device),
-            "lr": self.optimizer.param_groups[0]["initial_lr"],
+            "lr": self.lr,
             "schedule_steps": self.arm.schedule_steps, "diverged": self.diverged, "seed": self.seed, "steps": self.step,
             "train_wall_s": self.wall_s, "train_cpu_s": self.cpu_s,
             "eval_wall_s": self.eval_wall_s,
@@ -216,28 +214,6 @@ def weights_checksum(model: torch.nn.Module) -> float:
     for i, p in enumerate(model.parameters()):
         total += float(p.detach().double().abs().sum()) * (i + 1)
     return total
-
-
-@torch.no_grad()
-def exact_eval(module: PrunedDPO, batches: Sequence[PreferenceBatch],
-               precision: str = "32-true") -> tuple[float, float]:
-    """Mean exact DPO loss and accuracy over every pair of ``batches``: the module's own validation computation
-    (:meth:`PrunedDPO.exact_pair_metrics`), averaged over pairs, at ``precision`` (as Lightning validates)."""
-    was_training = module.training
-    module.eval()
-    losses, hits, pairs = 0.0, 0.0, 0
-    device = next(module.parameters()).device
-    try:
-        for batch in batches:
-            batch = batch if device.type == "cpu" else batch.to(device)
-            with forward_precision(module, precision):
-                metrics = module.exact_pair_metrics(batch)
-            losses += float(metrics["loss"].sum())
-            hits += float(metrics["rewards/accuracies"].sum())
-            pairs += batch.num_pairs
-    finally:
-        module.train(was_training)
-    return losses / pairs, hits / pairs
 
 
 def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, budget_s: float | None = None,
@@ -280,26 +256,6 @@ def make_run(task: StudyTask, arm: Arm, seed: int, dm: PreferenceDataModule, bud
     return run
 
 
-def eval_batches(dm: PreferenceDataModule, max_pairs: int | None = None) -> list[PreferenceBatch]:
-    """The held-out batches every evaluation runs: all of them, or whole batches up to ``max_pairs`` pairs.
-
-    Raises:
-        ValueError: if ``max_pairs`` < 1 or no held-out pair is left.
-    """
-    if max_pairs is not None and max_pairs < 1:
-        raise ValueError(f"max_eval_pairs must be >= 1 (or None: all), got {max_pairs!r}")
-    kept, total = [], 0
-    for batch in dm.val_dataloader():
-        if max_pairs is not None and total >= max_pairs:
-            break
-        kept.append(batch)
-        total += batch.num_pairs
-    if total == 0:
-        raise ValueError("the study needs held-out pairs to evaluate on, and the data module's validation split has "
-                         "none")
-    return kept
-
-
 def train_arms(
     task: StudyTask,
     arms: Sequence[Arm],
@@ -318,6 +274,7 @@ def train_arms(
     turn_steps: int | None = 1,
     precision: str = "32-true",
     device: str | torch.device = "cpu",
+    seeds_at_once: int | None = None,
 ) -> list[Run]:
     """Train every (arm, seed) round-robin until each has passed ``budget_s`` training seconds on ``clock``
     and ``steps`` steps, evaluating exactly at step 0 and at ``evals`` points of each grid. ``budget_s`` None:
@@ -331,26 +288,58 @@ def train_arms(
     ``turn_steps``: steps each run trains per turn (None: a whole evaluation interval, the schedule before
     :mod:`lit_prunedpo.study.turns`, whose ratios moved with the machine's load). ``precision``: every run's
     (:data:`PRECISIONS`). ``device``: where every run trains and evaluates (:func:`study_device`; a CUDA device
-    needs ``clock="wall"``).
+    needs ``clock="wall"``). ``seeds_at_once``: train the seeds in groups of this many, one group after another, each
+    finished run released (its record kept): the memory of ``len(arms) * seeds_at_once`` runs instead of all of them;
+    the arms of a seed still alternate step by step, so a pruned arm and the vanilla arms it is judged against are
+    timed in the same minutes (None: every seed at once).
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count,
             no held-out pair to evaluate on, a device this machine does not have, or the CPU clock on a GPU.
     """
     steps_of = steps if callable(steps) else (lambda arm: steps)
-    _check_study(arms, seeds, budget_s, steps_of, evals, clock, turn_steps)
+    _check_study(arms, seeds, budget_s, steps_of, evals, clock, turn_steps, seeds_at_once)
     check_clock_on(study_device(device), clock)
     log = log or (lambda line: None)
     dm = dm if dm is not None else task.datamodule(Path(work_dir))
     batches = eval_batches(dm, max_eval_pairs)
+    together = dict(task=task, arms=arms, budget_s=budget_s, steps_of=steps_of, evals=evals, clock=clock,
+                    work_dir=work_dir, dm=dm, batches=batches, log=log, on_point=on_point, on_done=on_done,
+                    stop_on_nonfinite=stop_on_nonfinite, turn_steps=turn_steps, precision=precision, device=device)
+    if seeds_at_once is None:
+        return _train_together(seeds=list(seeds), **together)
+    runs: list[Run] = []
+    for first in range(0, len(seeds), seeds_at_once):
+        group = _train_together(seeds=list(seeds[first:first + seeds_at_once]), **together)
+        for run in group:
+            run.release()
+        gc.collect()  # the released models' reference cycles, before the next group's are built
+        runs += group
+    return runs
+
+
+def _train_together(task: StudyTask, arms: Sequence[Arm], seeds: list[int], budget_s: float | None,
+                    steps_of: Callable[[Arm], int], evals: int, clock: Clock, work_dir: Path | str,
+                    dm: PreferenceDataModule, batches: list[PreferenceBatch], log: Callable[[str], None],
+                    on_point: Callable[[Run, Point], None] | None, on_done: Callable[[Run], None] | None,
+                    stop_on_nonfinite: bool, turn_steps: int | None, precision: str,
+                    device: str | torch.device) -> list[Run]:
+    """:func:`train_arms` for ``seeds`` all at once: their warm starts, every (arm, seed) run, the step-0
+    evaluations, then the round-robin schedule."""
     sources: dict[int, ModelSource | None] = {seed: None for seed in seeds}
     records: dict[int, dict[str, Any] | None] = dict(sources)
     if task.warm_start_steps > 0:
         for seed in seeds:
             sources[seed], records[seed] = warm_start(task, seed, dm, work_dir, task.warm_start_steps,
                                                       lr=task.warm_start_lr, log=log)
-    runs = [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed], precision=precision, device=device)
-            for seed in seeds for arm in arms]
+    pairs = [(arm, seed) for seed in seeds for arm in arms]
+    runs = [make_run(task, *pairs[0], dm, budget_s, clock, policy=sources[pairs[0][1]], precision=precision,
+                     device=device)]
+    free = available_bytes(runs[0].device)  # measured with the first run built: the others must fit beside it
+    check_runs_fit(len(pairs), training_state_bytes(runs[0].module), runs[0].device,
+                   None if free is None else free + training_state_bytes(runs[0].module))
+    runs += [make_run(task, arm, seed, dm, budget_s, clock, policy=sources[seed], precision=precision, device=device)
+             for arm, seed in pairs[1:]]
     for run in runs:
         run.warm_start, run.turn_steps = records[run.seed], turn_steps
     grids = {id(r): events(budget_s, steps_of(r.arm), evals) for r in runs}
@@ -363,13 +352,15 @@ def train_arms(
 
 
 def _check_study(arms: Sequence[Arm], seeds: Sequence[int], budget_s: float | None, steps_of: Callable[[Arm], int],
-                 evals: int, clock: Clock, turn_steps: int | None = 1) -> None:
+                 evals: int, clock: Clock, turn_steps: int | None = 1, seeds_at_once: int | None = None) -> None:
     """:func:`train_arms`'s arguments checked.
 
     Raises:
         ValueError: on an empty arm or seed list, repeated seeds, a non-positive budget, step or eval count, an
-            unknown clock or steps per turn that are not a positive integer (or None).
+            unknown clock, or steps per turn or seeds at once that are not a positive integer (or None).
     """
+    if seeds_at_once is not None and not (isinstance(seeds_at_once, int) and seeds_at_once >= 1):
+        raise ValueError(f"seeds_at_once must be an integer >= 1 (or None: all), got {seeds_at_once!r}")
     if turn_steps is not None and not (isinstance(turn_steps, int) and turn_steps >= 1):
         raise ValueError("turn_steps must be an integer >= 1 (or None: a whole evaluation interval), got "
                          f"{turn_steps!r}")

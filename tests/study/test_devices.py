@@ -44,3 +44,26 @@ def test_the_cpu_clock_is_refused_on_a_gpu():
 def test_the_device_reaches_the_options_and_defaults_to_the_cpu():
     assert resolve_options(build_parser().parse_args(["--task", "quickstart"])).device == "cpu"
     assert resolve_options(build_parser().parse_args(["--task", "quickstart", "--device", "cpu:0"])).device == "cpu:0"
+
+
+def test_a_runs_training_state_counts_four_copies_of_what_trains_and_one_of_what_is_frozen():
+    from lit_prunedpo.study.devices import training_state_bytes
+
+    module = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 10))  # 110 float32 weights each
+    module[1].requires_grad_(False)
+    assert training_state_bytes(module) == 4 * 110 * 4 + 110 * 4
+    module.to(torch.bfloat16)
+    assert training_state_bytes(module) == 4 * 110 * 2 + 110 * 2
+
+
+def test_runs_that_cannot_fit_together_are_refused_with_the_figures_and_the_fix():
+    from lit_prunedpo.study.devices import RunsDoNotFit, available_bytes, check_runs_fit
+
+    gib = 2**30
+    check_runs_fit(6, 2 * gib, torch.device("cpu"), available=13 * gib)  # 12 GiB of 13: they fit
+    message = (r"12 runs training at once need at least 26.0 GiB on cpu .* 2.17 GiB each.*and 24.0 GiB is free, room "
+               r"for at most 11: train fewer seeds at once \(--seeds-at-once K")
+    with pytest.raises(RunsDoNotFit, match=message):
+        check_runs_fit(12, int(2.17 * gib), torch.device("cpu"), available=24 * gib)
+    free = available_bytes(torch.device("cpu"))
+    assert free is None or free > 0

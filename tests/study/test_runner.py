@@ -452,3 +452,52 @@ def test_the_study_device_reaches_the_calibration_every_run_and_the_record(monke
     assert payload["device"] == payload["calibration"]["device"] == "cpu:0"
     assert {r["device"] for r in payload["runs"]} == {"cpu:0"}
     assert "; on cpu:0;" in to_markdown(payload)
+
+
+def test_seeds_trained_a_few_at_a_time_give_the_same_runs_and_free_each_group(task, dm):
+    """``seeds_at_once=1``: the same runs (every evaluation equal: a run's arithmetic depends on its seed only), the
+    seeds one after another, and a group's models freed before the next group's are built (the memory of one seed's
+    runs, not of all)."""
+    import gc
+    import weakref
+
+    arms, seeds = [Arm("vanilla", 4), Arm("branch", 4)], [0, 1, 2]
+    together = train_arms(task, arms, seeds, budget_s=None, steps=2, evals=1, dm=dm, max_eval_pairs=8)
+    order, alive_at_start = [], {}
+    models: dict[int, list] = {}
+
+    def on_point(run, point):
+        order.append(run.seed)
+        if point.step == 0:
+            gc.collect()
+            alive_at_start.setdefault(run.seed, [s for s, refs in models.items() if s != run.seed
+                                                 and any(ref() is not None for ref in refs)])
+            models.setdefault(run.seed, []).append(weakref.ref(run.module))
+
+    grouped = train_arms(task, arms, seeds, budget_s=None, steps=2, evals=1, dm=dm, max_eval_pairs=8,
+                         seeds_at_once=1, on_point=on_point)
+    assert [(r.arm.name, r.seed) for r in grouped] == [(r.arm.name, r.seed) for r in together]
+    for a, b in zip(together, grouped):
+        assert [(p.step, p.loss, p.accuracy) for p in a.points] == [(p.step, p.loss, p.accuracy) for p in b.points]
+        assert b.module is None and b.summary()["lr"] == a.summary()["lr"]
+    assert order == sorted(order)  # seed 0's evaluations, then seed 1's, then seed 2's
+    assert alive_at_start == {0: [], 1: [], 2: []}  # no earlier group's model alive when a group starts
+    with pytest.raises(ValueError, match="seeds_at_once must be an integer >= 1"):
+        train_arms(task, arms, seeds, budget_s=None, steps=2, evals=1, dm=dm, seeds_at_once=0)
+
+
+def test_a_study_whose_runs_cannot_fit_in_memory_stops_before_training(task, dm, monkeypatch):
+    """The runs of a group are counted against the memory free once the first is built: too many stop the study with
+    the figures (the process was killed part way before, with no message), fewer at once pass."""
+    from lit_prunedpo.study import runner
+    from lit_prunedpo.study.devices import RunsDoNotFit
+
+    one = runner.training_state_bytes(make_run(task, Arm("vanilla", 4), 0, dm).module)
+    monkeypatch.setattr(runner, "available_bytes", lambda device: int(2.5 * one))  # 3 runs in all: the 1st + 2.5
+    arms, done = [Arm("vanilla", 4), Arm("branch", 4)], []
+    with pytest.raises(RunsDoNotFit, match="4 runs training at once need at least"):
+        train_arms(task, arms, [0, 1], budget_s=None, steps=1, evals=1, dm=dm, max_eval_pairs=4,
+                   on_point=lambda r, p: done.append(p))
+    assert done == []  # nothing was trained or evaluated
+    runs = train_arms(task, arms, [0, 1], budget_s=None, steps=1, evals=1, dm=dm, max_eval_pairs=4, seeds_at_once=1)
+    assert len(runs) == 4
