@@ -65,7 +65,8 @@ def test_a_budget_nothing_fits_is_refused_naming_the_smallest_peak(task, capsys,
     from lit_prunedpo.study import calibrate
     from lit_prunedpo.study.calibrate import StepCost
 
-    def fake(task, arms, dm, steps, warmup=1, seed=0, memory=False, precision="32-true"):
+    def fake(task, arms, dm, steps, warmup=1, seed=0, memory=False, precision="32-true",
+             device="cpu"):
         return {a: StepCost(0.01, 0.01, steps, 12.5 if a.chunked else 40.0) for a in arms}
 
     monkeypatch.setattr(calibrate, "measure_step_costs", fake)
