@@ -3,6 +3,8 @@ holds the README's and ``docs/index.md``'s, the test and the format)."""
 
 from __future__ import annotations
 
+import math
+
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, mib, paper,
                             paper_row, peer, reproduced, spread, threads, verdicts, x)
 from helpers import REPO
@@ -22,7 +24,7 @@ LEARN = "docs/real-model/learning/records.jsonl"
 PROFILE = "docs/real-model/profile.json"
 LEARNS = "docs/real-model/epoch-cell-learns/report/paper.json"
 LIMIT = "docs/real-model/limit-b8/bench.json"
-TTQ = "docs/real-model/ttq-position/study.json"
+TTQ = "docs/real-model/ttq/study.json"
 CKPT = "docs/real-model/bench-trl-checkpointing-fp32/bench.json"
 CKPT_MIXED = "docs/real-model/bench-trl-checkpointing-bf16-mixed/bench.json"
 MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
@@ -376,6 +378,16 @@ def study_arm(data: dict, arm: str) -> dict:
     return next(a for a in data["summary"]["arms"] if a["arm"] == arm)
 
 
+def sweep_row(data: dict, arm: str, chosen: bool) -> dict:
+    """An arm's chosen (or its other) learning rate in a study's sweep of two."""
+    return next(r for r in data["sweep"]["rows"] if r["arm"] == arm and r["chosen"] == chosen)
+
+
+def at_budget_loss(run: dict) -> float:
+    """A study run's exact held-out loss at the end of its time budget."""
+    return [p for p in run["points"] if "time" in p["grids"]][-1]["loss"]
+
+
 def learns_row(design: str):
     """A design's line of the real model's epoch cell at the learning budget."""
     qs = ("accuracy", "loss") if design == "vanilla" else ("time_saved", "step_speedup", "memory_ratio", "accuracy",
@@ -420,19 +432,41 @@ REAL_MODEL = [
       for m in ("branch", "position")),
     Figure((M,), "`all` {} each interval above zero", LEARNS, lambda d: (
         "{:+.4f} [{:+.4f}, {:+.4f}],".format(*paper_row(d, "smollm2-hh", "all@8")["loss_change"]),)),
-    Figure((M,), "position step at {7.20} CPU-s against vanilla's fitted {7.07} s at batch 8", TTQ, lambda d: (
+    Figure((M,), "position step at {7.49} CPU-s against vanilla's fitted {7.77} s at batch {8}", TTQ, lambda d: (
         f"{d['calibration']['cost_matched']['position']['pruned_cost_s']:.2f}",
-        f"{d['calibration']['cost_matched']['position']['vanilla_cost_at_batch_s']:.2f}")),
-    Figure((M,), "In the study's own steps position ran {7.44} CPU-s against vanilla's {7.95}", TTQ, lambda d: tuple(
-        f"{study_arm(d, arm)['median_step_s']:.2f}" for arm in ("position@8", "vanilla@8"))),
-    Figure((M,), "best held-out loss within the budget was {0.6852 [0.6830-0.6864]}, position's "
-           "{0.6904 [0.6865-0.6931]}", TTQ, lambda d: tuple(
+        f"{d['calibration']['cost_matched']['position']['vanilla_cost_at_batch_s']:.2f}",
+        str(d['calibration']['cost_matched']['position']['batch']))),
+    Figure((M,), "In the study's own steps position ran {7.90} CPU-s against vanilla's {8.46} ({33} steps in the "
+           "budget against {30})", TTQ, lambda d: (
+               *(f"{study_arm(d, arm)['median_step_s']:.2f}" for arm in ("position@8", "vanilla@8")),
+               *(f"{study_arm(d, arm)['steps_in_budget']:.0f}" for arm in ("position@8", "vanilla@8")))),
+    Figure((M,), "kept vanilla at {1e-05} ({0.6890} against {0.6890} at half the rate", TTQ, lambda d: (
+        str(sweep_row(d, "vanilla@8", True)["lr"]),
+        *(f"{sweep_row(d, 'vanilla@8', c)['mean']:.4f}" for c in (True, False)))),
+    Figure((M,), "moved position to {5e-06} ({0.6921} against {0.6968}", TTQ, lambda d: (
+        str(sweep_row(d, "position@8", True)["lr"]),
+        *(f"{sweep_row(d, 'position@8', c)['mean']:.4f}" for c in (True, False)))),
+    Figure((M,), "best held-out loss within the budget was {0.6859 [0.6832-0.6895]}, position's "
+           "{0.6921 [0.6902-0.6931]}", TTQ, lambda d: tuple(
                "{:.4f} [{:.4f}-{:.4f}]".format(*study_arm(d, arm)["best_loss"])
                for arm in ("vanilla@8", "position@8"))),
-    Figure((M,), "is a loss of {0.6875}. **Position pruning reached it on {1} of {3} seeds: {LOSS}** (time to target "
-           "{not reached [1.15x-not reached]} of vanilla's)", TTQ, lambda d: (
-               f"{d['summary']['target_loss']:.4f}", *(str(study_arm(d, 'position@8')['loss_time_ratio'][k])
-                                                      for k in ("reached", "seeds", "verdict", "interval_text")))),
+    Figure((M,), "is a loss of {0.6892}, which vanilla itself\nreached on {4} of {5} seeds", TTQ, lambda d: (
+        f"{d['summary']['target_loss']:.4f}",
+        *(str(study_arm(d, 'vanilla@8')['loss_time_ratio'][k]) for k in ("reached", "seeds")))),
+    Figure((M,), "**Position pruning reached it on {1} of {5} seeds: {LOSS}** (time to target\n"
+           "{not reached [not reached-not reached]} of vanilla's)", TTQ, lambda d: tuple(
+               str(study_arm(d, 'position@8')['loss_time_ratio'][k])
+               for k in ("reached", "seeds", "verdict", "interval_text"))),
+    Figure((M,), "ended the budget above ln 2 on {4} of 5 seeds (vanilla on\n{1})", TTQ, lambda d: tuple(
+        str(sum(at_budget_loss(r) > math.log(2) for r in d["runs"] if r["arm"] == arm))
+        for arm in ("position@8", "vanilla@8"))),
+    Figure((M,), "The accuracy target ({0.416})", TTQ, lambda d: (f"{d['summary']['target_accuracy']:.3f}",)),
+    Figure((M,), "position still lost there: {LOSS}, reached on {4} of 5 seeds against vanilla's {5}, time\n"
+           "{not reached [1.02x-not reached]} of vanilla's", TTQ, lambda d: (
+               study_arm(d, "position@8")["accuracy_time_ratio"]["verdict"],
+               str(study_arm(d, "position@8")["accuracy_time_ratio"]["reached"]),
+               str(study_arm(d, "vanilla@8")["accuracy_time_ratio"]["reached"]),
+               study_arm(d, "position@8")["accuracy_time_ratio"]["interval_text"])),
     *(Figure((M,), "| {} | {} | {} |", LEARN, seed_line(seed)) for seed in range(5)),
     Figure((M,), "| **mean [95 % t-interval]** | **{0.6676 [0.6536, 0.6816]}** | **{0.599 [0.519, 0.680]}** |", LEARN,
            lambda r: (learning("val_loss", ".4f")(r), learning("val_accuracy", ".3f")(r))),

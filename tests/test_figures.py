@@ -70,7 +70,7 @@ def ratio_only(compute: Callable) -> Callable:
 
 
 FIGURES = [
-    Figure((R, I), "position pruning reached vanilla's held-out loss target on {1} of {3} seeds (time to quality: "
+    Figure((R, I), "position pruning reached vanilla's held-out loss target on {1} of {5} seeds (time to quality: "
            "{LOSS})", TTQ, lambda d: tuple(str(study_arm(d, "position@8")["loss_time_ratio"][k])
                                            for k in ("reached", "seeds", "verdict"))),
     Figure((R, I), "no pruned design saved more than {11} % of an epoch", LEARNS,
