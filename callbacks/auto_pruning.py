@@ -64,7 +64,7 @@ from lit_prunedpo.gradient_noise import (
     within_variance,
 )
 from lit_prunedpo.modes import load_mode, mode_names
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 
 if TYPE_CHECKING:
     from lit_prunedpo.module import PrunedDPO

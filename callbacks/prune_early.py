@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 
 
 class PruneEarly(Callback):

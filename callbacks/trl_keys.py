@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lit_prunedpo.metrics import TOKEN_METRICS
 from lit_prunedpo.trl_keys import REWARD_KEYS, RowContext, reports_dpo_rewards, trl_row
-from lit_prunedpo.validation import metric_key
+from lit_prunedpo.run.validation import metric_key
 
 if TYPE_CHECKING:
     from lit_prunedpo.module import PrunedDPO

@@ -5,7 +5,8 @@ does first, imports neither torch nor lightning, so ``lit-prunedpo --help`` answ
 (``tests/test_startup.py``). ``from lit_prunedpo import PrunedDPO`` works as ever.
 
 Run from a source checkout, it maps ``lit_prunedpo.callbacks`` and ``lit_prunedpo.configs`` to the repository's
-top-level ``callbacks/`` and ``configs/`` (:class:`_SourceCheckoutFinder`; docs/architecture.md, "Packaging").
+top-level ``callbacks/`` and ``configs/`` (:class:`_SourceCheckoutFinder`; docs/architecture.md, "Packaging"). The
+modules that moved into the room folders keep their old names for a release (:mod:`lit_prunedpo.moved`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import importlib.machinery
 import os
 import sys
 from typing import TYPE_CHECKING, Any
+
+from lit_prunedpo import moved as _moved
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ imports them
     from lit_prunedpo.batch import PreferenceBatch, collate_pairs
@@ -59,6 +62,7 @@ def _map_top_level_folders() -> None:
 
 
 _map_top_level_folders()
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:

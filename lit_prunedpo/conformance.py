@@ -34,10 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.execute import StepExecutor, keeps_keys_values
+from lit_prunedpo.step.execute import StepExecutor, keeps_keys_values
 from lit_prunedpo.layout import LaidOutGroup, Layout, PairLengths, RightPaddedLayout, SharedPromptLayout
 from lit_prunedpo.layout.attention import AttentionForm
-from lit_prunedpo.plan import RowGroup, StepPlan, exact_plan
+from lit_prunedpo.step.plan import RowGroup, StepPlan, exact_plan
 from lit_prunedpo.probe_precision import (FLOAT32_TOLERANCE, ROUNDING_FACTOR, WorkingPrecision, in_float32,
                                          rounding_tolerance)
 from lit_prunedpo.scoring import TokenScorer, model_head

@@ -23,7 +23,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 from lit_prunedpo.checkpoint.io import remove, replace_folder, sharded_save_names
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.scoring import split_causal_lm
 
 __all__ = [
@@ -255,7 +255,7 @@ def group_signature(plan: StepPlan) -> tuple[bool, bool]:
 
 
 def agree_on_forwards(strategy: Any) -> Callable[[tuple[bool, bool]], tuple[bool, bool]]:
-    """The ranks' agreement on which forwards a step runs, for :class:`~lit_prunedpo.execute.StepExecutor`'s
+    """The ranks' agreement on which forwards a step runs, for :class:`~lit_prunedpo.step.execute.StepExecutor`'s
     ``agree``: FSDP's all-gathers and reduce-scatters pair up across ranks by call order, so one rank running a
     no-grad forward that another skips desyncs them.
 

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.estimate import Estimate
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.estimate import Estimate
+from lit_prunedpo.step.plan import StepPlan
 
 PAIR_METRICS = (
     "loss",

@@ -2,7 +2,7 @@
 
 A mode is the three samplers an overlay sets on ``PrunedDPO`` (``model.prefix_sampler``, ``position_sampler``,
 ``branch_sampler``); a sampler the overlay leaves out is the module's default, the unpruned one
-(:func:`lit_prunedpo.plan.exact_samplers`). The benchmark, the study, the examples and the tests read the modes
+(:func:`lit_prunedpo.step.plan.exact_samplers`). The benchmark, the study, the examples and the tests read the modes
 here, so that a figure they report is a figure of the configuration a user runs with
 ``lit-prunedpo fit --config configs/quickstart.yaml --config configs/modes/<name>.yaml``.
 
@@ -21,7 +21,7 @@ from typing import Optional
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 
 __all__ = ["Mode", "SAMPLER_KEYS", "Samplers", "load_mode", "load_modes", "mode_names", "modes_dir", "samplers_of"]

@@ -29,9 +29,9 @@ from torch import Tensor
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
 from lit_prunedpo.distributed import agree_on_forwards
-from lit_prunedpo.estimate import Estimate, estimate
-from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
-from lit_prunedpo.gradient_check import GradientCheck
+from lit_prunedpo.step.estimate import Estimate, estimate
+from lit_prunedpo.step.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
+from lit_prunedpo.run.gradient_check import GradientCheck
 from lit_prunedpo.guards import (
     check_sampler_kinds, check_setup, refuse_nonfinite_weights, refusing_setter,
 )
@@ -39,19 +39,20 @@ from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
 from lit_prunedpo.metrics import StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.nonfinite import NonFiniteGuard
-from lit_prunedpo.plan import StepPlan, exact_samplers, plan_step
+from lit_prunedpo.run.nonfinite import NonFiniteGuard
+from lit_prunedpo.step.plan import StepPlan, exact_samplers, plan_step
 from lit_prunedpo.policy_setup import EvalModeWarning, build_policy
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
-from lit_prunedpo.run_state import RunState, load_policy_state, save_policy_state
+from lit_prunedpo.run.state import RunState, load_policy_state, save_policy_state
 from lit_prunedpo.sampler_set import SamplerSet
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
-from lit_prunedpo.step_io import StepOutput, StepParts
-from lit_prunedpo.training_logs import TrainingLog, log_optimizer_step, log_skipped, logs_this_step, tokens_over_ranks
+from lit_prunedpo.step.io import StepOutput, StepParts
+from lit_prunedpo.run.training_logs import (TrainingLog, log_optimizer_step, log_skipped, logs_this_step,
+                                            tokens_over_ranks)
 from lit_prunedpo.training_noise import noise_free_training
-from lit_prunedpo.validation import epoch_means, exact_step, log_exact_metrics
+from lit_prunedpo.run.validation import epoch_means, exact_step, log_exact_metrics
 
 
 class PrunedDPO(L.LightningModule):
@@ -81,7 +82,7 @@ class PrunedDPO(L.LightningModule):
             policy's training-mode log-probs with its plain eval-mode forward.
         on_nonfinite: ``raise`` stops at a non-finite loss or gradient naming the step and its parts; ``skip``
             skips the step's update (on every rank together), counts, warns and logs it; the step's own (non-finite)
-            values are logged either way (``lit_prunedpo.nonfinite``).
+            values are logged either way (``lit_prunedpo.run.nonfinite``).
         max_consecutive_skips: with ``on_nonfinite="skip"``, more than this many non-finite steps in a row stop
             the run with an error (a diverged run, whose weights are likely non-finite, is not a run to finish).
         layout: how a step's rows become forwards (``lit_prunedpo.layout``); ``None`` is the automatic choice
@@ -236,7 +237,7 @@ class PrunedDPO(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         trainable = (p for p in self.policy.parameters() if p.requires_grad)
-        # recorded for checkpoints and resumes (lit_prunedpo.optimizer_setup)
+        # recorded for checkpoints and resumes (lit_prunedpo.run.optimizer_setup)
         return self.run_state.optimizer.build(trainable, self.optimizer_factory, self.scheduler_factory,
                                               lambda: self.trainer.estimated_stepping_batches)
 
@@ -349,14 +350,14 @@ class PrunedDPO(L.LightningModule):
         self.training_log.add(out, self.beta)  # a skipped step too, with its own (non-finite) values
         if not finite:
             self._log_skipped()
-        if logged:  # what Lightning writes: lit_prunedpo.training_logs
+        if logged:  # what Lightning writes: lit_prunedpo.run.training_logs
             self.training_log.write(self, out, batch.num_pairs, self.num_tokens)
         return out.estimate.objective if finite else None
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         if optimizer_closure is None:
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        # the step and its backward, then the gradient's check, before the update (lit_prunedpo.gradient_check)
+        # the step and its backward, then the gradient's check, before the update (lit_prunedpo.run.gradient_check)
         scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None  # a GradScaler's business
         optimizer.step(closure=self.gradient_check.closure(optimizer, optimizer_closure, scaled, self.global_step,
                                                            batch_idx))
@@ -369,7 +370,7 @@ class PrunedDPO(L.LightningModule):
 
     # ---------------------------------------------------------------------------- validation and test
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        log_exact_metrics(self, batch, self.val_metrics, "val")  # the unpruned objective (lit_prunedpo.validation)
+        log_exact_metrics(self, batch, self.val_metrics, "val")  # the unpruned objective (lit_prunedpo.run.validation)
 
     def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
         log_exact_metrics(self, batch, self.test_metrics, "test")

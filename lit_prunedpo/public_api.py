@@ -1,7 +1,7 @@
 """The public API of lit_prunedpo: which modules' ``__all__`` names users and extension authors may rely on.
 
 The public API is the names listed in the ``__all__`` of each module in :data:`PUBLIC_MODULES`, and those modules
-themselves (``import lit_prunedpo.plan``). A module is public only if it has an explicit ``__all__``; any other
+themselves (``import lit_prunedpo.step.plan``). A module is public only if it has an explicit ``__all__``; any other
 module, and any name a public module does not list, is the library's own business and may change.
 
 The rule: the package's laboratory (:data:`LAB`: ``lit_prunedpo.study``, the time-to-quality studies, and
@@ -38,10 +38,11 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "lit_prunedpo.modes",
     # one training step, stage by stage: its batch, plan, execute, estimate, and its typed input and output
     "lit_prunedpo.batch",
-    "lit_prunedpo.plan",
-    "lit_prunedpo.execute",
-    "lit_prunedpo.estimate",
-    "lit_prunedpo.step_io",
+    "lit_prunedpo.step",  # the step package: its typed ends, StepParts and StepOutput
+    "lit_prunedpo.step.plan",
+    "lit_prunedpo.step.execute",
+    "lit_prunedpo.step.estimate",
+    "lit_prunedpo.step.io",
     "lit_prunedpo.rng",
     # measuring: gradient noise of a pruned step, the samplers' unbiasedness checks, small statistics
     "lit_prunedpo.gradient_noise",

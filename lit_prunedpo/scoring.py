@@ -4,7 +4,7 @@
 :mod:`lit_prunedpo.layout`), gathers the hidden states at the scored positions, and only then applies the LM
 head and the log-softmax (position pruning shrinks the ``K x V`` logits, never computing the rest). A packed
 forward's 4-D mask is put in the form the model's attention takes. The scorer knows nothing about sampling or
-layouts; which forwards run, in which order, is the executor's (:mod:`lit_prunedpo.execute`).
+layouts; which forwards run, in which order, is the executor's (:mod:`lit_prunedpo.step.execute`).
 
 With a ``stats`` list (what a training step's metrics ask for), the scorer also appends ``[K, 3]`` detached
 per-position statistics of the logits it already computed (:func:`token_stats`: TRL's mean logit over the
@@ -32,7 +32,7 @@ from lit_prunedpo.head import OutputHead, body_name, output_head
 from lit_prunedpo.layout.base import GroupInputs, PastColumns
 from lit_prunedpo.layout.attention import model_attention_mask
 from lit_prunedpo.layout.padded import padded_inputs
-from lit_prunedpo.plan import RowGroup
+from lit_prunedpo.step.plan import RowGroup
 from lit_prunedpo.token_terms import TokenTerms, fused_linear_head, log_sum_exp, target_logits
 
 __all__ = ["GroupInputs", "PastColumns", "TOKEN_STATS", "TokenScorer", "group_inputs", "model_head", "split_causal_lm",

@@ -4,7 +4,7 @@
 element-wise logit transform (:mod:`lit_prunedpo.head`: a scale, a soft-cap), ``2d`` FLOPs. ``lse_t`` is the
 log-sum-exp of all ``V`` logits, the whole head (``2dV``). The control-variate position samplers
 (:mod:`lit_prunedpo.samplers.control_variates`) need ``z_t`` at every executed position and ``lse_t`` at the drawn
-ones only; a scorer returns the two as :class:`TokenTerms` and :func:`lit_prunedpo.estimate.ipw_sums` weighs them.
+ones only; a scorer returns the two as :class:`TokenTerms` and :func:`lit_prunedpo.step.estimate.ipw_sums` weighs them.
 
 Only a head whose logits are a known element-wise map of a plain ``nn.Linear`` has a cheap ``z_t``:
 :func:`fused_linear_head` refuses any other (a model whose own forward tail computes the logits, a head module
@@ -48,7 +48,7 @@ class TokenTerms:
 
     def with_appended(self, extra: Sequence[Tensor]) -> "TokenTerms":
         """The same terms with (empty) tensors appended to the targets: a placeholder forward's output kept in the
-        graph that backward runs through (see :meth:`lit_prunedpo.execute.StepExecutor.run_policy`)."""
+        graph that backward runs through (see :meth:`lit_prunedpo.step.execute.StepExecutor.run_policy`)."""
         return TokenTerms(torch.cat([self.target, *extra]), self.lse)
 
 

@@ -50,9 +50,9 @@ from lit_prunedpo.gradient_noise import (  # noqa: E402
 )
 from lit_prunedpo.layout import PairLengths  # noqa: E402
 from lit_prunedpo.modes import load_mode  # noqa: E402
-from lit_prunedpo.plan import plan_step  # noqa: E402
+from lit_prunedpo.step.plan import plan_step  # noqa: E402
 from lit_prunedpo.reference import CachedReference, compute_reference_logps  # noqa: E402
-from lit_prunedpo.step_io import StepParts  # noqa: E402
+from lit_prunedpo.step.io import StepParts  # noqa: E402
 
 #: (mode, reference it runs with): the baseline design, then each estimator around it
 MODES = (("stratified-coupled", "online"), ("stratified-coupled-exact-targets", "online"),

@@ -30,7 +30,7 @@ import torch
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
 from lit_prunedpo.losses.margin import SigmoidLoss
-from lit_prunedpo.plan import exact_plan, plan_step
+from lit_prunedpo.step.plan import exact_plan, plan_step
 from lit_prunedpo.samplers import (
     AllPositions, AntitheticBranch, BernoulliPositions, BothBranches, CoupledStratifiedPositions, DivergentBranch,
     FullPrefix,

@@ -41,9 +41,9 @@ import yaml  # noqa: E402
 from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
-from lit_prunedpo.execute import layout_for  # noqa: E402
+from lit_prunedpo.step.execute import layout_for  # noqa: E402
 from lit_prunedpo.modes import load_mode  # noqa: E402
-from lit_prunedpo.plan import exact_samplers, plan_step  # noqa: E402
+from lit_prunedpo.step.plan import exact_samplers, plan_step  # noqa: E402
 
 # the quickstart's model, read from its config so that the two cannot drift apart
 QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[

@@ -62,7 +62,7 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
     from lit_prunedpo.callbacks import PeakMemoryMeter
     from lit_prunedpo.lora import LoRA
     from lit_prunedpo.models import FromConfig
-    from lit_prunedpo.plan import plan_step
+    from lit_prunedpo.step.plan import plan_step
 
     import peft  # noqa: F401  (imported by both kinds before the start reading, so neither counts its import)
 

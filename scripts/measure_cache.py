@@ -38,7 +38,7 @@ from lit_prunedpo import PrunedDPO  # noqa: E402
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
 from lit_prunedpo.models import FromConfig  # noqa: E402
 from lit_prunedpo.modes import load_mode  # noqa: E402
-from lit_prunedpo.plan import plan_step  # noqa: E402
+from lit_prunedpo.step.plan import plan_step  # noqa: E402
 from lit_prunedpo.reference import (  # noqa: E402
     CachedReference,
     ReferenceLogpStore,

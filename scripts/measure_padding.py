@@ -34,9 +34,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from lit_prunedpo.data import PreferenceDataModule  # noqa: E402
-from lit_prunedpo.execute import StepExecutor, layout_for  # noqa: E402
+from lit_prunedpo.step.execute import StepExecutor, layout_for  # noqa: E402
 from lit_prunedpo.layout import PairLengths  # noqa: E402
-from lit_prunedpo.plan import exact_plan, prompt_and_common_lengths  # noqa: E402
+from lit_prunedpo.step.plan import exact_plan, prompt_and_common_lengths  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

@@ -131,7 +131,7 @@ class ForcedPositions(PositionSampler):
 def score_groups(scorer, model, batch, groups, layout=None, reuse_keys_values=True):
     """The policy log-probs of a plan's ``groups``, in order, run by a ``StepExecutor`` with ``layout``: the step's
     policy forwards without the rest of the step."""
-    from lit_prunedpo.execute import StepExecutor
+    from lit_prunedpo.step.execute import StepExecutor
     from lit_prunedpo.layout import PairLengths
 
     executor = StepExecutor(layout, reuse_keys_values)

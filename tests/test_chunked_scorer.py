@@ -19,7 +19,7 @@ from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.modes import load_mode
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.scoring import TokenScorer
 
 TOL = dict(atol=1e-5, rtol=1e-4)

@@ -92,7 +92,7 @@ def test_the_finder_names_a_cycle():
 
 def test_every_import_counts():
     graph = import_graph()
-    assert "lit_prunedpo.batch" in graph["lit_prunedpo.plan"]
+    assert "lit_prunedpo.batch" in graph["lit_prunedpo.step.plan"]
     assert "lit_prunedpo.module" in graph["lit_prunedpo.cli"]
 
 

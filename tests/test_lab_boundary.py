@@ -109,7 +109,7 @@ def lab_offences() -> list[tuple[Path, Offence]]:
 
 
 def _fake_names(module: str) -> frozenset[str]:
-    return frozenset({"lit_prunedpo": {"PrunedDPO"}, "lit_prunedpo.plan": {"plan_step"}}.get(module, ()))
+    return frozenset({"lit_prunedpo": {"PrunedDPO"}, "lit_prunedpo.step.plan": {"plan_step"}}.get(module, ()))
 
 
 def test_the_check_finds_forbidden_imports():
@@ -118,7 +118,7 @@ def test_the_check_finds_forbidden_imports():
 
     # a private module, a name a public module does not list, a module import of a private module
     assert found("from lit_prunedpo.module import PrunedDPO") == [("lit_prunedpo.module", "PrunedDPO")]
-    assert found("from lit_prunedpo.plan import _group, plan_step") == [("lit_prunedpo.plan", "_group")]
+    assert found("from lit_prunedpo.step.plan import _group, plan_step") == [("lit_prunedpo.step.plan", "_group")]
     assert found("import lit_prunedpo.data.synthetic") == [("lit_prunedpo.data.synthetic", None)]
     assert found("from lit_prunedpo import module") == [("lit_prunedpo", "module")]
     # inside a function, and under TYPE_CHECKING, count too
@@ -128,8 +128,8 @@ def test_the_check_finds_forbidden_imports():
     assert found("from lit_prunedpo.study.curves import time_ratio", "lit_prunedpo.bench.report")
     assert found("from lit_prunedpo import study", "lit_prunedpo.bench.report")
     # public names, public modules, the lab's own modules (relative ones too), the study's use of the bench
-    assert not found("from lit_prunedpo import PrunedDPO\nfrom lit_prunedpo.plan import plan_step\n"
-                     "import lit_prunedpo.plan\nimport torch\nfrom lit_prunedpo import plan")
+    assert not found("from lit_prunedpo import PrunedDPO\nfrom lit_prunedpo.step.plan import plan_step\n"
+                     "import lit_prunedpo.step.plan\nimport torch\nfrom lit_prunedpo.step import plan")
     assert not found("from lit_prunedpo.study.arms import Arm\nfrom .curves import time_ratio\nfrom . import memory")
     assert not found("from lit_prunedpo.bench import cost\nfrom lit_prunedpo.bench.cost import ModelDims")
     assert not found("from .cost import ModelDims", "lit_prunedpo.bench", is_package=True)
@@ -148,7 +148,7 @@ def test_the_lab_uses_the_public_api():
     """Not vacuous: the lab does import the library, through its public modules."""
     used = {i.module for name, path in lab_files().items()
             for i in imports(path.read_text(), name, path.name == "__init__.py")}
-    assert {"lit_prunedpo.plan", "lit_prunedpo.execute", "lit_prunedpo.data"} <= used
+    assert {"lit_prunedpo.step.plan", "lit_prunedpo.step.execute", "lit_prunedpo.data"} <= used
 
 
 def test_every_public_module_lists_names_it_has():

@@ -17,7 +17,7 @@ from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.lora import LoRA, is_peft_model
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceRuntime
 from lit_prunedpo.samplers import (AllPositions, AntitheticBranch, BothBranches, FullPrefix, SharedFractionPrefix,
                                   StratifiedPositions)

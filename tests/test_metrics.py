@@ -18,7 +18,7 @@ from lit_prunedpo.batch import collate_pairs
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.metrics import TOKEN_METRICS, input_tokens, token_metrics, weighted_mean
-from lit_prunedpo.plan import exact_plan, plan_step
+from lit_prunedpo.step.plan import exact_plan, plan_step
 from lit_prunedpo.samplers import BernoulliPositions, BothBranches, FullPrefix
 from lit_prunedpo.scoring import TokenScorer, split_causal_lm, token_stats
 

@@ -12,7 +12,7 @@ import pytest
 from lit_prunedpo import modes, samplers
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.modes import load_mode, load_modes, mode_names
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 
 from helpers import MODES, REPO
 

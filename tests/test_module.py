@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_prunedpo import PrunedDPO
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,

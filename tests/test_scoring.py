@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lit_prunedpo.models import FromConfig
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import BernoulliPositions, BothBranches, SharedFractionPrefix
 from lit_prunedpo.scoring import TokenScorer, group_inputs, split_causal_lm
 

@@ -15,12 +15,12 @@ import torch
 
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.chunked_scorer import ChunkedScorer
-from lit_prunedpo.estimate import ipw_sums
+from lit_prunedpo.step.estimate import ipw_sums
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.modes import load_mode
-from lit_prunedpo.execute import StepExecutor, layout_for
+from lit_prunedpo.step.execute import StepExecutor, layout_for
 from lit_prunedpo.layout import PairLengths, RightPaddedLayout, SharedPromptLayout
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     AntitheticBranch,
@@ -34,7 +34,7 @@ from lit_prunedpo.samplers import (
 from lit_prunedpo.scoring import split_causal_lm
 from lit_prunedpo.layout.attention import check_attention
 from lit_prunedpo.layout.packed import packed_layout
-from lit_prunedpo.plan import prompt_and_common_lengths
+from lit_prunedpo.step.plan import prompt_and_common_lengths
 
 from helpers import TINY_LLAMA, make_batch, score_groups, score_policy
 

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from lit_prunedpo.chunked_scorer import ChunkedScorer
-from lit_prunedpo.estimate import split_terms
+from lit_prunedpo.step.estimate import split_terms
 from lit_prunedpo.head import OutputHead, Scale, SoftCap
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import BothBranches, ExactTargetLogits, SharedFractionPrefix, StratifiedPositions
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.testing import synthetic_batch

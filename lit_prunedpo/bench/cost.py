@@ -39,9 +39,9 @@ from typing import Iterable, Literal
 
 from torch import nn
 
-from lit_prunedpo.execute import StepExecutor, StepForwards
+from lit_prunedpo.step.execute import StepExecutor, StepForwards
 from lit_prunedpo.layout import PairLengths, LeftPaddedLayout
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.scoring import split_causal_lm
 
 Reference = Literal["online", "cached"]
@@ -164,8 +164,8 @@ def step_flops(
     attention: bool = True,
     recompute_head: bool = False,
 ) -> StepFlops:
-    """FLOPs of the forwards a step ran (:attr:`lit_prunedpo.step_io.StepOutput.forwards`, or
-    :meth:`lit_prunedpo.execute.StepExecutor.forwards`): their actual rows, widths and scored positions. A bare
+    """FLOPs of the forwards a step ran (:attr:`lit_prunedpo.step.io.StepOutput.forwards`, or
+    :meth:`lit_prunedpo.step.execute.StepExecutor.forwards`): their actual rows, widths and scored positions. A bare
     plan is counted as the padded layout runs it.
 
     Raises:

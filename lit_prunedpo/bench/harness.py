@@ -41,7 +41,7 @@ from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.layout import SharedPromptLayout
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.stats import quantile
-from lit_prunedpo.step_io import StepOutput
+from lit_prunedpo.step.io import StepOutput
 
 
 def _check_choice(name: str, values: Sequence[str], allowed: Sequence[str]) -> list[str]:

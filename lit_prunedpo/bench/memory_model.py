@@ -247,7 +247,7 @@ def predict_step(
 
 def shapes_of(forwards: Any) -> tuple[list[ForwardShape], ForwardShape]:
     """The policy forwards and the (online) reference forward of a
-    :class:`~lit_prunedpo.execute.StepForwards`, as :class:`ForwardShape` objects."""
+    :class:`~lit_prunedpo.step.execute.StepForwards`, as :class:`ForwardShape` objects."""
     packed = isinstance(forwards.layout, SharedPromptLayout)
 
     def shape(laid_out: Any, requires_grad: bool, keeps: bool = False) -> ForwardShape:

@@ -3,7 +3,7 @@
 Each shape is a ``transformers`` config with explicit arguments (nothing is downloaded) whose model is built on the
 ``meta`` device (no memory, no initialisation): :meth:`~lit_prunedpo.bench.cost.ModelDims.from_model` and
 :meth:`~lit_prunedpo.bench.memory_model.LayerDims.from_model` read the sizes from it. For each shape, response-length
-setting and mode, the shipped mode's samplers plan the same batches, :class:`~lit_prunedpo.execute.StepExecutor`
+setting and mode, the shipped mode's samplers plan the same batches, :class:`~lit_prunedpo.step.execute.StepExecutor`
 lays them out (shared prompt, keys and values reused), and the two models predict:
 
 * **time ratio** ``= 1 / ideal_speedup``: FLOPs of the mode over FLOPs of vanilla on the same batches
@@ -30,9 +30,9 @@ from lit_prunedpo.bench import cost
 from lit_prunedpo.bench.batches import make_batches
 from lit_prunedpo.bench.memory_model import LayerDims, predict_step, shapes_of
 from lit_prunedpo.bench.presets import HH_RLHF_LENGTHS, MODES, Preset
-from lit_prunedpo.execute import StepExecutor, StepForwards, layout_for
+from lit_prunedpo.step.execute import StepExecutor, StepForwards, layout_for
 from lit_prunedpo.layout import PairLengths
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The benchmark's rounds: every configuration's real training step, alternating on one module and one batch.
 
 One :class:`~lit_prunedpo.module.PrunedDPO` module and one AdamW optimizer serve every configuration
-``(mode, reference, scorer, prompt)``. Each configuration has its own :class:`~lit_prunedpo.step_io.StepParts`
+``(mode, reference, scorer, prompt)``. Each configuration has its own :class:`~lit_prunedpo.step.io.StepParts`
 (samplers, scorer, reference source, ``shared_prompt``) and its own sampler stream; a step is the module's own
 training step, ``module.step(batch, parts, generator)`` (what ``training_step`` runs), then
 ``objective.backward()``, ``optimizer.step()``, ``zero_grad`` (:func:`train_step`). The module is never changed
@@ -59,14 +59,14 @@ from lit_prunedpo.bench.utilisation import peer_step_flops
 from lit_prunedpo.callbacks import PeakMemoryMeter, PeakReading
 from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data import PAD, PreferenceDataModule
-from lit_prunedpo.execute import StepExecutor, StepForwards, layout_for
+from lit_prunedpo.step.execute import StepExecutor, StepForwards, layout_for
 from lit_prunedpo.layout import PairLengths
 from lit_prunedpo.models import FromConfig, ModelSource
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceSource, compute_reference_logps
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.scoring import TokenScorer
-from lit_prunedpo.step_io import StepOutput, StepParts
+from lit_prunedpo.step.io import StepOutput, StepParts
 
 MiB = float(2**20)
 T = TypeVar("T")

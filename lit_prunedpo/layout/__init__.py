@@ -5,7 +5,7 @@
 * :mod:`~lit_prunedpo.layout.packed`: one packed block per pair, its prompt (and the common start of its
   responses) run once, optionally reading the previous forward's keys and values (``shared_prompt``).
 
-The executor (:mod:`lit_prunedpo.execute`) runs what its layout lays out; a layout knows of models only what it
+The executor (:mod:`lit_prunedpo.step.execute`) runs what its layout lays out; a layout knows of models only what it
 refuses (:meth:`Layout.check_model`) and the attention mask form they take. Which layout a model gets is chosen
 by ``PrunedDPO``'s ``layout`` argument, by default the automatic choice of :mod:`lit_prunedpo.conformance`.
 """

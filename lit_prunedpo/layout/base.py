@@ -1,4 +1,4 @@
-"""The layout interface: how the rows of a :class:`~lit_prunedpo.plan.RowGroup` become one forward's tensors.
+"""The layout interface: how the rows of a :class:`~lit_prunedpo.step.plan.RowGroup` become one forward's tensors.
 
 A :class:`Layout` arranges a group (:meth:`Layout.arrange`) into a :class:`LaidOutGroup`: the shape that enters
 the model body, the tokens it executes, and the :class:`GroupInputs` of the forward. A layout may let a group
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.plan import RowGroup, StepPlan, prompt_and_common_lengths
+from lit_prunedpo.step.plan import RowGroup, StepPlan, prompt_and_common_lengths
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class GroupInputs:
             that it fills with its keys and values for the next forward; ``None`` keeps none. Set by the
             executor, so that a scorer needs no argument for it.
         lse_index: ``[K_s]`` the gathered positions (indices into the ``K``) where the whole LM head runs, for a
-            group whose log-softmax is split (:attr:`~lit_prunedpo.plan.RowGroup.lse_index`): the scorer then
+            group whose log-softmax is split (:attr:`~lit_prunedpo.step.plan.RowGroup.lse_index`): the scorer then
             returns the target logits at all ``K`` and the log-sum-exps at these
             (:class:`~lit_prunedpo.token_terms.TokenTerms`). ``None``: whole log-probs at all ``K``. Set by the
             executor, as ``cache``.

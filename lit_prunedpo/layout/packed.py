@@ -28,9 +28,9 @@ no-grad forward and runs each prompt once. Which positions are scored is the pla
 (``plan_step(score_common_prefix=...)``).
 
 **The no-grad rows reuse the gradient forward's prompt** when the executor asks for it (``arrange(..., previous)``:
-:class:`~lit_prunedpo.execute.StepExecutor` does unless gradient checkpointing is on). With branch pruning a pair has a
-row in each policy group; the gradient forward keeps its keys and values (a ``DynamicCache``), and the no-grad row of
-that pair executes only its own tokens, from the last one it shares with the gradient forward on
+:class:`~lit_prunedpo.step.execute.StepExecutor` does unless gradient checkpointing is on). With branch pruning a pair
+has a row in each policy group; the gradient forward keeps its keys and values (a ``DynamicCache``), and the no-grad
+row of that pair executes only its own tokens, from the last one it shares with the gradient forward on
 (:func:`read_prompt_cache`: the prompt's last token, or the last shared response token, reruns so that the first scored
 position's hidden state is computed here). Its block attends to the pair's cached prompt (and shared tokens) through a
 ``[S, 1, W, C + W]`` mask over ``[cache columns | own columns]``; the cache columns are gathered from the gradient
@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.layout.attention import packed_refusal
 from lit_prunedpo.layout.base import GroupInputs, LaidOutGroup, Layout, PairLengths, PastColumns
-from lit_prunedpo.plan import RowGroup
+from lit_prunedpo.step.plan import RowGroup
 
 
 @dataclass(frozen=True)

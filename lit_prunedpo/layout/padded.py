@@ -20,7 +20,7 @@ import torch
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.layout.base import GroupInputs, LaidOutGroup, Layout, PairLengths
-from lit_prunedpo.plan import RowGroup
+from lit_prunedpo.step.plan import RowGroup
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The loss seam: a per-pair loss of the per-branch log-prob sums, and its partial derivatives.
 
-The estimator (``lit_prunedpo.estimate``) hands a loss the IPW estimates of four sums per pair, the policy's and
+The estimator (``lit_prunedpo.step.estimate``) hands a loss the IPW estimates of four sums per pair, the policy's and
 the reference's log-probs of each branch, plus the full response lengths (known before any pruning). The loss
 returns its per-pair value (for logging) and its detached partial derivatives w.r.t. the two policy sums,
 ``c_w`` and ``c_l``; the step back-propagates ``sum_b c_b * P_hat_b * mask_b / q_b``. Any objective whose gradient

@@ -10,7 +10,7 @@ positions of exactly its executed prefixes. Its lifecycle, in call order:
    :class:`ReferenceData`, already set up, or ``None``) and a :class:`ReferenceRuntime` (device, ranks,
    precision). A source that needs the pairs (a cache) reads them here; it never sets up or drives the data.
 3. ``shard(mesh)``: under a device mesh (FSDP2), shards the frozen models the source owns (:meth:`models`).
-4. every step, the step's executor (:class:`lit_prunedpo.execute.StepExecutor`)
+4. every step, the step's executor (:class:`lit_prunedpo.step.execute.StepExecutor`)
    asks :meth:`~ReferenceSource.online_model`: a source that runs a frozen model hands it over (with its scorer) and the
    executor runs it on the policy's layout, one no-grad forward of every row of the plan; any other source answers
    ``token_logps(batch, plan)``.
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.distributed import shard_causal_lm
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.scoring import TokenScorer
 
 

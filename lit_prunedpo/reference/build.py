@@ -1,7 +1,7 @@
 """Computing a reference cache: one no-grad pass of the reference over the pairs, every response token's log-prob
 (and log-sum-exp) kept (:func:`compute_reference_logps`).
 
-Each batch runs through the same :func:`~lit_prunedpo.plan.exact_plan` (full prefixes, all positions, both
+Each batch runs through the same :func:`~lit_prunedpo.step.plan.exact_plan` (full prefixes, all positions, both
 branches) and :class:`~lit_prunedpo.scoring.TokenScorer` as :class:`~lit_prunedpo.reference.OnlineReference`, each
 response in its own right-padded row (:class:`~lit_prunedpo.layout.RightPaddedLayout`, exact for any causal LM), so
 the values are what the model's plain forward of each response alone computes. The LM head and its log-softmax run
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.head import OutputHead
 from lit_prunedpo.layout import PairLengths, RightPaddedLayout
-from lit_prunedpo.plan import exact_plan
+from lit_prunedpo.step.plan import exact_plan
 from lit_prunedpo.reference.store import ReferenceLogpStore
 from lit_prunedpo.scoring import GroupInputs, TokenScorer, model_head, split_causal_lm
 from lit_prunedpo.token_terms import linear_head_parts, target_logits

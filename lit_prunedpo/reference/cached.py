@@ -8,7 +8,7 @@ positions from it, and the reference model is never loaded while training.
 Pieces, in the order data flows:
 
 * :func:`~lit_prunedpo.reference.build.compute_reference_logps` (:mod:`lit_prunedpo.reference.build`) runs the
-  reference once, under ``no_grad``, through the same :func:`~lit_prunedpo.plan.exact_plan` (full prefixes, all
+  reference once, under ``no_grad``, through the same :func:`~lit_prunedpo.step.plan.exact_plan` (full prefixes, all
   positions, both branches), :class:`~lit_prunedpo.scoring.TokenScorer` as
   :class:`~lit_prunedpo.reference.OnlineReference`, each response in its own right-padded row
   (:class:`~lit_prunedpo.layout.RightPaddedLayout`, exact for any causal LM), so the values are what the model's
@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.lora import adapters_off
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.reference.base import ReferenceData, ReferenceRuntime, ReferenceSource
 # compute_reference_logps is looked up in this module when a cache is built: tests count the builds by replacing it here
 from lit_prunedpo.reference.build import BuildProgress, compute_reference_logps, model_device

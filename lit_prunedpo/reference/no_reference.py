@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.losses import PreferenceLoss
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.reference.base import ReferenceSource
 from lit_prunedpo.reference.online import OnlineReference
 

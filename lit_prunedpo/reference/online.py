@@ -15,11 +15,11 @@ from typing import Iterator
 from torch import Tensor, nn
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.execute import StepExecutor
+from lit_prunedpo.step.execute import StepExecutor
 from lit_prunedpo.layout import PairLengths
 from lit_prunedpo.lora import adapters_off, is_peft_model
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.reference.base import ReferenceSource
 from lit_prunedpo.scoring import TokenScorer
 

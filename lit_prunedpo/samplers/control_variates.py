@@ -20,7 +20,7 @@ here keep any position sampler's draws and inclusion probabilities and change wh
 
 Both are unbiased for ``sum_t logp_t`` in value and gradient (the draws do not depend on the weights). A sampler
 knows nothing about models: these only say, through :attr:`LogSoftmaxSplit.uses_reference_lse`, which estimate the
-planner (:func:`lit_prunedpo.plan.plan_step`) lays out; the executor computes ``z`` at every executed position and
+planner (:func:`lit_prunedpo.step.plan.plan_step`) lays out; the executor computes ``z`` at every executed position and
 ``lse`` at the drawn ones (:mod:`lit_prunedpo.token_terms`), the estimate combines them.
 """
 

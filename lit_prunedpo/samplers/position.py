@@ -185,7 +185,7 @@ class CoupledBernoulliPositions(BernoulliPositions):
     differs by a local edit) those terms nearly cancel in the margin's estimate instead of adding up as noise.
 
     Rows ``2i`` and ``2i + 1`` of the kept lengths must be one pair's chosen and rejected response (as in
-    :func:`lit_prunedpo.plan.plan_step`). Arguments as for :class:`BernoulliPositions`.
+    :func:`lit_prunedpo.step.plan.plan_step`). Arguments as for :class:`BernoulliPositions`.
     """
 
     def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:
@@ -202,7 +202,7 @@ class CoupledStratifiedPositions(StratifiedPositions):
     The pick within stratum ``j`` is ``floor(u_{i,j} * |stratum|)`` with one uniform per pair ``i`` and stratum
     index ``j``: two responses of equal length score the same positions, of different lengths nearby ones.
     Inclusion probabilities, hence unbiasedness, are those of :class:`StratifiedPositions`. Rows ``2i`` and
-    ``2i + 1`` must be one pair's two responses (as in :func:`lit_prunedpo.plan.plan_step`).
+    ``2i + 1`` must be one pair's two responses (as in :func:`lit_prunedpo.step.plan.plan_step`).
     """
 
     def draw(self, kept: Tensor, width: int, generator: torch.Generator) -> Tensor:

@@ -37,7 +37,7 @@ import torch
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
 from lit_prunedpo.modes import Samplers, samplers_of
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 
 #: The study's modes (names of shipped overlays), in the order its reports list them; each value returns new
 #: sampler objects.

@@ -34,7 +34,7 @@ from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.bench import cost
 from lit_prunedpo.data import PreferenceDataModule, best_accuracy, edited_pairs, unrelated_pairs
 from lit_prunedpo.models import FromConfig
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.study.arms import MODES
 from lit_prunedpo.study.tasks import HHRLHFTask, StudyTask
 from lit_prunedpo.testing import synthetic_batch

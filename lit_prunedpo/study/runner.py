@@ -56,7 +56,7 @@ from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.models import ModelSource
 from lit_prunedpo.optim import WarmupCosineLR
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.study.arms import Arm
 from lit_prunedpo.study.devices import (PRECISIONS, available_bytes, check_clock_on, check_runs_fit, forward_precision,

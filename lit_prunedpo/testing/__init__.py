@@ -14,8 +14,8 @@ What is checked, and the tolerances:
   ``z`` binomial standard errors of its reported probability, and the mean of the IPW estimate
   ``R_hat`` of a random sum lies within ``z`` standard errors of the true sum. The default ``z = 5``
   gives a false alarm less than once in a million checks.
-* **end to end** (:func:`check_unbiased`): the real :func:`lit_prunedpo.plan.plan_step` and
-  :func:`lit_prunedpo.estimate.ipw_sums` are run with any combination of samplers, and the mean of the
+* **end to end** (:func:`check_unbiased`): the real :func:`lit_prunedpo.step.plan.plan_step` and
+  :func:`lit_prunedpo.step.estimate.ipw_sums` are run with any combination of samplers, and the mean of the
   branch-weighted estimate matches ``R_w - R_l`` within ``z`` standard errors. A position sampler that samples
   only the log-sum-exp (:mod:`lit_prunedpo.samplers.control_variates`) is fed each token's two terms
   (``rho_t = z_t - lse_t``, a random ``lse_t``, and for ``ReferenceLogSumExp`` a random baseline ``lse'_t``).

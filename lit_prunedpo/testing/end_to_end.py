@@ -1,7 +1,7 @@
 """End-to-end checks through the real planner and estimator: any combination of samplers
-(:func:`check_unbiased`: :func:`lit_prunedpo.plan.plan_step` and :func:`lit_prunedpo.estimate.ipw_sums` on made-up
-log-probs), and a module's own step (:func:`check_step_unbiased`: its model, scorer, reference and layout); and the
-made-up batches and scores they run on (:func:`synthetic_batch`, :func:`scored_values`).
+(:func:`check_unbiased`: :func:`lit_prunedpo.step.plan.plan_step` and :func:`lit_prunedpo.step.estimate.ipw_sums` on
+made-up log-probs), and a module's own step (:func:`check_step_unbiased`: its model, scorer, reference and layout);
+and the made-up batches and scores they run on (:func:`synthetic_batch`, :func:`scored_values`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.estimate import ipw_sums
-from lit_prunedpo.plan import RowGroup, plan_step
+from lit_prunedpo.step.estimate import ipw_sums
+from lit_prunedpo.step.plan import RowGroup, plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     BothBranches,

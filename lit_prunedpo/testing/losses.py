@@ -10,9 +10,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from lit_prunedpo.estimate import ipw_sums
+from lit_prunedpo.step.estimate import ipw_sums
 from lit_prunedpo.losses import BranchSums, PreferenceLoss
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix, PositionSampler, PrefixSampler
 from lit_prunedpo.testing.end_to_end import at_scored, scored_values, synthetic_batch
 from lit_prunedpo.testing.report import SamplerReport, check_exact, check_monte_carlo, enumerate_support
@@ -49,8 +49,8 @@ def check_reward_estimate(
       positions over the position sampler's ``support`` give ``E[R_hat]`` exactly; by affinity
       ``E[reward(R_hat)] = reward(E[R_hat])``, which must equal ``reward(R)`` to ``1e-9``. Skipped (noted) when
       the position sampler cannot enumerate its support.
-    * **Monte Carlo**: ``num_draws`` plans from the real :func:`lit_prunedpo.plan.plan_step` and
-      :func:`lit_prunedpo.estimate.ipw_sums`; the mean of ``reward`` lies within ``z`` standard errors.
+    * **Monte Carlo**: ``num_draws`` plans from the real :func:`lit_prunedpo.step.plan.plan_step` and
+      :func:`lit_prunedpo.step.estimate.ipw_sums`; the mean of ``reward`` lies within ``z`` standard errors.
     """
     prefix, position = prefix or FullPrefix(), position or AllPositions()
     lengths = lengths if lengths is not None else torch.tensor([[5, 3], [1, 8], [12, 12]])

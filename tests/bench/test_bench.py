@@ -20,19 +20,19 @@ from lit_prunedpo.bench.presets import MODES, get_preset
 from lit_prunedpo.bench.rounds import build_rounds, run_rounds, train_step
 from lit_prunedpo.callbacks import PeakMemoryMeter
 from lit_prunedpo.chunked_scorer import ChunkedScorer
-from lit_prunedpo.execute import StepExecutor
+from lit_prunedpo.step.execute import StepExecutor
 from lit_prunedpo.layout import PairLengths, SharedPromptLayout
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.modes import load_mode
 from lit_prunedpo.module import PrunedDPO
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     BothBranches,
     FullPrefix,
     RandomBranch,
 )
-from lit_prunedpo.step_io import StepParts
+from lit_prunedpo.step.io import StepParts
 
 pytestmark = pytest.mark.slow  # benchmark runs: `pytest -m slow` (CI runs it)
 
@@ -215,7 +215,7 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
 
 def test_step_flops_follow_the_shared_prompt_shapes():
     """Same 2 pairs: one packed block per pair of 3 + 4 + 4 = 11 columns (prompt once, no common prefix)."""
-    from lit_prunedpo.plan import prompt_and_common_lengths
+    from lit_prunedpo.step.plan import prompt_and_common_lengths
 
     batch = make_batch([3, 3], [5, 5], [5, 5])
     assert prompt_and_common_lengths(batch)[1].tolist() == [0, 0]

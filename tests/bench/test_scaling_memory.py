@@ -13,11 +13,11 @@ from lit_prunedpo.bench.memory_model import ForwardShape, LayerDims, predict_ste
 from lit_prunedpo.bench.presets import MODES, Preset, llama_config
 from lit_prunedpo.bench.real_shapes import REAL_SHAPES, dims_of, meta_model, predict_real_shapes
 from lit_prunedpo.bench.scaling import SIZES
-from lit_prunedpo.execute import layout_for
+from lit_prunedpo.step.execute import layout_for
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.module import PrunedDPO
 from lit_prunedpo.scoring import TokenScorer
-from lit_prunedpo.step_io import StepParts
+from lit_prunedpo.step.io import StepParts
 
 # d=4, 2 heads of 2 (a=4), 1 KV head (kv=2), f=8, 2 layers, V=10; 1000 parameters, the largest 100.
 DIMS = LayerDims(hidden=4, q_dim=4, kv_dim=2, heads=2, head_dim=2, ffn=8, layers=2, vocab=10, params=1000,

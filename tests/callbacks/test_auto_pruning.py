@@ -18,7 +18,7 @@ from lit_prunedpo.callbacks.auto_pruning import AutoDecision, calibrate, calibra
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.gradient_noise import between_variance, gradient, pair
 from lit_prunedpo.modes import load_mode
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix, RandomBranch
 
 

@@ -20,7 +20,7 @@ from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.gradient_noise import (RunningBetween, between_variance, gradient, pair, squared_distance,
                                          within_variance)
 from lit_prunedpo.modes import load_mode
-from lit_prunedpo.plan import exact_samplers
+from lit_prunedpo.step.plan import exact_samplers
 
 BATCH = ([3, 2, 4, 2, 5, 3], [5, 4, 6, 3, 6, 5], [4, 6, 2, 5, 3, 4])
 

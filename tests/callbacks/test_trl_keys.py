@@ -22,7 +22,7 @@ from lit_prunedpo.trl_keys import (
     DPO_METRICS, NOT_PROVIDED, PROVIDED, TRAINER_EVALUATION, TRAINER_TRAINING, TRL_KEYS, RowContext,
     reports_dpo_rewards, trl_row,
 )
-from lit_prunedpo.validation import exact_step
+from lit_prunedpo.run.validation import exact_step
 
 from helpers import REPO, csv_logger
 

@@ -23,9 +23,9 @@ import torch
 
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.distributed import group_signature
-from lit_prunedpo.estimate import estimate
+from lit_prunedpo.step.estimate import estimate
 from lit_prunedpo.losses import SigmoidLoss
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.rng import SamplerRNG
 from lit_prunedpo.samplers import (
     AllPositions, AntitheticBranch, BothBranches, FullPrefix, RandomBranch, SharedFractionPrefix,
@@ -137,7 +137,7 @@ def test_placeholder_forwards_change_nothing_but_still_carry_a_graph(tiny_source
     from dataclasses import replace
 
     from lit_prunedpo import PrunedDPO
-    from lit_prunedpo.execute import StepExecutor, layout_for
+    from lit_prunedpo.step.execute import StepExecutor, layout_for
 
     module = PrunedDPO(policy=tiny_source, shared_prompt=shared_prompt)
     batch = make_batch([3, 2], [4, 5], [5, 3])

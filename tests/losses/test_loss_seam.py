@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_prunedpo.estimate import estimate
+from lit_prunedpo.step.estimate import estimate
 from lit_prunedpo.losses import (
     AotLoss, AotUnpairedLoss, ApoZeroLoss, BcoPairLoss, BranchSums, DiscoPopLoss, ExoPairLoss, HingeLoss, IPOLoss,
     LengthNormalized, NcaPairLoss, OddsRatioLoss, PreferenceLoss, RobustLoss, SftLoss, SigmoidLoss,
     SigmoidNormLoss, SimPOLoss, SppoHardLoss, WeightedLoss,
 )
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import AllPositions, AntitheticBranch, BothBranches, BranchSampler, FullPrefix, RandomBranch
 from lit_prunedpo.testing import synthetic_batch
 

@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_prunedpo.estimate import estimate
+from lit_prunedpo.step.estimate import estimate
 from lit_prunedpo.metrics import pair_metrics
 from lit_prunedpo.losses import (
     ApoDownLoss, ApoZeroLoss, BcoPairLoss, DiscoPopLoss, ExoPairLoss, HingeLoss, IPOLoss, LengthNormalized,
     NcaPairLoss, OddsRatioLoss, RobustLoss, SftLoss, SigmoidLoss, SigmoidNormLoss, SimPOLoss, SppoHardLoss,
     TRL_LOSS_TYPES, TRLLoss, WeightedLoss, trl_loss,
 )
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import AllPositions, BothBranches, FullPrefix
 from lit_prunedpo.testing import synthetic_batch
 

@@ -10,7 +10,7 @@ import torch
 from helpers import make_batch
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.data import SyntheticPreferenceData
-from lit_prunedpo.plan import exact_plan
+from lit_prunedpo.step.plan import exact_plan
 from lit_prunedpo.reference import (
     CachedReference,
     NoReference,

@@ -27,7 +27,7 @@ from lit_prunedpo.cli import build_cli
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.models import FromConfig
 from lit_prunedpo.modes import load_mode
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceLogpStore, ReferenceRuntime, compute_reference_logps
 from lit_prunedpo.reference.store import read_fingerprint, tensors_checksum
 

@@ -23,7 +23,7 @@ from lit_prunedpo.batch import collate_pairs
 from lit_prunedpo.data import SyntheticPreferenceData
 from lit_prunedpo.guards import check_log_softmax_split
 from lit_prunedpo.models import FromConfig
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.reference import CachedReference, ReferenceLogpStore, ReferenceRuntime, compute_reference_logps
 from lit_prunedpo.reference.store import TENSORS, tensors_checksum
 from lit_prunedpo.samplers import BothBranches, ExactTargetLogits, FullPrefix, ReferenceLogSumExp, StratifiedPositions

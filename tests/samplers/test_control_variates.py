@@ -29,7 +29,7 @@ from lit_prunedpo.chunked_scorer import ChunkedScorer
 from lit_prunedpo.guards import check_log_softmax_split
 from lit_prunedpo.layout import LeftPaddedLayout, SharedPromptLayout
 from lit_prunedpo.models import FromConfig
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.reference import CachedReference, compute_reference_logps
 from lit_prunedpo.samplers import (
     AllPositions, BothBranches, CoupledStratifiedPositions, ExactTargetLogits, FixedCountPositions, FullPrefix,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_prunedpo.losses.margin import SigmoidLoss
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     BernoulliPositions,

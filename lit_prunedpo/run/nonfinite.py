@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_prunedpo.batch import BRANCH_NAMES, PreferenceBatch
-from lit_prunedpo.estimate import Estimate
+from lit_prunedpo.step.estimate import Estimate
 
 OnNonFinite = Literal["raise", "skip"]
 

@@ -7,9 +7,9 @@ from dataclasses import fields
 import pytest
 import torch
 
-from lit_prunedpo.execute import StepExecutor, placeholder_group
+from lit_prunedpo.step.execute import StepExecutor, placeholder_group
 from lit_prunedpo.layout import LeftPaddedLayout, PairLengths, SharedPromptLayout
-from lit_prunedpo.plan import RowGroup, exact_plan, exact_samplers, merge_groups, plan_step
+from lit_prunedpo.step.plan import RowGroup, exact_plan, exact_samplers, merge_groups, plan_step
 from lit_prunedpo.samplers import (
     AllPositions,
     BernoulliPositions,

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.metrics import MetricWindow, gradient_norm, input_tokens, pair_metrics, token_metrics, weighted_mean
-from lit_prunedpo.step_io import StepOutput
+from lit_prunedpo.step.io import StepOutput
 
 
 def logs_this_step(trainer: Any) -> bool:

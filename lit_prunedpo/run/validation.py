@@ -15,11 +15,11 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.estimate import Estimate
-from lit_prunedpo.execute import StepLogps
+from lit_prunedpo.step.estimate import Estimate
+from lit_prunedpo.step.execute import StepLogps
 from lit_prunedpo.metrics import PAIR_METRICS, TOKEN_METRICS, pair_metrics, token_metrics
-from lit_prunedpo.plan import StepPlan, exact_plan
-from lit_prunedpo.training_logs import Logs
+from lit_prunedpo.step.plan import StepPlan, exact_plan
+from lit_prunedpo.run.training_logs import Logs
 
 
 class StepStages(Protocol):

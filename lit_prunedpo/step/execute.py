@@ -23,7 +23,7 @@
 
 :meth:`StepExecutor.forwards` says what will run (shapes and token counts, for the cost model) without running
 it; :meth:`StepExecutor.__call__` runs it and returns a typed :class:`StepLogps`, one log-prob tensor per plan
-group for the policy and the reference, ready for :func:`lit_prunedpo.estimate.estimate`.
+group for the policy and the reference, ready for :func:`lit_prunedpo.step.estimate.estimate`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from transformers import DynamicCache
 
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.layout import GroupInputs, LaidOutGroup, Layout, LeftPaddedLayout, PairLengths, SharedPromptLayout
-from lit_prunedpo.plan import RowGroup, StepPlan, merge_groups
+from lit_prunedpo.step.plan import RowGroup, StepPlan, merge_groups
 from lit_prunedpo.scoring import TokenScorer
 from lit_prunedpo.token_terms import TokenTerms
 
@@ -149,7 +149,7 @@ class StepLogps:
         reference_tokens_executed: tokens the reference's model ran (0 for a source that runs none).
         policy_token_stats: one ``[K_g, 3]`` tensor per plan group, the policy's
             :func:`~lit_prunedpo.scoring.token_stats` at the positions the whole head ran on
-            (:attr:`~lit_prunedpo.plan.RowGroup.lse_index`), when the executor was asked for them
+            (:attr:`~lit_prunedpo.step.plan.RowGroup.lse_index`), when the executor was asked for them
             (``token_stats=True``); else ``None``.
         reference_lse: with ``plan.reference_lse``, one ``[K_g]`` tensor per plan group: the reference's log-sum-exp
             at every scored position, the baseline of the policy's sampled ones; else ``None``.

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from lit_prunedpo.gradient_check import GradientCheck
+from lit_prunedpo.run.gradient_check import GradientCheck
 from lit_prunedpo.metrics import StepStats
-from lit_prunedpo.nonfinite import NonFiniteGuard
+from lit_prunedpo.run.nonfinite import NonFiniteGuard
 from lit_prunedpo.optim import WarmupCosineLR
-from lit_prunedpo.optimizer_setup import UNRECORDED, OptimizerRecord
+from lit_prunedpo.run.optimizer_setup import UNRECORDED, OptimizerRecord
 from lit_prunedpo.rng import SamplerRNG
-from lit_prunedpo.run_state import RunState
+from lit_prunedpo.run.state import RunState
 
 
 def draws(rng: SamplerRNG, n: int = 3) -> list[float]:
@@ -134,7 +134,7 @@ class RecordingLogs:
 
 
 def test_the_training_log_writes_the_windows_means_and_the_token_count_through_any_logs(tiny_step_output):
-    from lit_prunedpo.training_logs import TrainingLog
+    from lit_prunedpo.run.training_logs import TrainingLog
 
     log, sink = TrainingLog(), RecordingLogs()
     for out in tiny_step_output:

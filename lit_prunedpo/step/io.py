@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lit_prunedpo.estimate import Estimate
-from lit_prunedpo.execute import StepForwards, StepLogps
+from lit_prunedpo.step.estimate import Estimate
+from lit_prunedpo.step.execute import StepForwards, StepLogps
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.metrics import StepStats
-from lit_prunedpo.plan import StepPlan
+from lit_prunedpo.step.plan import StepPlan
 from lit_prunedpo.reference import ReferenceSource
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer

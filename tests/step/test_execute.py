@@ -7,9 +7,9 @@ import torch
 
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.bench import cost
-from lit_prunedpo.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
+from lit_prunedpo.step.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
 from lit_prunedpo.layout import PackedGroup, LeftPaddedGroup, LeftPaddedLayout, PairLengths, SharedPromptLayout
-from lit_prunedpo.plan import plan_step
+from lit_prunedpo.step.plan import plan_step
 from lit_prunedpo.reference import NoReference
 from lit_prunedpo.samplers import AllPositions, RandomBranch, SharedFractionPrefix
 

@@ -2,7 +2,7 @@
 on a resume given back this run's arguments where the checkpoint's differ.
 
 :class:`OptimizerRecord` keeps the record (:func:`lit_prunedpo.optim.describe`: classes and constructor arguments,
-as configured and as in effect); checkpoints carry the configured one (``lit_prunedpo.run_state``). A resume loads
+as configured and as in effect); checkpoints carry the configured one (``lit_prunedpo.run.state``). A resume loads
 the checkpoint's record, and once Lightning has restored the optimizer and scheduler state,
 :meth:`OptimizerRecord.apply_resumed` applies this run's arguments where they differ
 (:func:`lit_prunedpo.optim.apply_changes`).

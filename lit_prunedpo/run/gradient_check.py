@@ -1,4 +1,4 @@
-"""Every optimizer step's gradient, checked between the backward and the update (``lit_prunedpo.nonfinite``).
+"""Every optimizer step's gradient, checked between the backward and the update (``lit_prunedpo.run.nonfinite``).
 
 ``PrunedDPO.optimizer_step`` hands the optimizer :meth:`GradientCheck.closure`: Lightning's closure (the step and
 its backward) followed by :meth:`GradientCheck.check`, so that the gradient is checked before the optimizer applies
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lit_prunedpo.metrics import gradient_norm
-from lit_prunedpo.nonfinite import NonFiniteGuard
+from lit_prunedpo.run.nonfinite import NonFiniteGuard
 
 
 class GradientCheck:

@@ -3,9 +3,9 @@
 :class:`RunState` holds the run's counters and streams, saved and loaded as one state dict:
 
 * ``sampler_rng``: the samplers' generator, so that a resumed run draws what an uninterrupted one would;
-* the non-finite step counters (``lit_prunedpo.nonfinite``), so that a resume keeps counting toward the limit;
+* the non-finite step counters (``lit_prunedpo.run.nonfinite``), so that a resume keeps counting toward the limit;
 * ``num_tokens``: TRL's count of input tokens, which a resumed run goes on counting (TRL's restarts from 0);
-* ``optimizer_setup``: the run's optimizer and scheduler arguments (``lit_prunedpo.optimizer_setup``), applied
+* ``optimizer_setup``: the run's optimizer and scheduler arguments (``lit_prunedpo.run.optimizer_setup``), applied
   back once Lightning has restored the optimizer and scheduler (at train start).
 
 Beside it, :func:`save_policy_state` writes what an export needs besides the weights
@@ -21,8 +21,8 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from lit_prunedpo.nonfinite import NonFiniteGuard
-from lit_prunedpo.optimizer_setup import OptimizerRecord
+from lit_prunedpo.run.nonfinite import NonFiniteGuard
+from lit_prunedpo.run.optimizer_setup import OptimizerRecord
 from lit_prunedpo.rng import SamplerRNG
 
 

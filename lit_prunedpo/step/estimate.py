@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from lit_prunedpo.losses import BranchSums, PreferenceLoss
-from lit_prunedpo.plan import RowGroup, StepPlan
+from lit_prunedpo.step.plan import RowGroup, StepPlan
 from lit_prunedpo.token_terms import TokenTerms
 
 __all__ = ["Estimate", "estimate", "ipw_sums", "split_terms"]
@@ -118,7 +118,7 @@ def estimate(
     """Turn the scored log-probs of every group into the step's estimates and objective.
 
     ``lengths`` (``[B, 2]`` full response lengths) is needed by losses of means or token averages only;
-    ``reference_lse`` (one ``[K_g]`` tensor per group, :attr:`~lit_prunedpo.execute.StepLogps.reference_lse`) is
+    ``reference_lse`` (one ``[K_g]`` tensor per group, :attr:`~lit_prunedpo.step.execute.StepLogps.reference_lse`) is
     the baseline of the policy's sampled log-sum-exps where ``plan.reference_lse``.
 
     Raises:

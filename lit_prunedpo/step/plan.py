@@ -10,7 +10,7 @@ Each group carries what the samplers drew for its rows (kept lengths, scored pos
 inverse-probability weights ``1 / (s_t * p_t(L))`` of its scored positions: marginal prefix survival times
 *conditional* position probability. Nothing here says how a group's forward is laid out (padded rows or packed
 blocks, keys and values reused, placeholder forwards on other ranks): that is the executor's business
-(:mod:`lit_prunedpo.execute`, :mod:`lit_prunedpo.layout`).
+(:mod:`lit_prunedpo.step.execute`, :mod:`lit_prunedpo.layout`).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class StepPlan:
 def merge_groups(groups: Sequence[RowGroup]) -> RowGroup:
     """One no-grad group holding the rows of all ``groups``, in order (``scored_row`` shifted to the merged rows).
 
-    What a reference that runs a model scores in one forward (:class:`lit_prunedpo.execute.StepExecutor`); a
+    What a reference that runs a model scores in one forward (:class:`lit_prunedpo.step.execute.StepExecutor`); a
     single group is returned as it is.
     """
     if len(groups) == 1:
@@ -232,9 +232,9 @@ def plan_step(
 
     With ``score_common_prefix=False`` the positions before the two responses of a pair first differ are scored
     once, in one row (the one with a gradient when only one has it, else the chosen one), and marked ``shared``: their
-    log-probs are equal in both branches (same context, same token), so :func:`lit_prunedpo.estimate.ipw_sums` counts
-    them in both branch sums (``logps/*`` mean what TRL's do) without a gradient (they cancel exactly in the margin
-    ``R_w - R_l``, so a loss of the margin alone loses nothing); the rejected row leaves them out.
+    log-probs are equal in both branches (same context, same token), so :func:`lit_prunedpo.step.estimate.ipw_sums`
+    counts them in both branch sums (``logps/*`` mean what TRL's do) without a gradient (they cancel exactly in the
+    margin ``R_w - R_l``, so a loss of the margin alone loses nothing); the rejected row leaves them out.
 
     A position sampler that samples only the log-sum-exp (``splits_log_softmax``: a
     :class:`~lit_prunedpo.samplers.LogSoftmaxSplit`) gets
