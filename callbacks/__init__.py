@@ -33,10 +33,10 @@ __all__ = [
     "AutoPruning", "CompileModel", "FinalCheckpoint", "LastCheckpointAtValidation", "PeakMemoryMonitor",
     "PreemptionCheckpoint", "PruneEarly", "StepProgressBar", "StepTimeMonitor",
     "TRLKeys", "ValidationSamples",
-    # the unit the memory callbacks are built from, for harnesses that measure outside a Trainer (lit_prunedpo.bench,
-    # lit_prunedpo.study): the peak-memory meter
+    # the unit the memory callbacks are built from, for harnesses measuring outside a Trainer (lit_prunedpo_lab.bench,
+    # lit_prunedpo_lab.study): the peak-memory meter
     "PeakMemoryMeter", "PeakReading",
-    # AutoPruning's calibration and its rule for short runs, for the regime map's "auto" row (lit_prunedpo.study)
+    # AutoPruning's calibration and its rule for short runs, for the regime map's "auto" row (lit_prunedpo_lab.study)
     "DEFAULT_MAX_SHARE", "calibrate", "skip_reason",
 ]
 

@@ -1,5 +1,5 @@
 """Peak memory of a stretch of work: the readers of the process's memory and :class:`PeakMemoryMeter`, the one
-measuring unit of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor` and of the benchmark (``lit_prunedpo.bench``).
+measuring unit of :class:`~lit_prunedpo.callbacks.PeakMemoryMonitor` and of the benchmark (``lit_prunedpo_lab.bench``).
 
 CPU (Linux only): the kernel keeps a high-water mark of the resident set size, ``VmHWM`` in
 ``/proc/self/status``. Writing ``"5"`` to ``/proc/self/clear_refs`` (Linux >= 4.0) resets that mark

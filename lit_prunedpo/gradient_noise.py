@@ -16,7 +16,7 @@ vanilla's: below 1, pruning buys more variance reduction per second.
 
 This module measures these through the module's own step (plan, execute, estimate, backward), so the samplers
 measured are the ones a run trains with. ``lit_prunedpo.callbacks.AutoPruning`` calibrates a run with it;
-``lit_prunedpo.study.noise`` builds the regime map's noise model on it.
+``lit_prunedpo_lab.study.noise`` builds the regime map's noise model on it.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ The public API is the names listed in the ``__all__`` of each module in :data:`P
 themselves (``import lit_prunedpo.step.plan``). A module is public only if it has an explicit ``__all__``; any other
 module, and any name a public module does not list, is the library's own business and may change.
 
-The rule: the package's laboratory (:data:`LAB`: ``lit_prunedpo.study``, the time-to-quality studies, and
-``lit_prunedpo.bench``, the benchmarks) is a client of the library like any user's code, the way torchtune's
-recipes are clients of its library: a lab module imports, from outside the lab, only public modules and the names
-in their ``__all__``. What a study or a benchmark measures is then what a user can build. ``tests/test_lab_boundary.py``
-checks it; a name the lab needs is made public (listed in its module's ``__all__``, or exported by its package)
-rather than reached for inside a private module.
+The rule: the laboratory (:data:`LAB`: ``lit_prunedpo_lab.study``, the time-to-quality studies, and
+``lit_prunedpo_lab.bench``, the benchmarks; its own distribution, ``lab/``) is a client of the library like any
+user's code, the way torchtune's recipes are clients of its library: a lab module imports, from outside the lab,
+only public modules and the names in their ``__all__``. What a study or a benchmark measures is then what a user
+can build. ``tests/test_lab_boundary.py`` checks it; a name the lab needs is made public (listed in its module's
+``__all__``, or exported by its package) rather than reached for inside a private module.
 
 This module imports nothing: it is a table, read by the test and by anyone who asks what is public.
 """
@@ -51,11 +51,15 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "lit_prunedpo.cpu_16bit",  # whether a 16-bit precision runs fast on this CPU (set-up's warning, the bench's)
     # a full disk's errors, named as such
     "lit_prunedpo.full_disk",
+    # the one runner of every command (Ctrl-C, SIGTERM, a full disk, errors in one line): the lab's commands use it
+    "lit_prunedpo.user_errors",
 )
 
-#: the lab's packages -> the lab packages each may import besides itself (the study prices its arms with the
-#: bench's cost model, ``lit_prunedpo.bench.cost``; the bench uses nothing of the study)
+#: the lab's packages (``lab/``, its own distribution) -> the lab packages each may import besides itself, the
+#: innermost first (the study prices its arms with the bench's cost model, ``lit_prunedpo_lab.bench.cost``; the bench
+#: uses nothing of the study; the lab's command, ``lit_prunedpo_lab.console``, runs both)
 LAB: dict[str, tuple[str, ...]] = {
-    "lit_prunedpo.study": ("lit_prunedpo.bench",),
-    "lit_prunedpo.bench": (),
+    "lit_prunedpo_lab.study": ("lit_prunedpo_lab.bench",),
+    "lit_prunedpo_lab.bench": (),
+    "lit_prunedpo_lab": ("lit_prunedpo_lab.study", "lit_prunedpo_lab.bench"),
 }

@@ -1,5 +1,5 @@
 """What ``AutoPruning`` picks, with its default candidates, in the cells of a regime map: its own calibration
-(:func:`lit_prunedpo.study.map_auto.calibrate_cell`: the cell's first vanilla batch at the study's initial weights),
+(:func:`lit_prunedpo_lab.study.map_auto.calibrate_cell`: the cell's first vanilla batch at the study's initial weights),
 run for several seeds per cell, with each candidate's cost ratio ``k``, noise ratio ``within / between`` and
 ``(1 + within / between) / k`` (the rule picks the lowest if it is at most 0.9).
 
@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from lit_prunedpo.callbacks.auto_pruning import DEFAULT_CANDIDATES
-from lit_prunedpo.study.map_auto import calibrate_cell
-from lit_prunedpo.study.map_spec import load_spec
+from lit_prunedpo_lab.study.map_auto import calibrate_cell
+from lit_prunedpo_lab.study.map_spec import load_spec
 
 
 def main(argv: list[str] | None = None) -> int:

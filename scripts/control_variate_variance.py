@@ -6,7 +6,7 @@ default after 0, 50 and 200 steps); at each, on one fixed held-out batch of ``--
 
 * ``between``: the variance of the exact per-pair gradients;
 * ``within``: each mode's extra within-pair variance, from ``--draws`` pruned steps against the exact batch gradient;
-* ``k``: the FLOP cost model's ``flops(vanilla) / flops(mode)`` (:mod:`lit_prunedpo.bench.cost`, which counts the
+* ``k``: the FLOP cost model's ``flops(vanilla) / flops(mode)`` (:mod:`lit_prunedpo_lab.bench.cost`, which counts the
   estimators' extra target logits, ``2d`` FLOPs per executed token) over 20 plans of the batch, with the reference
   the mode runs with (``vanilla`` with the same reference is the baseline);
 * ``(1 + within / between) / k``: the mode's gradient variance times cost relative to vanilla's (below 1: pruning
@@ -15,9 +15,9 @@ default after 0, 50 and 200 steps); at each, on one fixed held-out batch of ``--
 Modes: ``stratified-coupled`` (the best position design so far) and the two estimators around it,
 ``stratified-coupled-exact-targets`` (online reference, as trained) and ``stratified-coupled-reference-lse``
 (a cache of the reference, with its log-sum-exps, for the measured batch). The modes are the shipped overlays
-(:mod:`lit_prunedpo.modes`). Tasks: ``quickstart`` and ``edited`` (:mod:`lit_prunedpo.study.tasks`) and ``unrelated``,
+(``lit_prunedpo.modes``). Tasks: ``quickstart`` and ``edited`` (:mod:`lit_prunedpo_lab.study.tasks`) and ``unrelated``,
 the regime map's unrelated-pairs cell with 64-token responses and the LM head 25 % of a step
-(:class:`lit_prunedpo.study.map_tasks.CellTask`).
+(:class:`lit_prunedpo_lab.study.map_tasks.CellTask`).
 
     python scripts/control_variate_variance.py                       # about 2 minutes on 1 CPU core
     python scripts/control_variate_variance.py --tasks edited --steps 0,100,400 --draws 32
@@ -44,7 +44,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from lit_prunedpo import PrunedDPO  # noqa: E402
-from lit_prunedpo.bench import cost  # noqa: E402
+from lit_prunedpo_lab.bench import cost  # noqa: E402
 from lit_prunedpo.gradient_noise import (  # noqa: E402
     between_variance, pair, relative_inefficiency, squared_distance, within_variance,
 )
@@ -64,14 +64,14 @@ def make_task(name: str) -> Any:
     """The study task ``name``; ``unrelated`` is the map's unrelated-pairs cell (64-token responses, head 25 %), and
     a map cell's name (``near-duplicate-L64-head0.25``, ``unrelated-L256-head0.6``: similarity, response length, LM
     head share; batch 8) builds that cell."""
-    from lit_prunedpo.study.map_tasks import CellTask
+    from lit_prunedpo_lab.study.map_tasks import CellTask
 
     if name == "unrelated":
         return CellTask(length=64, similarity="unrelated", target_head_share=0.25, batch_size=8)
     cell = re.fullmatch(r"(near-duplicate|unrelated)-L(\d+)-head([0-9.]+)", name)
     if cell is not None:
         return CellTask(length=int(cell[2]), similarity=cell[1], target_head_share=float(cell[3]), batch_size=8)
-    from lit_prunedpo.study.tasks import TASKS
+    from lit_prunedpo_lab.study.tasks import TASKS
 
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}, {', '.join(TASKS)} or a map "

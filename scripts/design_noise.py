@@ -3,7 +3,7 @@
 
 Two generated map cells (near-duplicate and unrelated pairs; 64-token responses, LM head 25 % of a step,
 8 pairs) and a batch mixing them (4 pairs of each; both cells have the same model, so one module serves all
-three), at the initial weights as :func:`lit_prunedpo.study.noise.measure` measures them (or warmed first, the
+three), at the initial weights as :func:`lit_prunedpo_lab.study.noise.measure` measures them (or warmed first, the
 warmed model then its own reference): ``between`` from the exact per-pair gradients, ``within`` from ``--draws``
 real pruned steps of each design, ``k`` the FLOP cost model's ``flops(vanilla) / flops(design)`` over 20 plans
 of the same batch, and the model's prediction (pruning has the lower variance at equal cost per step iff
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from lit_prunedpo.batch import PreferenceBatch
-from lit_prunedpo.bench import cost
+from lit_prunedpo_lab.bench import cost
 from lit_prunedpo.losses.margin import SigmoidLoss
 from lit_prunedpo.step.plan import exact_plan, plan_step
 from lit_prunedpo.samplers import (
@@ -37,11 +37,11 @@ from lit_prunedpo.samplers import (
     RandomBranch, StratifiedPositions,
 )
 from lit_prunedpo.scoring import TokenScorer, group_inputs, split_causal_lm
-from lit_prunedpo.study.arms import Arm
-from lit_prunedpo.study.map_tasks import CellTask
-from lit_prunedpo.study.noise import between_variance, pair, predict, squared_distance, within_variance
-from lit_prunedpo.study.runner import make_run
-from lit_prunedpo.study.warm_start import warm_start
+from lit_prunedpo_lab.study.arms import Arm
+from lit_prunedpo_lab.study.map_tasks import CellTask
+from lit_prunedpo_lab.study.noise import between_variance, pair, predict, squared_distance, within_variance
+from lit_prunedpo_lab.study.runner import make_run
+from lit_prunedpo_lab.study.warm_start import warm_start
 from lit_prunedpo.modes import samplers_of
 from lit_prunedpo.testing import coefficient_bias
 

@@ -12,7 +12,7 @@ gradients ``g_i`` through the real step (plan, execute, estimate, backward). Rep
 * the fraction of tokens executed and positions scored.
 
 ``--task edited`` (or ``edited-start``) measures the same on the study's one-edit pairs and model
-(:mod:`lit_prunedpo.study.tasks`), where the two responses of a pair are near-duplicates: there the coupled
+(:mod:`lit_prunedpo_lab.study.tasks`), where the two responses of a pair are near-duplicates: there the coupled
 position samplers (one draw per pair shared by both branches) should cut the noise of their uncoupled twins.
 ``--skip-common-prefix`` does what a training step with the shared prompt does for a margin loss: positions of
 the two responses' common prefix are not scored (their log-ratios cancel exactly in the margin).
@@ -86,7 +86,7 @@ def main() -> None:
         data.setup("fit")
         policy = FromConfig(**QUICKSTART_POLICY)
     else:
-        from lit_prunedpo.study.tasks import TASKS
+        from lit_prunedpo_lab.study.tasks import TASKS
 
         with tempfile.TemporaryDirectory() as work_dir:
             data = TASKS[args.task].datamodule(Path(work_dir))

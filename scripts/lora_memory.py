@@ -13,7 +13,7 @@ fixed threshold returns every large block to the system when freed, for both con
 ``--mmap-threshold 0`` keeps glibc's default to see the effect. Full fine-tuning keeps a frozen copy of the policy as
 the online reference and AdamW state for every weight; LoRA (``r=16`` on every linear layer but the LM head) scores
 the reference with the adapters off and keeps AdamW state for the adapters only. Same synthetic batches,
-samplers and seeds as ``lit-prunedpo-bench`` (``lit_prunedpo.bench.batches.make_batches``). Run from the
+samplers and seeds as ``lit-prunedpo-bench`` (``lit_prunedpo_lab.bench.batches.make_batches``). Run from the
 repository root::
 
     python scripts/lora_memory.py --preset medium --modes vanilla,all --steps 3 --repeats 3
@@ -45,7 +45,7 @@ def _presets() -> dict:
     (Llama d=1024, 8 layers, V=32768, 170M parameters; 2 pairs of 32-64 response tokens), as with real LLMs."""
     import dataclasses
 
-    from lit_prunedpo.bench.presets import PRESETS, Preset, llama_config
+    from lit_prunedpo_lab.bench.presets import PRESETS, Preset, llama_config
 
     heavy = Preset(name="weight-heavy", description="Llama d=1024, 8 layers, V=32768; 2 pairs of 32-64 tokens",
                    model=llama_config(32768, 1024, 8, 16, 2816, 512), batch_size=2, response_length=(32, 64), steps=3)
@@ -57,8 +57,8 @@ def run_one(preset_name: str, policy_kind: str, mode: str, steps: int, warmup: i
     from functools import partial
 
     from lit_prunedpo import PrunedDPO
-    from lit_prunedpo.bench.batches import make_batches
-    from lit_prunedpo.bench.presets import MODES
+    from lit_prunedpo_lab.bench.batches import make_batches
+    from lit_prunedpo_lab.bench.presets import MODES
     from lit_prunedpo.callbacks import PeakMemoryMeter
     from lit_prunedpo.lora import LoRA
     from lit_prunedpo.models import FromConfig

@@ -18,7 +18,7 @@ them and the padding as a share of the real tokens; beside them the count of a T
     HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python scripts/measure_padding.py
 
 ``--quantiles`` prints instead the 5%-step quantiles of the prompt and response lengths of the same pairs: the
-table ``lit_prunedpo.bench.presets.HH_RLHF_LENGTHS`` that the ``hh-body`` benchmark preset draws lengths from.
+table ``lit_prunedpo_lab.bench.presets.HH_RLHF_LENGTHS`` that the ``hh-body`` benchmark preset draws lengths from.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ with an online reference, profiled with ``torch.profiler`` on the same weights a
 
     OMP_NUM_THREADS=1 python scripts/profile-trl-gap.py --threads 1 --out docs/real-model/profile
 
-Everything is built by the bench's own code (:func:`lit_prunedpo.bench.rounds.build_rounds` with the ``--model`` /
+Everything is built by the bench's own code (:func:`lit_prunedpo_lab.bench.rounds.build_rounds` with the ``--model`` /
 ``--data`` objects ``lit-prunedpo-bench`` builds): SmolLM2-135M-Instruct (the shared GGUF, float32) on HH-RLHF
 harmless-base test pairs (``dialogues=messages``, ``on_bad_row=skip``, max length 192, max prompt length 128, 4
 pairs per batch), the settings of ``docs/real-model/bench-fp32/bench.json``. Batch 0 warms up one step of each;
 batches 1 and 2 are profiled, alternating (ours, TRL, ours, TRL), each step in a profiler session of its own
-(CPU activity, ``record_shapes=True``). Ours is :func:`~lit_prunedpo.bench.rounds.train_step` (the module's own
-step, backward, AdamW); TRL's is :meth:`~lit_prunedpo.bench.peer_trl.TRLPeer.step` (``compute_loss``, backward,
+(CPU activity, ``record_shapes=True``). Ours is :func:`~lit_prunedpo_lab.bench.rounds.train_step` (the module's own
+step, backward, AdamW); TRL's is :meth:`~lit_prunedpo_lab.bench.peer_trl.TRLPeer.step` (``compute_loss``, backward,
 AdamW) on its collated inputs, built before the profiled step as the bench builds them before its timed one.
 
 Labels (``record_function`` ranges, added without changing what runs): ``prof::step`` around each step;
@@ -53,10 +53,10 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from lit_prunedpo.bench.own_data import DataSpec
-from lit_prunedpo.bench.own_model import pretrained_source
-from lit_prunedpo.bench.presets import OWN_MODEL
-from lit_prunedpo.bench.rounds import build_rounds, train_step
+from lit_prunedpo_lab.bench.own_data import DataSpec
+from lit_prunedpo_lab.bench.own_model import pretrained_source
+from lit_prunedpo_lab.bench.presets import OWN_MODEL
+from lit_prunedpo_lab.bench.rounds import build_rounds, train_step
 from lit_prunedpo.head import body_name
 
 REPO = Path(__file__).resolve().parents[1]

@@ -38,7 +38,7 @@ def retime(folder: Path) -> None:
     argv = shlex.split(old["command"])
     if Path(argv[0]).name != "lit-prunedpo-bench":
         raise SystemExit(f"{folder}/bench.json: its command is not a lit-prunedpo-bench run: {old['command']}")
-    subprocess.run([sys.executable, "-m", "lit_prunedpo.bench.cli", *argv[1:]], cwd=REPO, check=True)
+    subprocess.run([sys.executable, "-m", "lit_prunedpo_lab.bench.cli", *argv[1:]], cwd=REPO, check=True)
     new = json.loads((folder / "bench.json").read_text())
     load = new.get("load") or {}
     print(f"## {folder}: load average {load.get('loadavg_mean')}, wall/CPU {load.get('wall_per_cpu')}")

@@ -10,6 +10,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the suite's tiny models step fastest on one thread, and tests run side by side; a user's run keeps torch's default
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# The lab (lab/lit_prunedpo_lab) is its own distribution, and `pip install -e ".[test]"` installs only the library:
+# in a checkout the suite imports the lab from its folder, in this process and in every subprocess a test starts.
+LAB = Path(__file__).resolve().parents[1] / "lab"
+if importlib.util.find_spec("lit_prunedpo_lab") is None:
+    sys.path.insert(0, str(LAB))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LAB), os.environ.get("PYTHONPATH")]))
+
 import pytest  # noqa: E402
 
 from helpers import TINY_LLAMA, make_batch  # noqa: E402

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from lit_prunedpo import PrunedDPO
-from lit_prunedpo.bench.batches import make_batches
-from lit_prunedpo.bench.presets import MODES, get_preset
+from lit_prunedpo_lab.bench.batches import make_batches
+from lit_prunedpo_lab.bench.presets import MODES, get_preset
 from lit_prunedpo.callbacks import CompileModel
 from lit_prunedpo.cli import build_cli
 from lit_prunedpo.compiling import CompileOptions, compile_bodies, graphs_compiled
@@ -131,7 +131,7 @@ def test_the_callback_compiles_a_cli_run_and_logs_its_graphs(tmp_path):
 
 @pytest.mark.slow
 def test_the_bench_compares_compiled_and_eager_steps(tmp_path, capsys):
-    from lit_prunedpo.bench.cli import main
+    from lit_prunedpo_lab.bench.cli import main
 
     assert main(["--preset", "small", "--modes", "vanilla,branch", "--compile", "--compile-backend", "aot_eager",
                  "--steps", "3", "--warmup", "1", "--threads", "1", "--out", str(tmp_path), "--quiet"]) == 0

@@ -1,4 +1,5 @@
-"""The fault table: every console command of pyproject's ``[project.scripts]`` ends the same way on the same faults.
+"""The fault table: every console command of the pyprojects' ``[project.scripts]`` (the library's, the lab's) ends
+the same way on the same faults.
 
 All of them go through one runner (:func:`lit_prunedpo.user_errors.run_command`); each row of :data:`TABLE` drives
 one installed command: a bad flag (exit 2, one ``error:`` line naming it), Ctrl-C and SIGTERM while it sets up real
@@ -73,32 +74,37 @@ TABLE: dict[str, Row] = {
                         lambda out: (["configs", "--copy", str(out)], "quickstart.yaml")),
     "lit-prunedpo-cache": Row("lit_prunedpo.cache_cli:main", (BAD_FLAG,), _cache_args,
                               lambda out: ([*_cache_args(out), "--data.init_args.max_rows=64"], "ref.safetensors")),
-    "lit-prunedpo-bench": Row("lit_prunedpo.bench.cli:main", (BAD_FLAG,),
+    "lit-prunedpo-bench": Row("lit_prunedpo_lab.bench.cli:main", (BAD_FLAG,),
                               lambda out: ["--preset", "quickstart", "--out", str(out)],
                               lambda out: (["--preset", "small", "--quiet", "--out", str(out)], "bench.json")),
     "lit-prunedpo-bench-scaling": Row(
-        "lit_prunedpo.bench.scaling_cli:main", (BAD_FLAG,), lambda out: ["--out", str(out)],
+        "lit_prunedpo_lab.bench.scaling_cli:main", (BAD_FLAG,), lambda out: ["--out", str(out)],
         lambda out: (["--real-shapes-only", "--quiet", "--out", str(out)], "scaling.json")),
     "lit-prunedpo-study": Row(
-        "lit_prunedpo.study.cli:main", (BAD_FLAG,), lambda out: ["--task", "quickstart", "--quick", "--out", str(out)],
+        "lit_prunedpo_lab.study.cli:main", (BAD_FLAG,),
+        lambda out: ["--task", "quickstart", "--quick", "--out", str(out)],
         lambda out: (["--task", "quickstart", "--quick", "--out", str(out)], "progress.jsonl")),
-    "lit-prunedpo-study-map": Row("lit_prunedpo.study.map_cli:main", (BAD_FLAG,),
+    "lit-prunedpo-study-map": Row("lit_prunedpo_lab.study.map_cli:main", (BAD_FLAG,),
                                   lambda out: ["--quick", "--out", str(out)],
                                   lambda out: (["--quick", "--out", str(out)], "progress.jsonl")),
-    "lit-prunedpo-lab": Row("lit_prunedpo.bench.cli:main", ("bench", BAD_FLAG),
+    "lit-prunedpo-lab": Row("lit_prunedpo_lab.bench.cli:main", ("bench", BAD_FLAG),
                             lambda out: ["bench", "--preset", "quickstart", "--out", str(out)],
                             lambda out: (["bench", "--preset", "small", "--quiet", "--out", str(out)], "bench.json"),
                             sub=("bench",)),
     "lit-prunedpo-paper": Row(
-        "lit_prunedpo.study.paper_cli:main", ("cell", "--task", "quickstart", "--out", "x", BAD_FLAG),
+        "lit_prunedpo_lab.study.paper_cli:main", ("cell", "--task", "quickstart", "--out", "x", BAD_FLAG),
         lambda out: ["cell", "--task", "quickstart", "--out", str(out)],
         lambda out: (["cell", "--task", "quickstart", "--quiet", "--out", str(out)], "cell.json")),
 }
 
 
 def entry_points() -> dict[str, str]:
-    """pyproject's ``[project.scripts]``: command -> "module:function"."""
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    """``[project.scripts]`` of the library's pyproject and the lab's (``lab/pyproject.toml``): command ->
+    "module:function"."""
+    found = {}
+    for pyproject in (REPO / "pyproject.toml", REPO / "lab" / "pyproject.toml"):
+        found.update(tomllib.loads(pyproject.read_text())["project"]["scripts"])
+    return found
 
 
 def load(target: str) -> Callable[..., object]:
@@ -106,10 +112,16 @@ def load(target: str) -> Callable[..., object]:
     return getattr(importlib.import_module(module), name)
 
 
-def installed(command: str) -> str:
+def installed(command: str) -> list[str]:
+    """The command line of ``command``: its installed script, or where its distribution is not installed (the lab's,
+    in a checkout where ``.[test]`` installs the library alone) what that script runs, its entry point."""
     path = Path(sys.executable).parent / command
-    assert path.exists(), f"{command} is not installed in this environment: pip install -e . --no-deps"
-    return str(path)
+    if path.exists():
+        return [str(path)]
+    module, _, name = entry_points()[command].partition(":")
+    assert module.startswith("lit_prunedpo_lab."), f"{command} is not installed in this environment: pip install -e ."
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = {command!r}; from {module} import {name}; "
+                                  f"sys.exit({name}())"]
 
 
 def _env() -> dict[str, str]:
@@ -143,7 +155,7 @@ def test_every_entry_point_goes_through_the_runner(command, monkeypatch, capsys)
 @pytest.fixture(scope="module")
 def bad_flag_runs() -> dict[str, subprocess.CompletedProcess]:
     """Every command with its bad flag, side by side (each spends seconds importing)."""
-    started = {c: subprocess.Popen([installed(c), *row.bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    started = {c: subprocess.Popen([*installed(c), *row.bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, env=_env()) for c, row in TABLE.items()}
     return {c: subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate()) for c, p in started.items()}
 
@@ -263,7 +275,7 @@ class Signalled:
 
     def __init__(self, command: str, signum: int, out: Path) -> None:
         self.row, self.signum = TABLE[command], signum
-        self.proc = subprocess.Popen([installed(command), *self.row.work(out)], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*installed(command), *self.row.work(out)], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True,
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.started, self.lines, self.spoke = time.monotonic(), [], threading.Event()

@@ -11,7 +11,8 @@ import sys
 from helpers import REPO
 
 MODULE_LINES, FUNCTION_LINES = 400, 60
-SOURCES = sorted([*(REPO / "lit_prunedpo").rglob("*.py"), *(REPO / "callbacks").rglob("*.py")])
+SOURCES = sorted([*(REPO / "lit_prunedpo").rglob("*.py"), *(REPO / "callbacks").rglob("*.py"),
+                  *(REPO / "lab").rglob("*.py")])
 #: where issue numbers are looked for: the package and everything around it that is code
 CODE = sorted({*SOURCES, *(REPO / "tests").rglob("*.py"), *(REPO / "examples").rglob("*.py"),
                *(REPO / "configs").rglob("*.yaml"), *(REPO / "scripts").iterdir()})

@@ -13,7 +13,8 @@ from pathlib import Path
 from helpers import REPO
 
 #: folder -> the package it ships as (docs/architecture.md, "Packaging: callbacks/ and configs/")
-PACKAGES = {"lit_prunedpo": "lit_prunedpo", "callbacks": "lit_prunedpo.callbacks"}
+PACKAGES = {"lit_prunedpo": "lit_prunedpo", "callbacks": "lit_prunedpo.callbacks",
+            "lab/lit_prunedpo_lab": "lit_prunedpo_lab"}
 
 
 def module_names() -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""The laboratory (``lit_prunedpo.study``, ``lit_prunedpo.bench``) is a client of the library's public API.
+"""The laboratory (``lit_prunedpo_lab.study``, ``lit_prunedpo_lab.bench``) is a client of the library's public API.
 
 Every module of the lab is parsed with ``ast``; every import of ``lit_prunedpo`` counts (top-level, inside a
 function: the lab imports lazily, under ``if TYPE_CHECKING``). From outside its own package (and the lab packages
@@ -73,7 +73,7 @@ def offences(source: str, importer: str, is_package: bool = False,
     allowed_lab = (own, *LAB[own])
     found = []
     for line, module, name in imports(source, importer, is_package):
-        if module.split(".")[0] != "lit_prunedpo":
+        if module.split(".")[0] not in ("lit_prunedpo", "lit_prunedpo_lab"):
             continue
         # the module, or for ``from package import submodule`` the submodule
         targets = [module] if name is None else [module, f"{module}.{name}"]
@@ -95,8 +95,8 @@ def lab_files() -> dict[str, Path]:
     """``{dotted name: file}`` of every module of the lab."""
     out = {}
     for lab in LAB:
-        for path in sorted((REPO / lab.replace(".", "/")).rglob("*.py")):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+        for path in sorted((REPO / "lab" / lab.replace(".", "/")).rglob("*.py")):
+            parts = list(path.relative_to(REPO / "lab").with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = path
@@ -113,7 +113,7 @@ def _fake_names(module: str) -> frozenset[str]:
 
 
 def test_the_check_finds_forbidden_imports():
-    def found(source, importer="lit_prunedpo.study.runner", is_package=False):
+    def found(source, importer="lit_prunedpo_lab.study.runner", is_package=False):
         return [(o.module, o.name) for o in offences(source, importer, is_package, names=_fake_names)]
 
     # a private module, a name a public module does not list, a module import of a private module
@@ -125,23 +125,34 @@ def test_the_check_finds_forbidden_imports():
     assert found("def f():\n    if True:\n        from lit_prunedpo.module import PrunedDPO\n")
     assert found("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lit_prunedpo.module import X\n")
     # the bench may not use the study
-    assert found("from lit_prunedpo.study.curves import time_ratio", "lit_prunedpo.bench.report")
-    assert found("from lit_prunedpo import study", "lit_prunedpo.bench.report")
+    assert found("from lit_prunedpo_lab.study.curves import time_ratio", "lit_prunedpo_lab.bench.report")
+    assert found("from lit_prunedpo_lab import study", "lit_prunedpo_lab.bench.report")
     # public names, public modules, the lab's own modules (relative ones too), the study's use of the bench
     assert not found("from lit_prunedpo import PrunedDPO\nfrom lit_prunedpo.step.plan import plan_step\n"
                      "import lit_prunedpo.step.plan\nimport torch\nfrom lit_prunedpo.step import plan")
-    assert not found("from lit_prunedpo.study.arms import Arm\nfrom .curves import time_ratio\nfrom . import memory")
-    assert not found("from lit_prunedpo.bench import cost\nfrom lit_prunedpo.bench.cost import ModelDims")
-    assert not found("from .cost import ModelDims", "lit_prunedpo.bench", is_package=True)
+    assert not found("from lit_prunedpo_lab.study.arms import Arm\nfrom .curves import time_ratio\n"
+                     "from . import memory")
+    assert not found("from lit_prunedpo_lab.bench import cost\nfrom lit_prunedpo_lab.bench.cost import ModelDims")
+    assert not found("from .cost import ModelDims", "lit_prunedpo_lab.bench", is_package=True)
 
 
 def test_the_lab_imports_only_the_public_api():
     files = lab_files()
-    assert {"lit_prunedpo.study.runner", "lit_prunedpo.bench.harness"} <= set(files)  # the scan sees the lab
+    assert {"lit_prunedpo_lab.study.runner", "lit_prunedpo_lab.bench.harness"} <= set(files)  # the scan sees the lab
     seen = list(lab_offences())
-    assert not seen, "the lab (lit_prunedpo.study, lit_prunedpo.bench) imports beyond the public API " \
+    assert not seen, "the lab (lit_prunedpo_lab.study, lit_prunedpo_lab.bench) imports beyond the public API " \
         "(lit_prunedpo/public_api.py says the rule):\n" + "\n".join(
             f"  {path.relative_to(REPO)}:{o.line}: {o.module} {o.name or '(module)'}: {o.why}" for path, o in seen)
+
+
+def test_the_library_imports_nothing_of_the_lab():
+    """The lab is its own distribution (``lab/``): what a user installs to train never imports it, not even lazily."""
+    seen = [f"{path.relative_to(REPO)}:{i.line}: {i.module}"
+            for folder in ("lit_prunedpo", "callbacks") for path in sorted((REPO / folder).rglob("*.py"))
+            for i in imports(path.read_text(), f"lit_prunedpo.{path.stem}", path.name == "__init__.py")
+            if i.module.split(".")[0] == "lit_prunedpo_lab"]
+    assert not seen, "the library imports the lab:\n" + "\n".join(seen)
+    assert not (REPO / "lit_prunedpo" / "study").exists() and not (REPO / "lit_prunedpo" / "bench").exists()
 
 
 def test_the_lab_uses_the_public_api():

@@ -67,9 +67,29 @@ def test_every_module_and_config_is_in_the_wheel(wheel):
 
 
 def test_nothing_lands_outside_the_package(wheel):
-    # top-level "callbacks" or "configs" packages in site-packages would clash with any other project's
+    # top-level "callbacks" or "configs" packages in site-packages would clash with any other project's; and the lab
+    # is its own distribution: what a user installs to train holds none of it
     top = {name.split("/")[0] for name in wheel}
     assert {t for t in top if not t.endswith(".dist-info")} == {"lit_prunedpo"}
+    assert not any(name.startswith(("lit_prunedpo/study/", "lit_prunedpo/bench/")) for name in wheel)
+
+
+def test_the_lab_is_a_wheel_of_its_own_with_every_module(tmp_path):
+    """``lab/`` builds ``lit-prunedpo-lab``: the package ``lit_prunedpo_lab`` with every module on disk, nothing
+    else, requiring the library it measures."""
+    src, out = tmp_path / "lab", tmp_path / "dist"
+    shutil.copytree(REPO / "lab", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (path,) = out.glob("lit_prunedpo_lab-*.whl")
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist")]
+    on_disk = {p.relative_to(REPO / "lab").as_posix() for p in (REPO / "lab" / "lit_prunedpo_lab").rglob("*.py")}
+    assert {n for n in names if ".dist-info/" not in n} == on_disk and len(on_disk) > 45
+    assert "Requires-Dist: lit-prunedpo==0.1.0" in requires
 
 
 # --- a source checkout maps the two folders itself (docs/architecture.md, "Packaging: callbacks/ and configs/") ----

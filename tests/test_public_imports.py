@@ -10,7 +10,12 @@ from pathlib import Path
 from helpers import REPO
 
 # installed package -> source folder (docs/architecture.md, "Packaging: callbacks/ and configs/")
-FOLDERS = {"lit_prunedpo": REPO / "lit_prunedpo", "lit_prunedpo.callbacks": REPO / "callbacks"}
+FOLDERS = {"lit_prunedpo": REPO / "lit_prunedpo", "lit_prunedpo.callbacks": REPO / "callbacks",
+           "lit_prunedpo_lab": REPO / "lab" / "lit_prunedpo_lab"}
+
+
+#: the top-level packages whose private names are checked: the library and the lab
+ROOTS = ("lit_prunedpo", "lit_prunedpo_lab")
 
 
 def module_name(path: Path) -> str:
@@ -47,13 +52,13 @@ def private_imports(source: str, importer: str, is_package: bool = False) -> lis
         else:
             continue
         for target in targets:
-            if target.split(".")[0] != "lit_prunedpo":
+            if target.split(".")[0] not in ROOTS:
                 continue
             parts = target.split(".")
             for i, part in enumerate(parts):
                 owner = ".".join(parts[:i])
                 # the private part's owner must be the importer's own package (or the importer itself)
-                if _private(part) and not (here == owner or here.startswith(owner + ".") and owner != "lit_prunedpo"
+                if _private(part) and not (here == owner or here.startswith(owner + ".") and owner not in ROOTS
                                            or importer == owner):
                     found.append(target)
                     break
@@ -62,15 +67,15 @@ def private_imports(source: str, importer: str, is_package: bool = False) -> lis
 
 def test_scan_finds_private_imports():
     assert private_imports("from lit_prunedpo.callbacks._memory import PeakMemoryMeter",
-                           "lit_prunedpo.bench.harness") == ["lit_prunedpo.callbacks._memory.PeakMemoryMeter"]
-    assert private_imports("from lit_prunedpo.callbacks import _memory", "lit_prunedpo.study.runner")
-    assert private_imports("from lit_prunedpo.bench.presets import _llama", "lit_prunedpo.study.map_tasks")
+                           "lit_prunedpo_lab.bench.harness") == ["lit_prunedpo.callbacks._memory.PeakMemoryMeter"]
+    assert private_imports("from lit_prunedpo.callbacks import _memory", "lit_prunedpo_lab.study.runner")
+    assert private_imports("from lit_prunedpo_lab.bench.presets import _llama", "lit_prunedpo_lab.study.map_tasks")
     assert private_imports("import lit_prunedpo.data._x", "lit_prunedpo.module")
     # a package's modules share its private names; public names are fine anywhere
     assert not private_imports("from . import _memory", "lit_prunedpo.callbacks.peak_memory")
     assert not private_imports("from lit_prunedpo.callbacks._memory import MB", "lit_prunedpo.callbacks.peak_memory")
     assert not private_imports("from ._memory import PeakMemoryMeter", "lit_prunedpo.callbacks", is_package=True)
-    assert not private_imports("from lit_prunedpo.callbacks import PeakMemoryMeter", "lit_prunedpo.bench.harness")
+    assert not private_imports("from lit_prunedpo.callbacks import PeakMemoryMeter", "lit_prunedpo_lab.bench.harness")
 
 
 def test_no_module_imports_another_packages_private_names():

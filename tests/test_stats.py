@@ -1,5 +1,5 @@
 """The shared statistics: the paired-round ratio interval the benchmark reports (the bootstrap itself is tested with
-the study's curves, tests/study/test_curves.py)."""
+the study's curves, tests/lab/study/test_curves.py)."""
 
 from __future__ import annotations
 

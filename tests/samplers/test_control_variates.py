@@ -330,7 +330,7 @@ def test_the_whole_head_runs_on_the_drawn_positions_only(scorer):
 
 
 def test_the_cost_model_counts_the_drawn_head_and_every_target_logit():
-    from lit_prunedpo.bench import cost
+    from lit_prunedpo_lab.bench import cost
 
     batch = make_batch([3, 2], [12, 9], [10, 14], seed=8)
     dims = cost.ModelDims(body_params=1000, hidden_size=8, vocab_size=100, num_layers=1, attention_dim=8)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lit_prunedpo import PrunedDPO
-from lit_prunedpo.bench import cost
+from lit_prunedpo_lab.bench import cost
 from lit_prunedpo.step.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
 from lit_prunedpo.layout import PackedGroup, LeftPaddedGroup, LeftPaddedLayout, PairLengths, SharedPromptLayout
 from lit_prunedpo.step.plan import plan_step

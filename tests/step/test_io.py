@@ -42,7 +42,8 @@ def test_the_old_names_are_the_modules_that_moved():
 
 def test_the_package_itself_no_longer_imports_an_old_name():
     # the library and its lab load without touching the old names (they would warn every user otherwise)
-    code = ("import sys, lit_prunedpo, lit_prunedpo.module, lit_prunedpo.bench.harness, lit_prunedpo.study.runner, "
+    code = ("import sys, lit_prunedpo, lit_prunedpo.module, lit_prunedpo_lab.bench.harness, "
+            "lit_prunedpo_lab.study.runner, "
             f"lit_prunedpo.callbacks; sys.exit(sorted(set({sorted(MOVED)!r}) & set(sys.modules)) or 0)")
     done = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
