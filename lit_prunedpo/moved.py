@@ -1,7 +1,8 @@
 """Modules that moved into the room folders (``docs/house.md``): their old import names still work, with a
 FutureWarning naming the new one, until the release after 0.1.0.
 
-Only the public modules (``public_api.PUBLIC_MODULES``) are kept here: the others were never promised. The old name
+Only the public modules (``public_api.PUBLIC_MODULES``) are kept here, the others were never promised, and the
+console scripts' module, which an install made before the move still names. The old name
 is the new module itself (``sys.modules`` maps both to one object), so a class imported either way is the same class
 and ``isinstance`` agrees.
 """
@@ -21,6 +22,9 @@ MOVED: dict[str, str] = {
     "lit_prunedpo.execute": "lit_prunedpo.step.execute",
     "lit_prunedpo.estimate": "lit_prunedpo.step.estimate",
     "lit_prunedpo.step_io": "lit_prunedpo.step.io",
+    # not public, but the console scripts of an install made before the move import it: they keep working (with
+    # the warning) until the package is installed again
+    "lit_prunedpo.console": "lit_prunedpo.cli.console",
 }
 
 

@@ -52,7 +52,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     # a full disk's errors, named as such
     "lit_prunedpo.full_disk",
     # the one runner of every command (Ctrl-C, SIGTERM, a full disk, errors in one line): the lab's commands use it
-    "lit_prunedpo.user_errors",
+    "lit_prunedpo.cli.user_errors",
 )
 
 #: the lab's packages (``lab/``, its own distribution) -> the lab packages each may import besides itself, the

@@ -96,7 +96,7 @@ def test_the_lab_is_a_wheel_of_its_own_with_every_module(tmp_path):
 
 #: prints where each of the package's parts came from, one per line
 WHERE = ("import sys, lit_prunedpo, lit_prunedpo.callbacks, lit_prunedpo.configs.modes;"
-         "from lit_prunedpo.shipped_configs import configs_folder;"
+         "from lit_prunedpo.cli.packaged_configs import configs_folder;"
          "print(lit_prunedpo.__file__, lit_prunedpo.callbacks.__file__, configs_folder(),"
          " *lit_prunedpo.configs.modes.__path__, type(sys.meta_path[0]).__name__, sep='\\n')")
 
@@ -177,7 +177,7 @@ def test_every_shipped_config_is_found_by_its_name(name, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("folder", ["repo", "empty"])
 def test_a_renamed_configs_old_name_runs_the_new_file_and_says_so(folder, tmp_path, monkeypatch):
-    from lit_prunedpo.shipped_configs import RENAMED, resolve_config
+    from lit_prunedpo.cli.packaged_configs import RENAMED, resolve_config
 
     monkeypatch.chdir(REPO if folder == "repo" else tmp_path)  # the checkout no longer holds the old file either
     for old, new in RENAMED.items():
@@ -249,9 +249,9 @@ def test_the_configs_command_lists_and_copies(tmp_path, monkeypatch, capsys):
 def test_configs_copy_onto_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch, capsys):
     import errno
 
-    from lit_prunedpo import shipped_configs
+    from lit_prunedpo.cli import packaged_configs
     from lit_prunedpo.cli import main
-    from lit_prunedpo.user_errors import run_command
+    from lit_prunedpo.cli.user_errors import run_command
 
     real = shutil.copyfile
 
@@ -261,7 +261,7 @@ def test_configs_copy_onto_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_p
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(source, dest)
 
-    monkeypatch.setattr(shipped_configs.shutil, "copyfile", full_at_auto_pruning)
+    monkeypatch.setattr(packaged_configs.shutil, "copyfile", full_at_auto_pruning)
     with pytest.raises(SystemExit) as stop:
         run_command(lambda: main(["configs", "--copy", str(tmp_path / "c")]))
     err = capsys.readouterr().err.strip()

@@ -30,7 +30,7 @@ LIGHT = {
     "-m lit_prunedpo": ["-m", "lit_prunedpo"],  # no subcommand: LightningCLI's error, from the light parser
     "-m lit_prunedpo export --help": ["-m", "lit_prunedpo", "export", "--help"],
     "-m lit_prunedpo configs": ["-m", "lit_prunedpo", "configs"],
-    "-m lit_prunedpo fit --help": ["-m", "lit_prunedpo", "fit", "--help"],  # the brief help (lit_prunedpo.fit_help)
+    "-m lit_prunedpo fit --help": ["-m", "lit_prunedpo", "fit", "--help"],  # the brief help (lit_prunedpo.cli.fit_help)
 }
 
 

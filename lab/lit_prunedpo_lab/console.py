@@ -1,4 +1,5 @@
-"""The laboratory's console commands, each through the library's runner (:func:`lit_prunedpo.user_errors.run_command`).
+"""The laboratory's console commands, each through the library's runner
+(:func:`lit_prunedpo.cli.user_errors.run_command`).
 
 ``lit-prunedpo-lab {bench,scaling,study,map,paper}`` is the lab's one door (:func:`lab`); each subcommand is the
 command of the same job, which stays installed under its own name (``lit-prunedpo-bench``, ...) because the
@@ -9,11 +10,16 @@ package's own errors in one line, with what the command kept; each function impo
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Sequence
 
-from lit_prunedpo.user_errors import run_command
+from lit_prunedpo.cli.user_errors import run_command
 
 __all__ = ["LAB", "bench", "bench_scaling", "lab", "paper", "study", "study_map"]
+
+#: the lab's package: its own checks' errors (a missing data file, a refused folder) end in one line, like the
+#: library's, not in a traceback
+OWN = (Path(__file__).resolve().parent,)
 
 
 def _option(name: str, argv: Sequence[str] | None = None) -> str | None:
@@ -40,8 +46,8 @@ def bench() -> object:
 
         return main()
 
-    return run_command(main, kept="nothing was written (the report is written once every configuration is "
-                                  "measured); run the command again")
+    return run_command(main, own=OWN, kept="nothing was written (the report is written once every configuration "
+                                            "is measured); run the command again")
 
 
 def bench_scaling() -> object:
@@ -51,8 +57,8 @@ def bench_scaling() -> object:
 
         return main()
 
-    return run_command(main, kept="nothing was written (the report is written once every point is measured); run "
-                                  "the command again")
+    return run_command(main, own=OWN, kept="nothing was written (the report is written once every point is "
+                                            "measured); run the command again")
 
 
 def study() -> object:
@@ -62,7 +68,7 @@ def study() -> object:
 
         return main()
 
-    return run_command(main, kept=lambda: (
+    return run_command(main, own=OWN, kept=lambda: (
         f"{_in_out('progress.jsonl')} keeps what was measured so far (a study does not resume: run it again with "
         "--overwrite to replace it)" if _option("--out") else "nothing was written (no --out)"))
 
@@ -74,7 +80,7 @@ def study_map() -> object:
 
         return main()
 
-    return run_command(main, kept=lambda: (
+    return run_command(main, own=OWN, kept=lambda: (
         f"{_in_out('cells/')} keeps the finished cells; rerun the same command with --resume to continue"
         if _option("--out") and "--plan-only" not in sys.argv else "nothing was written"))
 
@@ -91,7 +97,7 @@ def paper() -> object:
             return "the reports are written whole (each file or none of it); run the command again"
         return f"{_in_out('records.jsonl')} keeps finished designs; rerun with --resume to continue"
 
-    return run_command(main, kept=kept)
+    return run_command(main, own=OWN, kept=kept)
 
 
 #: ``lit-prunedpo-lab``'s subcommands: subcommand -> (the command of the same job, its entry point, what it does)

@@ -9,7 +9,7 @@
   back once Lightning has restored the optimizer and scheduler (at train start).
 
 Beside it, :func:`save_policy_state` writes what an export needs besides the weights
-(:func:`lit_prunedpo.policy_checkpoint.policy_metadata`); a LoRA policy's checkpoint holds its adapters only
+(:func:`lit_prunedpo.export.policy.policy_metadata`); a LoRA policy's checkpoint holds its adapters only
 (``lit_prunedpo.lora``). :func:`load_policy_state` checks the checkpoint against the policy and rebuilds a LoRA
 base from its source, before Lightning loads the weights.
 """
@@ -65,7 +65,7 @@ def save_policy_state(checkpoint: dict[str, Any], policy: nn.Module, source: Any
     under FSDP2 (``sharded``), whose sharded checkpoint keeps the base (Lightning's sharded loader asks for every
     key)."""
     from lit_prunedpo.lora import drop_frozen, is_peft_model
-    from lit_prunedpo.policy_checkpoint import policy_metadata
+    from lit_prunedpo.export.policy import policy_metadata
 
     checkpoint["policy"] = policy_metadata(policy, source)
     if is_peft_model(policy) and not sharded:
@@ -76,7 +76,7 @@ def load_policy_state(checkpoint: dict[str, Any], policy: nn.Module, source: Any
     """Check ``checkpoint`` (read from ``where``) against ``policy`` (another model type, LoRA against a full model,
     another size: one line before Lightning's lists of keys) and rebuild a LoRA base from ``source``."""
     from lit_prunedpo.lora import restore_base
-    from lit_prunedpo.policy_checkpoint import check_resumed_policy
+    from lit_prunedpo.export.policy import check_resumed_policy
 
     check_resumed_policy(checkpoint, policy, where)
     restore_base(checkpoint, policy, source, where=where)

@@ -30,5 +30,5 @@ def test_ddp_with_too_few_rows_ends_with_the_clear_error_on_every_rank(tmp_path)
     assert out.returncode != 0 and "Connection closed" not in log, log[-3000:]
     assert out.stderr.strip().splitlines()[-1].endswith(message), log[-3000:]
     assert log.count(message) == 2, log[-3000:]  # rank 0 and rank 1
-    assert "Traceback" not in log  # the package's own check: its line alone (lit_prunedpo.user_errors)
+    assert "Traceback" not in log  # the package's own check: its line alone (lit_prunedpo.cli.user_errors)
     assert "reduce_op" not in log  # torch's deprecation warning, from destroy_process_groups' sweep at exit

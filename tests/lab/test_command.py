@@ -63,3 +63,26 @@ def test_each_subcommand_names_the_installed_command_of_its_entry_point():
     assert lab["lit-prunedpo-lab"] == "lit_prunedpo_lab.console:lab"
     library = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
     assert not set(library) & set(lab), "a command installed by both distributions"
+
+
+def test_the_labs_own_errors_end_in_one_line_not_a_traceback(monkeypatch, capsys):
+    """The lab's checks are raised in its own package, not the library's: its commands name that package to the
+    runner, so a lab check's error (here the map's spec check, reached from the map command) is one ``error:``
+    line, status 1, as a library command's would be; a library runner without ``own`` keeps the traceback."""
+    from lit_prunedpo.cli.user_errors import user_error_line
+    from lit_prunedpo_lab.study import map_cli
+    from lit_prunedpo_lab.study.map_spec import parse_spec
+
+    def bad_spec():
+        parse_spec({"modes": ["position"], "blocks": [{"task": "generated", "head_share": 2.0}]})
+
+    monkeypatch.setattr(map_cli, "main", bad_spec)
+    monkeypatch.setattr(sys, "argv", ["lit-prunedpo-study-map"])
+    monkeypatch.delenv("LIT_PRUNEDPO_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        console.study_map()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 1 and len(err) == 1 and err[0].startswith("error: ") and "head_share" in err[0], err
+    with pytest.raises(ValueError) as raised:
+        bad_spec()
+    assert user_error_line(raised.value) is None and user_error_line(raised.value, console.OWN) == err[0][7:]

@@ -197,7 +197,7 @@ def test_the_shipped_caches_are_named_by_their_fingerprint(config):
 
 
 def test_the_cache_command_prints_the_file_fit_reuses(tmp_path, monkeypatch, capsys, builds):
-    from lit_prunedpo.cache_cli import main
+    from lit_prunedpo.cli.cache import main
 
     monkeypatch.chdir(tmp_path)  # the shipped template is relative: runs/cache/ under the working directory
     args = ["--config", str(REPO / "configs/cached.yaml"), "--data.init_args.max_rows=64",

@@ -325,7 +325,7 @@ def test_cache_command_builds_ahead_and_fit_reuses_it(tiny_gpt2, tmp_path, build
     cache = tmp_path / "hh.safetensors"
     args = hh_args(tiny_gpt2, tmp_path, cache)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "lit_prunedpo.cache_cli", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "lit_prunedpo.cli.cache", *args], capture_output=True, text=True,
                          cwd=REPO, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "built: 64 pairs" in out.stdout and cache.is_file()
@@ -337,7 +337,7 @@ def test_cache_command_builds_ahead_and_fit_reuses_it(tiny_gpt2, tmp_path, build
 
 
 def test_cache_command_refuses_a_config_without_a_cached_reference(tmp_path):
-    from lit_prunedpo.cache_cli import main
+    from lit_prunedpo.cli.cache import main
 
     with pytest.raises(SystemExit, match="not lit_prunedpo.reference.CachedReference"):
         main(["--config", str(REPO / "configs/quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"])

@@ -174,7 +174,7 @@ def test_a_cache_written_before_the_log_sum_exps_serves_every_other_estimator_an
 
 
 def test_the_cache_command_says_when_a_reused_file_has_no_log_sum_exps(tmp_path, capsys):
-    from lit_prunedpo.cache_cli import main
+    from lit_prunedpo.cli.cache import main
 
     path = tmp_path / "ref.safetensors"
     args = ["--config", str(REPO / "configs/cached.yaml"), f"--model.reference.init_args.path={path}",

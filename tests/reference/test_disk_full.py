@@ -95,7 +95,7 @@ def full_tmpfs(tmpfs):
 
 
 def test_the_cache_command_on_a_full_disk_ends_with_one_line_naming_the_file(full_tmpfs, tmp_path):
-    from lit_prunedpo.cache_cli import main
+    from lit_prunedpo.cli.cache import main
 
     path = full_tmpfs / "ref.safetensors"
     with pytest.raises(SystemExit, match=rf"^lit-prunedpo-cache: reference cache {re.escape(str(path))}: disk full "

@@ -5,7 +5,7 @@ template), so ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.
 it in any inference stack; the tokenizer's BOS, EOS and PAD ids are written into ``config.json`` and
 ``generation_config.json`` (a randomly initialised model's config carries its class's defaults). The checkpoint
 (a single-file Lightning checkpoint or an FSDP2 folder of shards) is read, and the policy rebuilt from what
-``PrunedDPO.on_save_checkpoint`` recorded of it, by :mod:`lit_prunedpo.policy_checkpoint`. A LoRA policy is
+``PrunedDPO.on_save_checkpoint`` recorded of it, by :mod:`lit_prunedpo.export.policy`. A LoRA policy is
 exported merged (full weights, ``merge_and_unload``) or as peft's adapter folder (``adapter_config.json`` +
 ``adapter_model.safetensors``, plus ``base/`` when the base is no hub model or folder, so that
 ``AutoPeftModelForCausalLM`` finds it), as asked. A LoRA base folder that is gone since training (moved or deleted)
@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 # torch, and lit_prunedpo.hub / .models (which import torch and lightning), are imported where they are used:
 # `lit-prunedpo export --help` reads only the signature of `export` (tests/test_startup.py)
+from lit_prunedpo.export.policy import load_policy, policy_metadata, read_checkpoint
+from lit_prunedpo.export.prompt_ids import match_plain_call, prompt_inputs, trained_with_bos
+from lit_prunedpo.export.whole_folder import MARKER, WriteTracker, move_into_place, remove
 from lit_prunedpo.full_disk import DiskFull, describe_full, disk_full_errno
-from lit_prunedpo.policy_checkpoint import load_policy, policy_metadata, read_checkpoint
-from lit_prunedpo.prompt_ids import match_plain_call, prompt_inputs, trained_with_bos
-from lit_prunedpo.whole_folder import MARKER, WriteTracker, move_into_place, remove
 
 if TYPE_CHECKING:
     from torch import nn
 
-# load_policy, policy_metadata and read_checkpoint (lit_prunedpo.policy_checkpoint) are public here too
+# load_policy, policy_metadata and read_checkpoint (lit_prunedpo.export.policy) are public here too
 __all__ = ["align_special_tokens", "check_vocabulary", "export", "load_policy", "main", "policy_metadata",
            "read_checkpoint"]
 

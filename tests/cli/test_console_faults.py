@@ -1,7 +1,7 @@
 """The fault table: every console command of the pyprojects' ``[project.scripts]`` (the library's, the lab's) ends
 the same way on the same faults.
 
-All of them go through one runner (:func:`lit_prunedpo.user_errors.run_command`); each row of :data:`TABLE` drives
+All of them go through one runner (:func:`lit_prunedpo.cli.user_errors.run_command`); each row of :data:`TABLE` drives
 one installed command: a bad flag (exit 2, one ``error:`` line naming it), Ctrl-C and SIGTERM while it sets up real
 work (exit 130 / 143, one ``interrupted (...)`` line, no traceback), and a full disk at its output file (exit 1, one
 line naming the file, nothing half-written left). A command added to pyproject without a row fails
@@ -38,7 +38,7 @@ import pytest
 from helpers import REPO
 
 from lit_prunedpo.full_disk import DiskFull
-from lit_prunedpo.user_errors import Terminated, run_command
+from lit_prunedpo.cli.user_errors import Terminated, run_command
 
 BAD_FLAG = "--no-such-flag"
 INTERRUPTED = re.compile(r"^interrupted \((Ctrl-C|SIGTERM)\)", re.MULTILINE)
@@ -72,7 +72,7 @@ TABLE: dict[str, Row] = {
     "lit-prunedpo": Row("lit_prunedpo.cli:main", ("fit", BAD_FLAG),
                         lambda out: ["fit", "--config", QUICKSTART, f"--trainer.default_root_dir={out}"],
                         lambda out: (["configs", "--copy", str(out)], "quickstart.yaml")),
-    "lit-prunedpo-cache": Row("lit_prunedpo.cache_cli:main", (BAD_FLAG,), _cache_args,
+    "lit-prunedpo-cache": Row("lit_prunedpo.cli.cache:main", (BAD_FLAG,), _cache_args,
                               lambda out: ([*_cache_args(out), "--data.init_args.max_rows=64"], "ref.safetensors")),
     "lit-prunedpo-bench": Row("lit_prunedpo_lab.bench.cli:main", (BAD_FLAG,),
                               lambda out: ["--preset", "quickstart", "--out", str(out)],
@@ -422,7 +422,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_half_file(command
 def test_a_signal_while_an_interrupted_command_exits_does_not_kill_it():
     # a second Ctrl-C that comes while the interpreter ends (torch's teardown takes a while) ended the process by
     # SIGINT's default action (status -2) or with a KeyboardInterrupt traceback, instead of the first one's 130
-    code = ("import atexit, os, signal, time\nfrom lit_prunedpo.user_errors import run_command\n"
+    code = ("import atexit, os, signal, time\nfrom lit_prunedpo.cli.user_errors import run_command\n"
             "def late():\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.2)\n    print('survived')\n"
             "atexit.register(late)\n"
             "def main():\n    raise KeyboardInterrupt\n"

@@ -1,4 +1,4 @@
-"""The console commands of ``[project.scripts]``, each run through :func:`lit_prunedpo.user_errors.run_command`.
+"""The console commands of ``[project.scripts]``, each run through :func:`lit_prunedpo.cli.user_errors.run_command`.
 
 One runner for all of them, so that no command forgets a case: Ctrl-C and SIGTERM end with one line saying that the
 command was interrupted, what it kept and how to continue (exit 130 / 143), a full disk with one line naming the file
@@ -11,7 +11,7 @@ are the lab's own distribution's (``lab/``, :mod:`lit_prunedpo_lab.console`), ru
 
 from __future__ import annotations
 
-from lit_prunedpo.user_errors import run_command
+from lit_prunedpo.cli.user_errors import run_command
 
 __all__ = ["cache", "lit_prunedpo"]
 
@@ -33,9 +33,9 @@ def lit_prunedpo() -> object:
 
 
 def cache() -> object:
-    """``lit-prunedpo-cache``: :func:`lit_prunedpo.cache_cli.main`."""
+    """``lit-prunedpo-cache``: :func:`lit_prunedpo.cli.cache.main`."""
     def main() -> object:
-        from lit_prunedpo.cache_cli import main
+        from lit_prunedpo.cli.cache import main
 
         return main()
 

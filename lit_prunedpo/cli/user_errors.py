@@ -1,9 +1,10 @@
 """How every console command ends: one line, not a traceback, for what a user's input or situation causes.
 
 :func:`run_command` runs a command's ``main``; every entry point of ``[project.scripts]`` goes through it
-(``lit-prunedpo``: :func:`lit_prunedpo.cli.command`; the others: :mod:`lit_prunedpo.console`):
+(``lit-prunedpo``: :func:`lit_prunedpo.cli.command`; the others: :mod:`lit_prunedpo.cli.console`):
 
-- an error of the package's own checks (:func:`raised_here`: raised by a frame of this package, of an ordinary kind,
+- an error of the package's own checks (:func:`raised_here`: raised by a frame of this package, or of the folders a
+  command names as its own (the lab's commands: the lab's package), of an ordinary kind,
   ``ValueError``, ``OSError``, ...), whose message says what is wrong and what to do: ``error: <message>``, exit 1
   (printed under a 30-line traceback of Lightning's and jsonargparse's frames it would be the last line of a screen);
 - a full disk (``ENOSPC``, ``EFBIG``: :mod:`lit_prunedpo.full_disk`), wherever it was raised: ``error: cannot write
@@ -28,7 +29,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from lit_prunedpo.full_disk import describe_full, disk_full_errno
 
@@ -60,15 +61,16 @@ def _innermost(tb: TracebackType | None) -> str | None:
     return None if tb is None else tb.tb_frame.f_code.co_filename
 
 
-def raised_here(err: BaseException) -> bool:
-    """Whether ``err`` is of a :data:`USER_ERROR_TYPES` kind and was raised by a frame of this package."""
+def raised_here(err: BaseException, own: Sequence[Path] = ()) -> bool:
+    """Whether ``err`` is of a :data:`USER_ERROR_TYPES` kind and was raised by a frame of this package (or of a
+    folder in ``own``: a client's package whose checks speak to the user the same way)."""
     if not isinstance(err, USER_ERROR_TYPES):
         return False
     where = _innermost(err.__traceback__)
     if where is None:
         return False
     path = Path(where).resolve()
-    return any(path.is_relative_to(folder) for folder in _package_folders())
+    return any(path.is_relative_to(Path(folder).resolve()) for folder in (*_package_folders(), *own))
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
@@ -140,18 +142,20 @@ def _full_disk_line(err: BaseException, code: int) -> str:
     return f"{describe_full(code)}: {text}"
 
 
-def user_error_line(err: Exception) -> str | None:
-    """The one line ``err`` is said in (after ``error: ``), or None when it keeps its traceback."""
+def user_error_line(err: Exception, own: Sequence[Path] = ()) -> str | None:
+    """The one line ``err`` is said in (after ``error: ``), or None when it keeps its traceback (``own``: as in
+    :func:`raised_here`)."""
     code = disk_full_errno(err)
     if code is not None:
         return _full_disk_line(err, code)
-    return str(err) if raised_here(err) else None
+    return str(err) if raised_here(err, own) else None
 
 
-def run_command(main: Callable[[], object], kept: Kept = None) -> object:
+def run_command(main: Callable[[], object], kept: Kept = None, own: Sequence[Path] = ()) -> object:
     """Run a command's ``main`` and return what it returns (an exit status, or None), ending it as the module says:
-    ``error: ...`` lines for the package's own errors and a full disk, the interrupted line (with ``kept``) for
-    Ctrl-C and SIGTERM; other errors propagate with their traceback (exit status 1)."""
+    ``error: ...`` lines for the package's own errors (and those of the folders in ``own``, a client's package such
+    as the lab's) and a full disk, the interrupted line (with ``kept``) for Ctrl-C and SIGTERM; other errors
+    propagate with their traceback (exit status 1)."""
     tracebacks = os.environ.get("LIT_PRUNEDPO_TRACEBACK") == "1"
     with _signals_handled():
         try:
@@ -169,7 +173,7 @@ def run_command(main: Callable[[], object], kept: Kept = None) -> object:
                 raise
             _interrupted(interrupt, kept)
         except Exception as err:  # noqa: BLE001 - sorted below; anything else is re-raised as it came
-            line = None if tracebacks else user_error_line(err)
+            line = None if tracebacks else user_error_line(err, own)
             if line is None:
                 raise
             print(f"error: {line}", file=sys.stderr)

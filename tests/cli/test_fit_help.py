@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from lit_prunedpo.cli import main
-from lit_prunedpo.fit_help import OPTIONS, brief_help
-from lit_prunedpo.shipped_configs import quickstart_config
+from lit_prunedpo.cli.fit_help import OPTIONS, brief_help
+from lit_prunedpo.cli.packaged_configs import quickstart_config
 
 #: a value for each option of the brief help, as a user would write it
 VALUES = {

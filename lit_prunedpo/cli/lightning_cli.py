@@ -41,8 +41,8 @@ from lit_prunedpo.checkpoint import (
     checkpoint_problem, claim_checkpoint_folder, claim_log_version, continue_run_folder, install_atomic_io,
     lock_checkpoint_dirs, release_empty_claims, resolve_resume,
 )
-from lit_prunedpo.cli_help import add_own_commands
-from lit_prunedpo.shipped_configs import overlay_error
+from lit_prunedpo.cli.top_level import add_own_commands
+from lit_prunedpo.cli.packaged_configs import overlay_error
 from lit_prunedpo.model_tokenizer import check_model_tokenizer
 from lit_prunedpo.models import fill_vocab_size
 

@@ -67,7 +67,7 @@ def test_only_errors_raised_by_the_package_are_shortened():
     import torch
 
     from lit_prunedpo.optim import WarmupCosineLR
-    from lit_prunedpo.user_errors import raised_here
+    from lit_prunedpo.cli.user_errors import raised_here
 
     def caught(fn):
         try:
@@ -84,7 +84,7 @@ def test_only_errors_raised_by_the_package_are_shortened():
 
 
 def test_ctrl_c_outside_a_fit_ends_with_one_line_and_status_130(capsys, monkeypatch):
-    from lit_prunedpo.user_errors import run_command
+    from lit_prunedpo.cli.user_errors import run_command
 
     def interrupted():
         raise KeyboardInterrupt

@@ -33,7 +33,7 @@ from lit_prunedpo.full_disk import DiskFull
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``lit-prunedpo-cache`` and ``python -m lit_prunedpo.cache_cli``.
+    """Entry point of ``lit-prunedpo-cache`` and ``python -m lit_prunedpo.cli.cache``.
 
     Args:
         args: the ``fit`` arguments without the subcommand (``--config X.yaml`` and overrides); default

@@ -13,9 +13,9 @@ that file).
 
 Start-up: this module imports neither torch nor lightning (nor the package's modules that do) at its top. The
 command's own help (``lit-prunedpo --help``, from a parser of the same shape as LightningCLI's:
-:func:`~lit_prunedpo.cli_help.top_level_parser`), ``export --help`` and ``configs`` answer without them;
+:func:`~lit_prunedpo.cli.top_level.top_level_parser`), ``export --help`` and ``configs`` answer without them;
 LightningCLI, and with it lightning, is imported when a Trainer subcommand runs (``fit --help`` included: its options
-are the Trainer's and the model's). ``PrunedDPOCLI`` (:mod:`lit_prunedpo.lightning_cli`) is imported then too
+are the Trainer's and the model's). ``PrunedDPOCLI`` (:mod:`lit_prunedpo.cli.lightning_cli`) is imported then too
 (:func:`cli_class`; ``lit_prunedpo.cli.PrunedDPOCLI`` still names it).
 """
 
@@ -27,8 +27,8 @@ import traceback
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from lit_prunedpo.cli_help import DESCRIPTION, top_level_parser
-from lit_prunedpo.shipped_configs import (  # noqa: F401 - quickstart_config, resolve_config, shipped_configs: public here too
+from lit_prunedpo.cli.top_level import DESCRIPTION, top_level_parser
+from lit_prunedpo.cli.packaged_configs import (  # noqa: F401 - quickstart_config, resolve_config, shipped_configs: public here too
     configs_main, quickstart_config, resolve_config, resolve_config_args, shipped_configs,
 )
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 def cli_class() -> type[LightningCLI]:
     """``PrunedDPOCLI``, imported at its first use: its base class, LightningCLI, imports lightning (and torch), which
     the command's help, ``export`` and ``configs`` do without."""
-    from lit_prunedpo.lightning_cli import PrunedDPOCLI
+    from lit_prunedpo.cli.lightning_cli import PrunedDPOCLI
 
     return PrunedDPOCLI
 
@@ -124,7 +124,7 @@ def main(args: list[str] | None = None) -> None:
         return export_main(given[1:])
     if given[:1] == ["configs"]:
         return configs_main(given[1:])
-    from lit_prunedpo.fit_help import brief_help, full_help_args, wants_brief_help
+    from lit_prunedpo.cli.fit_help import brief_help, full_help_args, wants_brief_help
 
     if wants_brief_help(given):
         print(brief_help())
@@ -157,9 +157,9 @@ def main(args: list[str] | None = None) -> None:
 
 def command() -> None:
     """The ``lit-prunedpo`` console command: :func:`main` on ``sys.argv`` through the runner every console command
-    goes through (:func:`lit_prunedpo.user_errors.run_command`: one line for the package's own errors, a full disk,
+    goes through (:func:`lit_prunedpo.cli.user_errors.run_command`: one line for the package's own errors, a full disk,
     Ctrl-C and SIGTERM, with what was kept: :func:`kept_when_interrupted`)."""
-    from lit_prunedpo.user_errors import run_command
+    from lit_prunedpo.cli.user_errors import run_command
 
     run_command(main, kept=kept_when_interrupted)
 
@@ -176,7 +176,3 @@ def kept_when_interrupted() -> str | None:
     if subcommand == "export":
         return "--out is as it was (an export is written beside it and moved into place once complete)"
     return None
-
-
-if __name__ == "__main__":
-    command()

@@ -2,7 +2,7 @@
 
 :func:`top_level_parser` builds the parser LightningCLI builds at the top (``-c/--config``, ``--print_config``, the
 subcommands and their help lines) from the standard library and jsonargparse only, so that ``lit-prunedpo --help``
-and a missing subcommand are answered in a fraction of a second; ``PrunedDPOCLI`` (:mod:`lit_prunedpo.lightning_cli`)
+and a missing subcommand are answered in a fraction of a second; ``PrunedDPOCLI`` (:mod:`.lightning_cli`)
 lists the same commands (:func:`add_own_commands`). tests/test_startup.py checks that both helps are the same.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from lit_prunedpo.shipped_configs import CONFIGS_HELP
+from lit_prunedpo.cli.packaged_configs import CONFIGS_HELP
 
 DESCRIPTION = ("DPO training with a randomly pruned computation graph (PrunedDPO). "
                "`lit-prunedpo fit` alone trains the quickstart; `lit-prunedpo export` writes the trained model out.")

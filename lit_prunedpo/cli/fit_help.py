@@ -59,7 +59,7 @@ def brief_help() -> str:
     """The text ``fit --help`` prints."""
     import yaml
 
-    from lit_prunedpo.shipped_configs import quickstart_config
+    from lit_prunedpo.cli.packaged_configs import quickstart_config
 
     quickstart = yaml.safe_load(quickstart_config().read_text()) or {}
     width = max(len(option) for option, _, _ in OPTIONS)
