@@ -31,6 +31,9 @@ MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "d
 CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
                          "docs/study/cv-l512/map.json")
 DESIGNS = "docs/study/map-designs/map.json"
+#: the same cells re-measured with the arms interleaved on seeds 30-34 (2026-12-07)
+CVMAP30, CVMAP230 = "docs/study/cv-map-30/map.json", "docs/study/cv-map2-30/map.json"
+CVLONG30, CV51230 = "docs/study/cv-long-30/map.json", "docs/study/cv-l512-30/map.json"
 LONG = "docs/study/map-long/cells/unrelated-L512-head0.6-B8/study.json"
 LONG2 = "docs/study/map-long-confirm/cells/unrelated-L512-head0.6-B8/study.json"
 PAPER, SCALING = "docs/paper-results/paper.json", "docs/paper-results/scaling/scaling.json"
@@ -306,6 +309,21 @@ TIME_TO_QUALITY = [
            loss_text("near-duplicate-L16-head0.97-B8", SCE)),
     Figure((T,), "and **{0.34x [0.32x-0.56x]} on 5 seeds not looked at before**", CVCONF,
            loss_text("near-duplicate-L16-head0.97-B8", SCE)),
+    Figure((T,), "again, **{0.56x [0.52x-0.63x]}** (16 tokens) and **{0.55x [0.34x-0.90x]}** (64 tokens); the "
+           "25 %-head cells TIE, {0.79x [0.57x-1.06x]}", CVMAP30,
+           lambda d: tuple(loss_text(c, SCE)(d) for c in (
+               "near-duplicate-L16-head0.97-B8", "near-duplicate-L64-head0.97-B8", "unrelated-L64-head0.25-B8"))),
+    Figure((T,), "and {1.10x [0.97x-1.27x]}; at a 60 % head and 256 tokens TIE {1.04x [0.89x-1.59x]}", CVMAP230,
+           lambda d: (loss_text("near-duplicate-L64-head0.25-B8", SCE)(d), loss_text(L256, SCE)(d))),
+    Figure((T,), "position mode at three times the budget WINs, {0.63x [0.51x-0.79x]}", CVLONG30,
+           loss_text(L256, "position")),
+    Figure((T,), "at 512 tokens the LOSS is a {TIE}, {1.50x [0.80x-4.58x]}", CV51230,
+           lambda d: (map_row(d, L512, "position")["loss_verdict"], loss_text(L512, "position")(d))),
+    Figure((T,), "the pruned step measured {0.41x} of vanilla's CPU time in this run",
+           "docs/study/cv-map-30/cells/near-duplicate-L16-head0.97-B8/study.json",
+           lambda d: x(study_arm(d, f"{SCE}@8")["median_step_s"] / study_arm(d, "vanilla@8")["median_step_s"])),
+    Figure((T,), "and {0.32x} in that one", "docs/study/cv-interleaved/cells/near-duplicate-L16-head0.97-B8/study.json",
+           lambda d: x(study_arm(d, f"{SCE}@8")["median_step_s"] / study_arm(d, "vanilla@8")["median_step_s"])),
     Figure((T,), "at 64-token responses **{0.54x [0.38x-0.79x]}** against vanilla shrunk", CVMAP,
            loss_text("near-duplicate-L64-head0.97-B8", SCE)),
     Figure((T,), "TIEs, {1.00x [0.96x-1.06x]} (unrelated 64-token pairs)", CVMAP,
