@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         paths = write_report(payload, args.out)
         if "png" not in paths:
-            print("bench.png skipped: matplotlib is not installed (pip install 'lit-prunedpo[bench]')", file=sys.stderr)
+            print("bench.png skipped: matplotlib is not installed (pip install 'matplotlib>=3.7')", file=sys.stderr)
         print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return 0
 

@@ -308,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         paths = write_report(payload, args.out)
         if "png" not in paths and payload["rows"]:
-            print("scaling.png skipped: matplotlib is not installed (pip install 'lit-prunedpo[bench]')",
+            print("scaling.png skipped: matplotlib is not installed (pip install 'matplotlib>=3.7')",
                   file=sys.stderr)
         print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return 0

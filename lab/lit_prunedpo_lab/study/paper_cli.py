@@ -255,7 +255,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     try:
         fig = paper_report.figure(summary)
     except ImportError:
-        print("paper.png skipped: matplotlib is not installed (pip install 'lit-prunedpo[bench]')", file=sys.stderr)
+        print("paper.png skipped: matplotlib is not installed (pip install 'matplotlib>=3.7')", file=sys.stderr)
     else:
         fig.savefig(out / "paper.png", dpi=110)
         written.append("paper.png")

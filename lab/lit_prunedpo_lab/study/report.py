@@ -1,7 +1,7 @@
 """The study's outputs: ``study.json`` (every evaluation of every run, the calibration, the sweep and the
 summary), ``study.md`` (the tables and the verdicts), ``study.png`` (held-out loss and accuracy against
-training seconds and against steps, mean over seeds with the min-max band; needs matplotlib, the ``[bench]``
-extra), and ``progress.jsonl``, written as the study goes (:class:`Journal`): a study stopped late keeps what
+training seconds and against steps, mean over seeds with the min-max band; needs matplotlib, a dependency
+of the lab), and ``progress.jsonl``, written as the study goes (:class:`Journal`): a study stopped late keeps what
 it measured. :func:`check_writable` proves the output folder usable before any training starts. Reports are
 written whole (a temporary file renamed into place) and journal lines are never left half-written
 (:mod:`lit_prunedpo_lab.study.outputs`); a file that cannot be written raises an ``OutputError`` naming it (``the disk

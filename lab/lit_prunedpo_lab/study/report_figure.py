@@ -1,6 +1,6 @@
 """``study.png``: held-out loss and accuracy against the training clock and against steps, mean over seeds with the
-min-max band, one colour per arm and one line style per kind of batch (:func:`study_figure`; needs matplotlib, the
-``[bench]`` extra). It renders from a saved ``study.json`` too (:func:`plot`).
+min-max band, one colour per arm and one line style per kind of batch (:func:`study_figure`; needs matplotlib, a
+dependency of the lab). It renders from a saved ``study.json`` too (:func:`plot`).
 """
 
 from __future__ import annotations
