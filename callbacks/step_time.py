@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_prunedpo.stats import quantile as _quantile
+from lit_prunedpo.intervals import quantile as _quantile
 
 
 class StepTimeMonitor(Callback):

@@ -119,12 +119,12 @@ def _split_by_branch(plan: StepPlan) -> StepPlan:
 @contextlib.contextmanager
 def _modes(model: nn.Module, training: bool, noise_free: bool) -> Iterator[None]:
     """Run with ``model`` in training (noise-free, as a step runs it) or eval mode; restore every module's mode."""
-    from lit_prunedpo.training_noise import noise_free_training
+    from lit_prunedpo.dropout import dropout_free_training
 
     saved = {m: m.training for m in model.modules()}
     model.train(training)
     if training and noise_free:
-        noise_free_training(model)
+        dropout_free_training(model)
     try:
         yield
     finally:

@@ -29,30 +29,28 @@ from torch import Tensor
 from lit_prunedpo.batch import PreferenceBatch
 from lit_prunedpo.conformance import AutoLayout, LayoutChoice, choose_layout, unchecked_layout
 from lit_prunedpo.distributed import agree_on_forwards
-from lit_prunedpo.step.estimate import Estimate, estimate
-from lit_prunedpo.step.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
-from lit_prunedpo.run.gradient_check import GradientCheck
-from lit_prunedpo.guards import (
-    check_sampler_kinds, check_setup, refuse_nonfinite_weights, refusing_setter,
-)
+from lit_prunedpo.dropout import dropout_free_training
+from lit_prunedpo.guards import check_sampler_kinds, check_setup, refuse_nonfinite_weights, refusing_setter
 from lit_prunedpo.layout import Layout, SharedPromptLayout
 from lit_prunedpo.losses import PreferenceLoss, SigmoidLoss, trl_loss
 from lit_prunedpo.metrics import StepStats, pair_metrics
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.run.nonfinite import NonFiniteGuard
-from lit_prunedpo.step.plan import StepPlan, exact_samplers, plan_step
 from lit_prunedpo.policy_setup import EvalModeWarning, build_policy
 from lit_prunedpo.reference import ReferenceRuntime, ReferenceSource, reference_for
 from lit_prunedpo.rng import SamplerRNG
+from lit_prunedpo.run.gradient_check import GradientCheck
+from lit_prunedpo.run.nonfinite import NonFiniteGuard
 from lit_prunedpo.run.state import RunState, load_policy_state, save_policy_state
+from lit_prunedpo.run.training_logs import (TrainingLog, log_optimizer_step, log_skipped, logs_this_step,
+                                            tokens_over_ranks)
+from lit_prunedpo.run.validation import epoch_means, exact_step, log_exact_metrics
 from lit_prunedpo.sampler_set import SamplerSet
 from lit_prunedpo.samplers import BranchSampler, PositionSampler, PrefixSampler
 from lit_prunedpo.scoring import TokenScorer
+from lit_prunedpo.step.estimate import Estimate, estimate
+from lit_prunedpo.step.execute import StepExecutor, StepLogps, keeps_keys_values, layout_for
 from lit_prunedpo.step.io import StepOutput, StepParts
-from lit_prunedpo.run.training_logs import (TrainingLog, log_optimizer_step, log_skipped, logs_this_step,
-                                            tokens_over_ranks)
-from lit_prunedpo.training_noise import noise_free_training
-from lit_prunedpo.run.validation import epoch_means, exact_step, log_exact_metrics
+from lit_prunedpo.step.plan import StepPlan, exact_samplers, plan_step
 
 
 class PrunedDPO(L.LightningModule):
@@ -78,7 +76,7 @@ class PrunedDPO(L.LightningModule):
         disable_dropout: turn off every training-time noise source of the policy (TRL's default for DPO: noise
             would make the policy's and the reference's log-probs disagree even at identical weights): every
             dropout module, the dropout and jitter fields layers copy from the config, and code that samples in
-            training mode (:mod:`lit_prunedpo.training_noise`); the conformance check then also compares the
+            training mode (:mod:`lit_prunedpo.dropout`); the conformance check then also compares the
             policy's training-mode log-probs with its plain eval-mode forward.
         on_nonfinite: ``raise`` stops at a non-finite loss or gradient naming the step and its parts; ``skip``
             skips the step's update (on every rank together), counts, warns and logs it; the step's own (non-finite)
@@ -244,7 +242,7 @@ class PrunedDPO(L.LightningModule):
     def train(self, mode: bool = True) -> "PrunedDPO":
         super().train(mode)
         if mode and getattr(self, "disable_dropout", False):
-            noise_free_training(self.policy)  # whatever turned training mode on, the policy's noise stays off
+            dropout_free_training(self.policy)  # whatever turned training mode on, the policy's noise stays off
         return self
 
     # ---------------------------------------------------------------------------------- the layout

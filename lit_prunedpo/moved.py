@@ -1,4 +1,4 @@
-"""Modules that moved into the room folders (``docs/house.md``): their old import names still work, with a
+"""Modules that moved into the room folders (``docs/house.md``) or took a name with one meaning: their old import
 FutureWarning naming the new one, until the release after 0.1.0.
 
 Only the public modules (``public_api.PUBLIC_MODULES``) are kept here, the others were never promised, and the
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 import warnings
@@ -22,6 +21,8 @@ MOVED: dict[str, str] = {
     "lit_prunedpo.execute": "lit_prunedpo.step.execute",
     "lit_prunedpo.estimate": "lit_prunedpo.step.estimate",
     "lit_prunedpo.step_io": "lit_prunedpo.step.io",
+    # one meaning per word: "stats" had two (this module's intervals and the data's length statistics)
+    "lit_prunedpo.stats": "lit_prunedpo.intervals",
     # not public, but the console scripts of an install made before the move import it: they keep working (with
     # the warning) until the package is installed again
     "lit_prunedpo.console": "lit_prunedpo.cli.console",
@@ -30,9 +31,6 @@ MOVED: dict[str, str] = {
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers an old module name with the new module, once, warning."""
-
-    def __init__(self) -> None:
-        self.own_specs: dict[str, importlib.machinery.ModuleSpec] = {}
 
     def find_spec(self, name: str, path=None, target=None):
         if name not in MOVED:
@@ -44,13 +42,13 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(f"{spec.name} is now {new}; import from there (the old name goes in the release after 0.1.0)",
                       FutureWarning, stacklevel=2)
         module = importlib.import_module(new)
-        self.own_specs[new] = module.__spec__
+        spec.loader_state = module.__spec__  # the old name's spec carries the new one to exec_module
         return module
 
     def exec_module(self, module) -> None:
         # the new module ran when it was imported; the import system has just given it the old name's spec, which
         # it always overwrites: give back its own, so that the module still knows where it lives
-        module.__spec__ = self.own_specs[module.__name__]
+        module.__spec__ = module.__spec__.loader_state
 
 
 def install() -> None:

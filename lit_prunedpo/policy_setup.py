@@ -3,7 +3,7 @@ on when asked; and, at fit start, a warning naming its modules left in eval mode
 
 ``from_pretrained`` returns a model in eval mode, and Lightning keeps modules' modes: a policy left in eval mode
 would silently skip gradient checkpointing, which ``transformers`` applies only in training. With
-``disable_dropout`` the policy's noise is off (:mod:`lit_prunedpo.training_noise`): its dropout fields zeroed, and
+``disable_dropout`` the policy's noise is off (:mod:`lit_prunedpo.dropout`): its dropout fields zeroed, and
 every module but the decoder layers kept in eval mode, which is how noise no field controls stays off.
 
 Lightning warns about every module in eval mode at the start of fit; the frozen reference always is, by design.
@@ -15,8 +15,8 @@ from __future__ import annotations
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from lit_prunedpo.dropout import dropout_free_training, training_switches, turn_off_dropout
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.training_noise import disable_training_noise, noise_free_training, training_switches
 from lit_prunedpo.warning_scope import IgnoredWarning
 
 
@@ -25,8 +25,8 @@ def build_policy(source: ModelSource, disable_dropout: bool, gradient_checkpoint
     activations recomputed in backward (``gradient_checkpointing``, non-reentrant)."""
     policy = source.build().train()
     if disable_dropout:
-        disable_training_noise(policy)
-        noise_free_training(policy)
+        turn_off_dropout(policy)
+        dropout_free_training(policy)
     if gradient_checkpointing:
         # transformers 5 renamed it (the old name warns at every run); transformers 4 has only the old one
         enable = getattr(policy, "activation_checkpointing_enable", None)
@@ -43,7 +43,7 @@ def modules_in_eval_mode(policy: nn.Module, disable_dropout: bool) -> list[str]:
     noise is first turned off again, whatever changed its modes since it was built."""
     modules = policy.named_modules()
     if disable_dropout:
-        noise_free_training(policy)
+        dropout_free_training(policy)
         modules = training_switches(policy)
     return [name or "policy" for name, m in modules if not m.training]
 

@@ -47,7 +47,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     # measuring: gradient noise of a pruned step, the samplers' unbiasedness checks, small statistics
     "lit_prunedpo.gradient_noise",
     "lit_prunedpo.testing",
-    "lit_prunedpo.stats",
+    "lit_prunedpo.intervals",
     "lit_prunedpo.cpu_16bit",  # whether a 16-bit precision runs fast on this CPU (set-up's warning, the bench's)
     # a full disk's errors, named as such
     "lit_prunedpo.full_disk",

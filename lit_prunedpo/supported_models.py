@@ -5,7 +5,7 @@ ships.
 (:mod:`lit_prunedpo.zoo`), lets the automatic layout choose (:func:`lit_prunedpo.conformance.choose_layout`, the
 same probe as at set-up), and writes one row per architecture: the layout used, why each faster layout was passed
 over, how the output head was read (:mod:`lit_prunedpo.head`), which training-time noise fields the policy has
-zeroed by default (:mod:`lit_prunedpo.training_noise`), and at the end the architectures left out and why. The
+zeroed by default (:mod:`lit_prunedpo.dropout`), and at the end the architectures left out and why. The
 test suite holds the published table to what the code chooses (``tests/test_conformance_zoo.py``).
 """
 
@@ -43,12 +43,12 @@ class Row:
 def row(model_type: str) -> Row:
     """Build ``model_type`` tiny and report what lit_prunedpo does with it (``UnbuildableError`` propagates)."""
     from lit_prunedpo.conformance import AutoLayout, choose_layout
+    from lit_prunedpo.dropout import turn_off_dropout
     from lit_prunedpo.scoring import TokenScorer, model_head
-    from lit_prunedpo.training_noise import disable_training_noise
     from lit_prunedpo.zoo import build_tiny
 
     model = build_tiny(model_type).eval()
-    noise = disable_training_noise(model)
+    noise = turn_off_dropout(model)
     choice = choose_layout(AutoLayout(), [model], TokenScorer())
     passed_over = "; ".join(choice.passed_over) or "-"
     names = {entry.split("=")[0].rsplit(".", 1)[-1] for entry in noise}  # "model.layers.0.dropout.p=0.1" -> "p"

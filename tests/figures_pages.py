@@ -8,7 +8,7 @@ import math
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, mib, paper,
                             paper_row, peer, reproduced, spread, threads, verdicts, x)
 from helpers import REPO
-from lit_prunedpo.stats import paired_ratio_interval
+from lit_prunedpo.intervals import paired_ratio_interval
 
 P, T, A, M = "docs/performance.md", "docs/time-to-quality.md", "docs/paper.md", "docs/real-model.md"
 MED, HH, QS = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json", "docs/bench/quickstart/bench.json"

@@ -90,7 +90,7 @@ def test_head_transforms_are_non_trivial_and_defaults_kept():
     assert tiny_config("mpt").logit_scale is None  # MPT's model ignores the field: not set
 
 
-def test_training_noise_is_left_as_shipped():
+def test_dropout_is_left_as_shipped():
     from transformers import GPT2Config, MixtralConfig, Qwen2MoeConfig
 
     gpt2 = tiny_config("gpt2")

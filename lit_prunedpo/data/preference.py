@@ -25,7 +25,7 @@ from lit_prunedpo.data.formats import Columns
 from lit_prunedpo.data.loaders import pair_loader, shortest_first, training_sampler
 from lit_prunedpo.data.resumable import ResumableDataMixin
 from lit_prunedpo.data.splits import SplitBuilder, single_source_val_split
-from lit_prunedpo.data.stats import format_stats
+from lit_prunedpo.data.lengths import format_stats
 from lit_prunedpo.data.tokenize import load_tokenizer, read_chat_template, tokenizer_fingerprint
 
 

@@ -33,7 +33,7 @@ from lit_prunedpo.data.formats import (BAD_ROW_KINDS, CHAT_FORMATS, DIALOGUE_MES
 from lit_prunedpo.data.generated import generated_pairs
 from lit_prunedpo.data.readable import line_of_row
 from lit_prunedpo.data.sources import is_single_split, load_split
-from lit_prunedpo.data.stats import format_stats, summarize, truncation_warnings
+from lit_prunedpo.data.lengths import format_stats, summarize, truncation_warnings
 from lit_prunedpo.data.tokenize import PairEncoder, encode_split
 from lit_prunedpo.fingerprint import content_digest
 
@@ -74,7 +74,7 @@ class Splits:
         train_lengths: tokens each training pair executes with a shared prompt (prompt + both responses).
         stats: rows, pairs, bad rows by kind, drops, truncations and length summaries per split; ``warnings``: the
             messages of a large share of cut prompts or responses
-            (:func:`~lit_prunedpo.data.stats.truncation_warnings`).
+            (:func:`~lit_prunedpo.data.lengths.truncation_warnings`).
         content: split -> content digest of its source (or its ``datasets`` fingerprint).
     """
 

@@ -40,7 +40,7 @@ from lit_prunedpo_lab.bench.utilisation import (higher_peak, intermediate_size, 
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.layout import SharedPromptLayout
 from lit_prunedpo.models import ModelSource
-from lit_prunedpo.stats import quantile
+from lit_prunedpo.intervals import quantile
 from lit_prunedpo.step.io import StepOutput
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from lit_prunedpo_lab.bench.load import under_load
 from lit_prunedpo_lab.bench.rounds import baseline_prompt
-from lit_prunedpo.stats import paired_ratio_interval
+from lit_prunedpo.intervals import paired_ratio_interval
 
 COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mode", "mode", str),
@@ -157,7 +157,7 @@ def table_lines(payload: dict[str, Any], smoke: bool) -> list[str]:
 def interval_lines(payload: dict[str, Any], confidence: float = 0.95) -> list[str]:
     """Each measured ratio with its interval: a percentile bootstrap over the measured rounds (2000 resamples,
     seed 0), drawing whole rounds, since every configuration and peer ran on each round's batch
-    (:func:`~lit_prunedpo.stats.paired_ratio_interval`). Nothing for fewer than 3 rounds or a payload from
+    (:func:`~lit_prunedpo.intervals.paired_ratio_interval`). Nothing for fewer than 3 rounds or a payload from
     before the rounds' step times were kept."""
     rows, peers = payload["results"], peers_of(payload)
     rounds = {len(r.get("step_times_s") or ()) for r in [*rows, *peers]}

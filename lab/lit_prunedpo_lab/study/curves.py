@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from lit_prunedpo.stats import bootstrap_interval
+from lit_prunedpo.intervals import bootstrap_interval
 
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from lit_prunedpo.stats import bootstrap_interval
+from lit_prunedpo.intervals import bootstrap_interval
 from lit_prunedpo_lab.study.curves import (
     censored_pairs,
     improvement_target,

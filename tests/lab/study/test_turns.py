@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lit_prunedpo_lab.study.arms import Arm
-from lit_prunedpo.stats import bootstrap_interval
+from lit_prunedpo.intervals import bootstrap_interval
 from lit_prunedpo_lab.study.curves import ratio_of_sums
 from lit_prunedpo_lab.study.runner import train_arms
 from lit_prunedpo_lab.study.tasks import QUICKSTART_MODEL, EditedTask

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from lit_prunedpo.stats import paired_ratio_interval, quantile
+from lit_prunedpo.intervals import paired_ratio_interval, quantile
 
 
 def test_quantile_interpolates_between_order_statistics():

@@ -1,10 +1,10 @@
-"""Length statistics and the warning a large share of cut prompts or responses gets (lit_prunedpo.data.stats)."""
+"""Length statistics and the warning a large share of cut prompts or responses gets (lit_prunedpo.data.lengths)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from lit_prunedpo.data.stats import truncation_warnings
+from lit_prunedpo.data.lengths import truncation_warnings
 
 
 def _warnings(prompt_cut, prompt_length, response_cut=(False,) * 10, response_length=(1,) * 10, **kwargs):

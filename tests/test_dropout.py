@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import Built
+
 from lit_prunedpo import PrunedDPO
 from lit_prunedpo.conformance import choose_layout
+from lit_prunedpo.dropout import dropout_free_training, turn_off_dropout
 from lit_prunedpo.layout import RightPaddedLayout
 from lit_prunedpo.scoring import TokenScorer
-from lit_prunedpo.training_noise import disable_training_noise, noise_free_training
 from lit_prunedpo.zoo import build_tiny, tiny_config
 
 NOISY = {  # model type -> config fields that make its training-mode forward random
@@ -45,9 +45,9 @@ def test_the_noise_is_there_before_and_gone_after(model_type):
     torch.manual_seed(1)
     first = logits(model)
     assert not torch.allclose(first, logits(model)), "the config should make the training forward random"
-    changed = disable_training_noise(model)
+    changed = turn_off_dropout(model)
     model.train()
-    noise_free_training(model)
+    dropout_free_training(model)
     assert torch.equal(logits(model), logits(model))
     assert torch.allclose(logits(model), logits(model.eval()), atol=1e-6)
     if model_type != "phimoe":
@@ -69,11 +69,11 @@ def test_phimoe_router_threshold_is_not_touched():
     """PhiMoE's ``router_jitter_noise`` is a routing threshold in eval mode too: zeroing it would change the model."""
     model = build_tiny("phimoe")
     before = logits(model.eval())
-    disable_training_noise(model)
+    turn_off_dropout(model)
     assert torch.equal(before, logits(model.eval()))
 
 
-def test_gradient_checkpointing_still_runs_in_noise_free_training(tiny_source):
+def test_gradient_checkpointing_still_runs_in_dropout_free_training(tiny_source):
     module = PrunedDPO(policy=tiny_source, gradient_checkpointing=True)
     module.train()
     layers = [m for m in module.policy.modules() if getattr(m, "gradient_checkpointing", False)]

@@ -5,7 +5,7 @@ policy's forward adds in training mode (dropout, router jitter) makes the two di
 and makes the gradient noisy. TRL sets the ``p`` of every ``nn.Dropout`` to 0; many models apply dropout
 without an ``nn.Dropout`` module, reading a probability their attention or decoder layer copied from the config
 (OPT's ``dropout``, GPT-BigCode's ``attn_pdrop``, Seed-OSS's ``residual_dropout``), or jitter their MoE router's
-input (Mixtral's and PhiMoE's ``router_jitter_noise``, ``input_jitter_noise``). :func:`disable_training_noise`
+input (Mixtral's and PhiMoE's ``router_jitter_noise``, ``input_jitter_noise``). :func:`turn_off_dropout`
 zeroes all three kinds:
 
 * ``p`` of every ``nn.Dropout`` (and its subclasses);
@@ -13,7 +13,7 @@ zeroes all three kinds:
   ``attn_pdrop``, ``jitter_noise``, ...);
 * the same fields of the model's config and its sub-configs, which some layers read at every forward;
 * and what no field controls: code that samples whenever its module is in training mode (PhiMoE's router draws
-  its experts by Gumbel sampling in training). :func:`noise_free_training` keeps every module in eval mode
+  its experts by Gumbel sampling in training). :func:`dropout_free_training` keeps every module in eval mode
   except the decoder layers and their ancestors, which ``transformers`` needs in training mode for gradient
   checkpointing (their own functional dropout is zeroed above). The gradient is then the exact gradient of the
   function the reference and validation compute.
@@ -54,7 +54,7 @@ def _configs(config: Any, seen: set[int]) -> list[tuple[str, Any]]:
     return out
 
 
-def disable_training_noise(model: nn.Module) -> list[str]:
+def turn_off_dropout(model: nn.Module) -> list[str]:
     """Zero every dropout probability and router jitter of ``model`` (in place); returns what was changed, e.g.
     ``["model.layers.0.self_attn.attention_dropout=0.1", "config.attention_dropout=0.1"]``."""
     changed: list[str] = []
@@ -89,7 +89,7 @@ def training_switches(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return list(keep.items())
 
 
-def noise_free_training(model: nn.Module) -> int:
+def dropout_free_training(model: nn.Module) -> int:
     """Put every module of ``model`` in eval mode except its :func:`training_switches` (call it after each
     ``train()``); returns how many modules stay in training mode."""
     keep = {id(module) for _, module in training_switches(model)}
