@@ -45,7 +45,7 @@ class PeakMemoryMonitor(Callback):
       callback the *lifetime* peak that ``getrusage(RUSAGE_SELF).ru_maxrss``, ``VmHWM`` and
       ``/usr/bin/time -v`` ("Maximum resident set size") report is only the peak since the last step start,
       not the process's. Read the run's peak from :attr:`run_max_mb` (or leave this callback out when
-      measuring a whole process from outside, as ``scripts/lora_memory.py`` does).
+      measuring a whole process from outside, as ``lab/scripts/lora_memory.py`` does).
     * If ``clear_refs`` is not writable on some rank (e.g. a restricted container):
       ``on_unresettable="raise"`` raises at setup; ``"warn"`` (default) warns and logs
       ``memory/lifetime_peak_rss_mb`` instead, the non-resettable peak RSS since the process

@@ -38,7 +38,7 @@ FLOAT32_TOLERANCE = 1e-3
 #: bfloat16 autocast, float16 autocast, bfloat16 weights), the worst ratio of the packed layout was 12.4, on a mixture
 #: of experts (Ernie 4.5 MoE, whose router sends a token to another expert when its scores round differently: a
 #: discrete change, not a bug); the next were 4.9, 4.1 and 3.7, mixtures of experts too, and every dense model's was
-#: under 3. ``scripts/probe-rounding.py`` measures it.
+#: under 3. ``lab/scripts/probe-rounding.py`` measures it.
 ROUNDING_FACTOR = 16.0
 
 _WIDE = (torch.float32, torch.float64)

@@ -134,7 +134,7 @@ def paper(cell: str, design: str, quantity: str):
     return compute
 
 
-# --- scripts/real-model-learning.py: records.jsonl ---------------------------------------------------------------
+# --- lab/scripts/real-model-learning.py: records.jsonl ---------------------------------------------------------------
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and 95 % t-interval, as the learning script computes them."""

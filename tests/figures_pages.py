@@ -71,7 +71,7 @@ def remeasured_row(published: str, design: str, index: int):
 
 
 def profile_row(data: dict, category: str) -> dict:
-    """One category's row of the profile's account (``scripts/profile-trl-gap.py``)."""
+    """One category's row of the profile's account (``lab/scripts/profile-trl-gap.py``)."""
     return next(r for r in data["account"]["rows"] if r["category"] == category)
 
 

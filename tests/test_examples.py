@@ -1,7 +1,8 @@
 """The user-facing examples (what a user copies): a custom sampler from the user's own module is unbiased (checked
 with the public helper, as a user would) and trains through the CLI with no change to the package; so does a custom
 loss, whose pruned step's gradient is the exact one's in expectation; and training from Python runs the same
-objects without the command line. The measuring scripts are the lab's (``scripts/``, ``tests/lab/test_scripts.py``)."""
+objects without the command line. The measuring scripts are the lab's (``lab/scripts/``,
+``tests/lab/test_scripts.py``)."""
 
 from __future__ import annotations
 

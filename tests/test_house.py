@@ -12,10 +12,10 @@ from helpers import REPO
 
 MODULE_LINES, FUNCTION_LINES = 400, 60
 SOURCES = sorted([*(REPO / "lit_prunedpo").rglob("*.py"), *(REPO / "callbacks").rglob("*.py"),
-                  *(REPO / "lab").rglob("*.py")])
+                  *(REPO / "lab" / "lit_prunedpo_lab").rglob("*.py")])
 #: where issue numbers are looked for: the package and everything around it that is code
 CODE = sorted({*SOURCES, *(REPO / "tests").rglob("*.py"), *(REPO / "examples").rglob("*.py"),
-               *(REPO / "configs").rglob("*.yaml"), *(REPO / "scripts").iterdir()})
+               *(REPO / "configs").rglob("*.yaml"), *(REPO / "lab" / "scripts").iterdir()})
 
 
 def test_the_sources_are_found():

@@ -10,7 +10,7 @@ import ast
 
 from helpers import REPO
 
-FILES = sorted(p for folder in ("lit_prunedpo", "callbacks", "lab", "examples", "scripts")
+FILES = sorted(p for folder in ("lit_prunedpo", "callbacks", "lab", "examples")
                for p in (REPO / folder).rglob("*.py"))
 MODULE = REPO / "lit_prunedpo" / "module.py"
 

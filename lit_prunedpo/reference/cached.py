@@ -29,7 +29,7 @@ head, so the build's head runs once), plus ``keys`` ``[N]``, ``offsets`` and ``l
 per pair: +0.4 MB per million tokens at HH-RLHF lengths, ~94 response tokens a pair). The fingerprint is a JSON
 string in the file's metadata. A file written before ``lse`` was stored loads as it is (every estimator but
 ``ReferenceLogSumExp`` works with it; that one is refused, naming the file and the fix: rebuild).
-``scripts/measure_cache.py`` measures size, build time and step time.
+``lab/scripts/measure_cache.py`` measures size, build time and step time.
 
 **The data.** ``prepare`` is handed the run's pairs as a :class:`~lit_prunedpo.reference.ReferenceData`
 (``cache_fingerprint()`` and ``reference_batches(batch_size)``), already set up;

@@ -1,4 +1,4 @@
-"""The lab's measuring scripts (``scripts/``), each run in one process on a small setting: what they count is
+"""The lab's measuring scripts (``lab/scripts/``), each run in one process on a small setting: what they count is
 checked, not how long it took."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from helpers import REPO
 
 
 def test_lora_memory_script_counts(monkeypatch):
-    """scripts/lora_memory.py in one process on the small preset: LoRA trains and keeps optimizer state for the
+    """lab/scripts/lora_memory.py in one process on the small preset: LoRA trains and keeps optimizer state for the
     adapters only, full fine-tuning for every weight (and holds the reference copy)."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "lab" / "scripts"))
     from lora_memory import run_one
 
     full = run_one("small", "full", "vanilla", steps=1, warmup=0, rank=2)
@@ -25,10 +25,10 @@ def test_lora_memory_script_counts(monkeypatch):
 
 
 def test_control_variate_variance_script_quick(monkeypatch, capsys):
-    """scripts/control_variate_variance.py --quick: every mode's row at both checkpoints, finite, the estimators'
+    """lab/scripts/control_variate_variance.py --quick: every mode's row at both checkpoints, finite, the estimators'
     extra target logits in their cost ratio, and at the initial weights (policy = reference) far less within-pair
     variance than the position design they wrap."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "lab" / "scripts"))
     from control_variate_variance import MODES, main
 
     rows = main(["--quick"])
@@ -45,17 +45,17 @@ def test_control_variate_variance_script_quick(monkeypatch, capsys):
 
 
 def load_script(name: str):
-    """A script of ``scripts/`` as a module (its file name has dashes)."""
+    """A script of ``lab/scripts/`` as a module (its file name has dashes)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), REPO / "lab" / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
 
 
 def test_the_real_model_learning_script_runs_the_recipe_on_another_accelerator_and_model():
-    """scripts/real-model-learning.py's command for a GPU and a hub name, resolved by the real CLI (`--print_config`
+    """lab/scripts/real-model-learning.py's command for a GPU and a hub name, resolved by the real CLI (`--print_config`
     parses without training): the options given last replace the offline line's CPU and local GGUF."""
     import subprocess
     import sys
@@ -79,7 +79,7 @@ def test_the_real_model_learning_script_runs_the_recipe_on_another_accelerator_a
 
 
 def test_the_gpu_real_model_script_commands_parse_and_refuse_without_cuda(tmp_path):
-    """scripts/gpu-real-model --dry-run: each stage's command read by its own command's parser (an option misspelt
+    """lab/scripts/gpu-real-model --dry-run: each stage's command read by its own command's parser (an option misspelt
     fails here, not on a lent GPU), an unknown stage refused before any work; without CUDA the run stops at once."""
     import os
     import subprocess
@@ -90,7 +90,7 @@ def test_the_gpu_real_model_script_commands_parse_and_refuse_without_cuda(tmp_pa
     from lit_prunedpo_lab.bench.cli import build_parser as bench_parser
     from lit_prunedpo_lab.study.arguments import build_parser as study_parser
 
-    script = REPO / "scripts/gpu-real-model"
+    script = REPO / "lab/scripts/gpu-real-model"
     env = dict(os.environ, PYTHON=sys.executable, MODEL="HuggingFaceTB/SmolLM2-135M-Instruct")
     dry = subprocess.run([str(script), "--dry-run", str(tmp_path / "out")], capture_output=True, text=True, env=env,
                          timeout=60, check=True).stdout.splitlines()

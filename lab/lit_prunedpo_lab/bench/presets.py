@@ -17,7 +17,7 @@
 * ``hh-gpt2``: the same lengths on a Llama d=256, 4 layers with GPT-2's vocabulary (V=50257): the shape of
   the TRL comparison (docs/performance.md; the LM head is 21.6% of a vanilla forward's FLOPs here, by the cost model;
   TRL also runs it on every prompt position).
-* ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``scripts/gpu-check``
+* ``hh-gpu``: the same lengths on a ~0.9B Llama (d=2048, 16 layers, V=32000), 8 pairs: what ``lab/scripts/gpu-check``
   runs in bf16 on one GPU.
 
 Modes: the shipped overlays ``configs/modes/{vanilla,branch,sequence,position,position-bernoulli,all}.yaml``, loaded
@@ -45,7 +45,7 @@ PROMPTS = ("shared", "padded")  # PrunedDPO(shared_prompt=True / False)
 
 # 5%-step quantiles (0%, 5%, ..., 100%) of HH-RLHF lengths in GPT-2 tokens: the 2,196 training pairs of the
 # harmless-base test file through PreferenceDataModule (max_length 512, max_prompt_length 256, EOS included), as
-# printed by `python scripts/measure_padding.py --quantiles`.
+# printed by `python lab/scripts/measure_padding.py --quantiles`.
 HH_RLHF_LENGTHS: dict[str, tuple[int, ...]] = {
     "prompt": (12, 17, 19, 21, 25, 33, 47, 61, 72, 84, 97, 110, 122, 136, 151, 169, 191, 227, 256, 256, 256),
     "chosen": (2, 7, 10, 12, 14, 16, 18, 21, 24, 26, 29, 32, 37, 42, 47, 56, 65, 76, 91, 121, 282),

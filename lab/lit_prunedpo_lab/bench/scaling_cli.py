@@ -15,7 +15,7 @@ Writes ``scaling.json``, ``scaling.md`` and ``scaling.png`` (:mod:`lit_prunedpo_
 weights and shape, and no size sweep (a given model has one size); its shape joins the real shapes' predictions.
 
 ``--dry-run`` prints the grid (parameters, tokens, FLOPs and predicted vanilla step memory of every point, and a
-rough duration at ``--flops-per-second``) and runs nothing; ``scripts/gpu-scaling`` runs the GPU grid.
+rough duration at ``--flops-per-second``) and runs nothing; ``lab/scripts/gpu-scaling`` runs the GPU grid.
 """
 
 from __future__ import annotations

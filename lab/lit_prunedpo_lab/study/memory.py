@@ -20,7 +20,7 @@ since such a study is the one without the budget and decides nothing about memor
 
 On the CPU a micro-batch costs about its share of the full step, so accumulation is nearly free; on a GPU
 small micro-batches under-use the device. A verdict whose fitting used accumulation is therefore a CPU verdict
-that a GPU must confirm (:func:`needs_gpu`; ``scripts/gpu-check`` measures one memory-binding cell on CUDA).
+that a GPU must confirm (:func:`needs_gpu`; ``lab/scripts/gpu-check`` measures one memory-binding cell on CUDA).
 """
 
 from __future__ import annotations

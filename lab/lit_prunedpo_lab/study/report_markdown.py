@@ -176,5 +176,5 @@ def memory_markdown(mem: Mapping[str, Any], clock: str) -> str:
         lines.append(f"- Over the budget, not a reference: {', '.join(mem['over'])}.")
     if mem["gpu_needed"]:
         lines.append(f"- {mem['gpu_note']}: a fit uses gradient accumulation, nearly free on the CPU but not on a GPU, "
-                     "where small micro-batches under-use the device (scripts/gpu-check measures it).")
+                     "where small micro-batches under-use the device (lab/scripts/gpu-check measures it).")
     return "\n".join(lines)

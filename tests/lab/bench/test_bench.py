@@ -206,7 +206,7 @@ def test_cli_bfloat16_weights(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_gpu_check_refuses_without_cuda(tmp_path):
-    script = REPO / "scripts" / "gpu-check"
+    script = REPO / "lab" / "scripts" / "gpu-check"
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     done = subprocess.run([str(script), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHON=sys.executable), check=False)

@@ -78,7 +78,7 @@ def test_the_retime_script_reruns_a_stored_command_in_place_and_prints_what_move
     from lit_prunedpo_lab.bench.cli import main
     assert main(command) == 0
     before = json.loads((out / "bench.json").read_text())
-    done = subprocess.run([sys.executable, str(repo / "scripts/retime-benches.py"), str(out)], cwd=repo,
+    done = subprocess.run([sys.executable, str(repo / "lab/scripts/retime-benches.py"), str(out)], cwd=repo,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     after = json.loads((out / "bench.json").read_text())

@@ -1,5 +1,6 @@
 """The scaling command: its smoke test end to end (files, rows, no speedups stated), its argument checks, the error
-summary and report on given numbers, and ``scripts/gpu-scaling``'s flags (parsed here; its dry run in a subprocess)."""
+summary and report on given numbers, and ``lab/scripts/gpu-scaling``'s flags (parsed here; its dry run in a
+subprocess)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from lit_prunedpo_lab.bench.scaling import SIZES, Point, Settings, error_summary
 from lit_prunedpo_lab.bench.scaling_cli import build_parser, main, settings_from
 from lit_prunedpo_lab.bench.scaling_report import to_markdown
 
-SCRIPT = REPO / "scripts" / "gpu-scaling"
+SCRIPT = REPO / "lab" / "scripts" / "gpu-scaling"
 
 
 @pytest.mark.slow  # a benchmark run (about 10 s on one core)
@@ -105,7 +106,7 @@ def test_default_grid_meets_the_issue():
 
 
 def test_gpu_script_flags_parse():
-    """The flags ``scripts/gpu-scaling`` passes make valid settings: CUDA, bf16, sizes spanning 30x up to ~1B,
+    """The flags ``lab/scripts/gpu-scaling`` passes make valid settings: CUDA, bf16, sizes spanning 30x up to ~1B,
     lengths up to 8192."""
     assert subprocess.run(["bash", "-n", str(SCRIPT)], check=False).returncode == 0
     grid = re.search(r"GRID=\((.*?)\)", SCRIPT.read_text(), re.S)[1]

@@ -6,7 +6,7 @@ run for several seeds per cell, with each candidate's cost ratio ``k``, noise ra
 The time-to-quality verdicts these choices should agree with are the maps' own (``docs/study/cv-map``,
 ``cv-confirm``, ``cv-map2``, ``map``): a cell where a mode won should get that mode, a cell where none did vanilla.
 
-    python scripts/auto_pruning_choice.py --specs docs/study/cv-map/spec.yaml,docs/study/cv-map2/spec.yaml \
+    python lab/scripts/auto_pruning_choice.py --specs docs/study/cv-map/spec.yaml,docs/study/cv-map2/spec.yaml \
         --seeds 0,1,2 --out paper_results/auto-choice.json
 """
 

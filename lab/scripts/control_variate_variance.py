@@ -19,9 +19,9 @@ Modes: ``stratified-coupled`` (the best position design so far) and the two esti
 the regime map's unrelated-pairs cell with 64-token responses and the LM head 25 % of a step
 (:class:`lit_prunedpo_lab.study.map_tasks.CellTask`).
 
-    python scripts/control_variate_variance.py                       # about 2 minutes on 1 CPU core
-    python scripts/control_variate_variance.py --tasks edited --steps 0,100,400 --draws 32
-    python scripts/control_variate_variance.py --quick               # seconds: what the test runs
+    python lab/scripts/control_variate_variance.py                       # about 2 minutes on 1 CPU core
+    python lab/scripts/control_variate_variance.py --tasks edited --steps 0,100,400 --draws 32
+    python lab/scripts/control_variate_variance.py --quick               # seconds: what the test runs
 
 Prints a Markdown table.
 """

@@ -10,9 +10,9 @@ of the same batch, and the model's prediction (pruning has the lower variance at
 ``within < (k - 1) between``). The target-logit control variate needs a scorer the package does not have yet,
 so its rows are hand-rolled on the same draws, beside a hand-rolled copy of the shipped estimator::
 
-    python scripts/design_noise.py --draws 24                          # about 2 minutes on 2 shared CPU cores
-    python scripts/design_noise.py --draws 24 --warm-start-steps 200   # the same after 200 NLL steps
-    python scripts/design_noise.py --coefficient-bias                  # item 4, exact enumeration, seconds
+    python lab/scripts/design_noise.py --draws 24                          # about 2 minutes on 2 shared CPU cores
+    python lab/scripts/design_noise.py --draws 24 --warm-start-steps 200   # the same after 200 NLL steps
+    python lab/scripts/design_noise.py --coefficient-bias                  # item 4, exact enumeration, seconds
 
 Prints Markdown tables (the ones in docs/samplers.md).
 """

@@ -17,7 +17,7 @@ position samplers (one draw per pair shared by both branches) should cut the noi
 ``--skip-common-prefix`` does what a training step with the shared prompt does for a margin loss: positions of
 the two responses' common prefix are not scored (their log-ratios cancel exactly in the margin).
 
-    python scripts/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
+    python lab/scripts/estimator_variance.py [--draws 200] [--pairs 16] [--task quickstart|edited|edited-start]
         [--skip-common-prefix] [--shared-prompt] [--modes sequence,branch]
 
 The modes are the shipped overlays ``configs/modes/<mode>.yaml`` (:mod:`lit_prunedpo.modes`).
@@ -46,7 +46,7 @@ from lit_prunedpo.modes import load_mode  # noqa: E402
 from lit_prunedpo.step.plan import exact_samplers, plan_step  # noqa: E402
 
 # the quickstart's model, read from its config so that the two cannot drift apart
-QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[
+QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/quickstart.yaml").read_text())[
     "model"]["policy"]["init_args"]
 # shipped modes (configs/modes/<name>.yaml), each against the exact gradient
 MODES = ("branch", "antithetic", "sequence", "position", "stratified", "all", "position-coupled",

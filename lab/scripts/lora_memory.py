@@ -16,8 +16,8 @@ the reference with the adapters off and keeps AdamW state for the adapters only.
 samplers and seeds as ``lit-prunedpo-bench`` (``lit_prunedpo_lab.bench.batches.make_batches``). Run from the
 repository root::
 
-    python scripts/lora_memory.py --preset medium --modes vanilla,all --steps 3 --repeats 3
-    python scripts/lora_memory.py --preset weight-heavy --modes vanilla,all --steps 1 --repeats 3
+    python lab/scripts/lora_memory.py --preset medium --modes vanilla,all --steps 3 --repeats 3
+    python lab/scripts/lora_memory.py --preset weight-heavy --modes vanilla,all --steps 1 --repeats 3
 
 Prints a markdown table: whole-process peak, the peak above the process's memory before the model was built
 (imports excluded), parameters, trainable parameters, optimizer-state tensors' size, the model state (weights

@@ -14,7 +14,7 @@ then times training steps (plan, policy forwards, reference, IPW estimate, backw
 the cached one (B), alternated A B A B on the same batches and draws in one process; the median of
 ``--steps`` steps after ``--warmup`` warm-up steps each. Run from the repository root::
 
-    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python scripts/measure_cache.py
+    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python lab/scripts/measure_cache.py
 
 Prints the figures; nothing is written outside a temporary directory.
 """
@@ -45,9 +45,9 @@ from lit_prunedpo.reference import (  # noqa: E402
     compute_reference_logps,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 # the quickstart's model, read from its config so that the two cannot drift apart
-QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/quickstart.yaml").read_text())[
+QUICKSTART_POLICY = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/quickstart.yaml").read_text())[
     "model"]["policy"]["init_args"]
 MODES = ("vanilla", "branch")  # shipped overlays, configs/modes/<name>.yaml
 

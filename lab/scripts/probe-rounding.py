@@ -1,7 +1,7 @@
 """How far each layout of the zoo's architectures is from the float32 plain forward at 16-bit precision, in units of
 the plain forward's own rounding there: the measurement behind ``lit_prunedpo.probe_precision.ROUNDING_FACTOR``.
 
-    python scripts/probe-rounding.py [--types llama,mixtral] [--out rounding.json]
+    python lab/scripts/probe-rounding.py [--types llama,mixtral] [--out rounding.json]
 
 For every causal-LM architecture of the installed transformers (built tiny, as the zoo tests build them) and each of
 bfloat16 autocast (``bf16-mixed``), float16 autocast (``16-mixed``) and bfloat16 weights (``bf16-true``): the layout

@@ -1,9 +1,9 @@
 """Generations of SmolLM2-135M-Instruct before and after DPO, on the same held-out HH-RLHF prompts: the shared GGUF
-model, and the folder ``scripts/real-model-learning.py --export`` wrote (seed 0's run), each driven as
+model, and the folder ``lab/scripts/real-model-learning.py --export`` wrote (seed 0's run), each driven as
 ``docs/export.md`` tells a user to drive an export: ``AutoModelForCausalLM.from_pretrained(out)``, the prompt's ids
 as training built them (chat template, BOS as the data module adds it), greedy decoding.
 
-    python scripts/real-model-samples.py --after /tmp/learn/export-seed0 --out docs/real-model/samples.md [--n 6]
+    python lab/scripts/real-model-samples.py --after /tmp/learn/export-seed0 --out docs/real-model/samples.md [--n 6]
 
 The prompts are the first ``--n`` pairs of seed 0's held-out split whose prompt fits in 128 tokens (same data settings
 as the learning run), whose chosen and rejected responses are printed beside the generations.
@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from lit_prunedpo.data import PreferenceDataModule
 from lit_prunedpo.models import Pretrained
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 GGUF = SHARED / "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 DATA = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
@@ -57,9 +57,10 @@ def main() -> None:
     models = {"before": Pretrained(str(GGUF), dtype="float32").build().eval(),
               "after": AutoModelForCausalLM.from_pretrained(args.after, dtype=torch.float32).eval()}
     lines = [f"# SmolLM2-135M-Instruct before and after DPO: {args.n} held-out HH-RLHF prompts", "",
-             f"Written by `python scripts/real-model-samples.py --after {args.after} --out {args.out} --n {args.n}`: "
+             f"Written by `python lab/scripts/real-model-samples.py --after {args.after} --out {args.out} "
+             f"--n {args.n}`: "
              f"greedy, at most {args.max_new_tokens} new tokens; *before* is the shared GGUF model, *after* seed 0's "
-             "export of `scripts/real-model-learning.py`. Prompts are shown as the model read them (its chat "
+             "export of `lab/scripts/real-model-learning.py`. Prompts are shown as the model read them (its chat "
              "template), the first held-out pairs whose prompt was not cut.", ""]
     for i, row in enumerate(rows):
         lines += [f"## Held-out pair {i + 1}", "", "Prompt:", "", "```", tok.decode(row["prompt_ids"]).strip(), "```",

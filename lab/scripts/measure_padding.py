@@ -15,7 +15,7 @@ the batch (the policy's forward of an unpruned step; the online reference runs t
 them and the padding as a share of the real tokens; beside them the count of a TRL-style concatenated pass
 (``2B`` rows of prompt + response, right-padded to the longest row, every token fed). Counts only, no timing::
 
-    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python scripts/measure_padding.py
+    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python lab/scripts/measure_padding.py
 
 ``--quantiles`` prints instead the 5%-step quantiles of the prompt and response lengths of the same pairs: the
 table ``lit_prunedpo_lab.bench.presets.HH_RLHF_LENGTHS`` that the ``hh-body`` benchmark preset draws lengths from.
@@ -38,7 +38,7 @@ from lit_prunedpo.step.execute import StepExecutor, layout_for  # noqa: E402
 from lit_prunedpo.layout import PairLengths  # noqa: E402
 from lit_prunedpo.step.plan import exact_plan, prompt_and_common_lengths  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 
 
 def count(batch) -> dict[str, int]:

@@ -3,14 +3,14 @@ command (``lit-prunedpo fit --config configs/smollm2_hh.yaml`` and its ``# offli
 the held-out exact loss and preference accuracy of each run's last validation, with their mean and a 95 % t-interval
 over the seeds, against ln 2 and 0.5 (the values every pair has before the first step: policy = reference).
 
-    python scripts/real-model-learning.py --out docs/real-model/learning [--seeds 0,1,2] [--steps 60] [--resume]
-    python scripts/real-model-learning.py --out learning-gpu --accelerator gpu \
+    python lab/scripts/real-model-learning.py --out docs/real-model/learning [--seeds 0,1,2] [--steps 60] [--resume]
+    python lab/scripts/real-model-learning.py --out learning-gpu --accelerator gpu \
         --model HuggingFaceTB/SmolLM2-135M-Instruct
 
 Each seed is the data module's seed: it draws both the held-out pairs and the training order (exact DPO has no other
 randomness), so the interval covers the choice of held-out pairs too. Settings are cut to a 2-core CPU (written into
 ``learning.json`` and the table): 192 tokens per sequence, batch 8, one pass over 480 pairs, bf16-mixed. Seed 0's run
-exports its model (``--export``), for ``scripts/real-model-samples.py``.
+exports its model (``--export``), for ``lab/scripts/real-model-samples.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 # Student t 0.975 quantiles by degrees of freedom (no scipy needed)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 GGUF = SHARED / "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 DATA = SHARED / "data/hh-rlhf/harmless-base-test.jsonl.gz"
