@@ -153,8 +153,8 @@ def learning(key: str, fmt: str):
 
 
 def reproduced(index: int, design: str, quantity: str):
-    """One quantity of one design of the ``index``-th cell of docs/paper-results/reproduced/paper.json (two cells
-    there share the name ``hh-rlhf``: two runs of it)."""
+    """One quantity of one design of the ``index``-th cell of docs/records/paper-results/reproduced/paper.json (two
+    cells there share the name ``hh-rlhf``: two runs of it)."""
     def compute(data: dict) -> str:
         named = {"cells": [{**data["cells"][index], "name": "this"}]}
         return paper("this", design, quantity)(named)

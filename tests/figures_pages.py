@@ -11,33 +11,35 @@ from helpers import REPO
 from lit_prunedpo.intervals import paired_ratio_interval
 
 P, T, A, M = "docs/performance.md", "docs/time-to-quality.md", "docs/paper.md", "docs/real-model.md"
-MED, HH, QS = "docs/bench/medium/bench.json", "docs/bench/head-heavy/bench.json", "docs/bench/quickstart/bench.json"
-BODY, HBT, HGT = ("docs/bench/hh-body/bench.json", "docs/bench/hh-body-trl/bench.json",
-                  "docs/bench/hh-gpt2-trl/bench.json")
-MODES = "docs/bench/position-modes/bench.json"
-BODY_VANILLA = "docs/bench/hh-body-vanilla/bench.json"
-QS_PROMPTS = "docs/bench/quickstart-prompts-vanilla/bench.json"
-COMPILE = "docs/bench/compile-quickstart/bench.json"
-FP32, BF16 = "docs/real-model/bench-fp32/bench.json", "docs/real-model/bench-bf16/bench.json"
-MIXED = "docs/real-model/bench-bf16-mixed/bench.json"
-LEARN = "docs/real-model/learning/records.jsonl"
-PROFILE = "docs/real-model/profile.json"
-LEARNS = "docs/real-model/epoch-cell-learns/report/paper.json"
-LIMIT = "docs/real-model/limit-b8/bench.json"
-TTQ = "docs/real-model/ttq/study.json"
-CKPT = "docs/real-model/bench-trl-checkpointing-fp32/bench.json"
-CKPT_MIXED = "docs/real-model/bench-trl-checkpointing-bf16-mixed/bench.json"
-MAP, CVMAP, CVMAP2 = "docs/study/map/map.json", "docs/study/cv-map/map.json", "docs/study/cv-map2/map.json"
-CVCONF, CVLONG, CV512 = ("docs/study/cv-confirm/map.json", "docs/study/cv-long/map.json",
-                         "docs/study/cv-l512/map.json")
-DESIGNS = "docs/study/map-designs/map.json"
+MED, HH, QS = ("docs/records/bench/medium/bench.json", "docs/records/bench/head-heavy/bench.json",
+               "docs/records/bench/quickstart/bench.json")
+BODY, HBT, HGT = ("docs/records/bench/hh-body/bench.json", "docs/records/bench/hh-body-trl/bench.json",
+                  "docs/records/bench/hh-gpt2-trl/bench.json")
+MODES = "docs/records/bench/position-modes/bench.json"
+BODY_VANILLA = "docs/records/bench/hh-body-vanilla/bench.json"
+QS_PROMPTS = "docs/records/bench/quickstart-prompts-vanilla/bench.json"
+COMPILE = "docs/records/bench/compile-quickstart/bench.json"
+FP32, BF16 = "docs/records/real-model/bench-fp32/bench.json", "docs/records/real-model/bench-bf16/bench.json"
+MIXED = "docs/records/real-model/bench-bf16-mixed/bench.json"
+LEARN = "docs/records/real-model/learning/records.jsonl"
+PROFILE = "docs/records/real-model/profile.json"
+LEARNS = "docs/records/real-model/epoch-cell-learns/report/paper.json"
+LIMIT = "docs/records/real-model/limit-b8/bench.json"
+TTQ = "docs/records/real-model/ttq/study.json"
+CKPT = "docs/records/real-model/bench-trl-checkpointing-fp32/bench.json"
+CKPT_MIXED = "docs/records/real-model/bench-trl-checkpointing-bf16-mixed/bench.json"
+MAP, CVMAP, CVMAP2 = ("docs/records/study/map/map.json", "docs/records/study/cv-map/map.json",
+                      "docs/records/study/cv-map2/map.json")
+CVCONF, CVLONG, CV512 = ("docs/records/study/cv-confirm/map.json", "docs/records/study/cv-long/map.json",
+                         "docs/records/study/cv-l512/map.json")
+DESIGNS = "docs/records/study/map-designs/map.json"
 #: the same cells re-measured with the arms interleaved on seeds 30-34 (2026-12-07)
-CVMAP30, CVMAP230 = "docs/study/cv-map-30/map.json", "docs/study/cv-map2-30/map.json"
-CVLONG30, CV51230 = "docs/study/cv-long-30/map.json", "docs/study/cv-l512-30/map.json"
-LONG = "docs/study/map-long/cells/unrelated-L512-head0.6-B8/study.json"
-LONG2 = "docs/study/map-long-confirm/cells/unrelated-L512-head0.6-B8/study.json"
-PAPER, SCALING = "docs/paper-results/paper.json", "docs/paper-results/scaling/scaling.json"
-REPRODUCED = "docs/paper-results/reproduced/paper.json"
+CVMAP30, CVMAP230 = "docs/records/study/cv-map-30/map.json", "docs/records/study/cv-map2-30/map.json"
+CVLONG30, CV51230 = "docs/records/study/cv-long-30/map.json", "docs/records/study/cv-l512-30/map.json"
+LONG = "docs/records/study/map-long/cells/unrelated-L512-head0.6-B8/study.json"
+LONG2 = "docs/records/study/map-long-confirm/cells/unrelated-L512-head0.6-B8/study.json"
+PAPER, SCALING = "docs/records/paper-results/paper.json", "docs/records/paper-results/scaling/scaling.json"
+REPRODUCED = "docs/records/paper-results/reproduced/paper.json"
 SCE, L512, L256 = "stratified-coupled-exact-targets", "unrelated-L512-head0.6-B8", "unrelated-L256-head0.6-B8"
 CELLS = ("edited", "edited-gpt2", "hh-rlhf", "hh-rlhf-gpt2")
 
@@ -320,9 +322,10 @@ TIME_TO_QUALITY = [
     Figure((T,), "at 512 tokens the LOSS is a {TIE}, {1.50x [0.80x-4.58x]}", CV51230,
            lambda d: (map_row(d, L512, "position")["loss_verdict"], loss_text(L512, "position")(d))),
     Figure((T,), "the pruned step measured {0.41x} of vanilla's CPU time in this run",
-           "docs/study/cv-map-30/cells/near-duplicate-L16-head0.97-B8/study.json",
+           "docs/records/study/cv-map-30/cells/near-duplicate-L16-head0.97-B8/study.json",
            lambda d: x(study_arm(d, f"{SCE}@8")["median_step_s"] / study_arm(d, "vanilla@8")["median_step_s"])),
-    Figure((T,), "and {0.32x} in that one", "docs/study/cv-interleaved/cells/near-duplicate-L16-head0.97-B8/study.json",
+    Figure((T,), "and {0.32x} in that one",
+           "docs/records/study/cv-interleaved/cells/near-duplicate-L16-head0.97-B8/study.json",
            lambda d: x(study_arm(d, f"{SCE}@8")["median_step_s"] / study_arm(d, "vanilla@8")["median_step_s"])),
     Figure((T,), "at 64-token responses **{0.54x [0.38x-0.79x]}** against vanilla shrunk", CVMAP,
            loss_text("near-duplicate-L64-head0.97-B8", SCE)),
@@ -539,12 +542,12 @@ REAL_MODEL = [
            lambda d: (*(x(bench(d, m)["speedup"]) for m in ("branch", "position", "all")),
                       *(x(bench(d, m)["peak_step_memory_mb"] / bench(d, "vanilla")["peak_step_memory_mb"])
                         for m in ("branch", "position", "all")), mib(bench(d, "vanilla")["peak_step_memory_mb"]))),
-    Figure((M,), "it **chose {vanilla}**, after {160.7} s of calibration", "docs/real-model/auto-pruning.json",
+    Figure((M,), "it **chose {vanilla}**, after {160.7} s of calibration", "docs/records/real-model/auto-pruning.json",
            lambda d: (d["chose"], f"{d['calibration_s']:.1f}")),
     Figure((M,), "{AutoPruning: chose vanilla in 160.7 s of calibration on 4 pairs x 4 draws: no candidate reaches (1 "
            "+ within/between)/k <= 0.90: vanilla (position: k 1.08, within/between 6.81, (1 + within/between)/k 7.20; "
            "antithetic: k 1.36, within/between 1.18, (1 + within/between)/k 1.60)}",
-           "docs/real-model/auto-pruning.json",
+           "docs/records/real-model/auto-pruning.json",
            lambda d: d["line"]),
     *(Figure((M,), f"| {mode} | {{}} s | {{}} | {{}} % | {{}} MiB ({{}}) |", FP32, real_pruning(mode))
       for mode in ("branch", "position", "all")),

@@ -127,7 +127,7 @@ FIGURES = [
            "{97} % of a step", CVMAP, lambda d: (map_row(d, ND16, SCE)["loss_text"], pct(map_row(d, ND16, SCE)
                                                                                        ["head_share"]))),
     Figure((R,), "({0.34x [0.32x-0.56x]} on 5 new seeds,", CVCONF, loss_text(ND16, SCE)),
-    Figure((R, "docs/time-to-quality.md"), "{0.31x [0.27x-0.48x]}", "docs/study/cv-interleaved/map.json",
+    Figure((R, "docs/time-to-quality.md"), "{0.31x [0.27x-0.48x]}", "docs/records/study/cv-interleaved/map.json",
            loss_text(ND16, SCE)),
     Figure((R,), "arms timed interleaved, {0.56x [0.52x-0.63x]} on those seeds again a day later;", CVMAP30,
            loss_text(ND16, SCE)),
@@ -158,7 +158,7 @@ FIGURES = [
     Figure((R,), "beat it by more in both runs ({0.42x},", LONG, ratio_only(arm_ratio("vanilla@5 (cost-matched)"))),
     Figure((R,), ", {0.59x}); the noise model", LONG2, ratio_only(arm_ratio("vanilla@5 (cost-matched)"))),
     Figure((R,), "one epoch with branch pruning took {16}-{19} % less training time with a {1.18x}-{1.24x} faster step",
-           "docs/paper-results/reproduced/paper.json", lambda d: branch_paper(d, (1, 2, 3, 4))),
+           "docs/records/paper-results/reproduced/paper.json", lambda d: branch_paper(d, (1, 2, 3, 4))),
     Figure((R,), "(the {32}-{35} % and {1.51x}-{1.59x} published earlier were timed under load", PAPER, branch_paper),
     Figure((R,), "cost {0.28}-{0.31} of held-out accuracy", PAPER,
            lambda d: tuple(f"{-paper_row(d, c, 'branch@16')['accuracy_change'][0]:.2f}"
@@ -183,7 +183,7 @@ UNSOURCED = [
     (I, "28-33 s of wall time for 240 steps", "/usr/bin/time at 23b6166 (CHANGELOG)"),
     (I, "stepped 1.56x slower with one thread than with two", "a measurement kept in CHANGELOG only"),
     (R, "(4:39 on 2 quiet cores)", "a pytest run"),
-    (R, "83 min on 2 CPU cores", "the map's wall time, in docs/study/log.md only (map.json was resumed)"),
+    (R, "83 min on 2 CPU cores", "the map's wall time, in docs/study-log.md only (map.json was resumed)"),
 ]
 
 FIGURE = re.compile(r"\{([^{}]*)\}")

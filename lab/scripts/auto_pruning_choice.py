@@ -3,10 +3,11 @@
 run for several seeds per cell, with each candidate's cost ratio ``k``, noise ratio ``within / between`` and
 ``(1 + within / between) / k`` (the rule picks the lowest if it is at most 0.9).
 
-The time-to-quality verdicts these choices should agree with are the maps' own (``docs/study/cv-map``,
+The time-to-quality verdicts these choices should agree with are the maps' own (``docs/records/study/cv-map``,
 ``cv-confirm``, ``cv-map2``, ``map``): a cell where a mode won should get that mode, a cell where none did vanilla.
 
-    python lab/scripts/auto_pruning_choice.py --specs docs/study/cv-map/spec.yaml,docs/study/cv-map2/spec.yaml \
+    python lab/scripts/auto_pruning_choice.py \
+        --specs docs/records/study/cv-map/spec.yaml,docs/records/study/cv-map2/spec.yaml \
         --seeds 0,1,2 --out paper_results/auto-choice.json
 """
 
@@ -25,7 +26,7 @@ from lit_prunedpo_lab.study.map_spec import load_spec
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--specs", default="docs/study/cv-map/spec.yaml",
+    parser.add_argument("--specs", default="docs/records/study/cv-map/spec.yaml",
                         help="comma-separated map specs (YAML files, or a built-in map's name: default, quick)")
     parser.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES),
                         help=f"comma-separated modes (default: AutoPruning's, {','.join(DEFAULT_CANDIDATES)})")

@@ -1,12 +1,12 @@
 """Where a training step spends its time: this project's exact vanilla step against TRL's ``DPOTrainer`` step, both
 with an online reference, profiled with ``torch.profiler`` on the same weights and the same batches.
 
-    OMP_NUM_THREADS=1 python lab/scripts/profile-trl-gap.py --threads 1 --out docs/real-model/profile
+    OMP_NUM_THREADS=1 python lab/scripts/profile-trl-gap.py --threads 1 --out docs/records/real-model/profile
 
 Everything is built by the bench's own code (:func:`lit_prunedpo_lab.bench.rounds.build_rounds` with the ``--model`` /
 ``--data`` objects ``lit-prunedpo-bench`` builds): SmolLM2-135M-Instruct (the shared GGUF, float32) on HH-RLHF
 harmless-base test pairs (``dialogues=messages``, ``on_bad_row=skip``, max length 192, max prompt length 128, 4
-pairs per batch), the settings of ``docs/real-model/bench-fp32/bench.json``. Batch 0 warms up one step of each;
+pairs per batch), the settings of ``docs/records/real-model/bench-fp32/bench.json``. Batch 0 warms up one step of each;
 batches 1 and 2 are profiled, alternating (ours, TRL, ours, TRL), each step in a profiler session of its own
 (CPU activity, ``record_shapes=True``). Ours is :func:`~lit_prunedpo_lab.bench.rounds.train_step` (the module's own
 step, backward, AdamW); TRL's is :meth:`~lit_prunedpo_lab.bench.peer_trl.TRLPeer.step` (``compute_loss``, backward,
@@ -311,7 +311,7 @@ def markdown(payload: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="docs/real-model/profile")
+    parser.add_argument("--out", default="docs/records/real-model/profile")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import trl

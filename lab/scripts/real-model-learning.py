@@ -3,7 +3,8 @@ command (``lit-prunedpo fit --config configs/smollm2_hh.yaml`` and its ``# offli
 the held-out exact loss and preference accuracy of each run's last validation, with their mean and a 95 % t-interval
 over the seeds, against ln 2 and 0.5 (the values every pair has before the first step: policy = reference).
 
-    python lab/scripts/real-model-learning.py --out docs/real-model/learning [--seeds 0,1,2] [--steps 60] [--resume]
+    python lab/scripts/real-model-learning.py --out docs/records/real-model/learning [--seeds 0,1,2] [--steps 60] \
+        [--resume]
     python lab/scripts/real-model-learning.py --out learning-gpu --accelerator gpu \
         --model HuggingFaceTB/SmolLM2-135M-Instruct
 

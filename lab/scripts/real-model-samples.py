@@ -3,7 +3,8 @@ model, and the folder ``lab/scripts/real-model-learning.py --export`` wrote (see
 ``docs/export.md`` tells a user to drive an export: ``AutoModelForCausalLM.from_pretrained(out)``, the prompt's ids
 as training built them (chat template, BOS as the data module adds it), greedy decoding.
 
-    python lab/scripts/real-model-samples.py --after /tmp/learn/export-seed0 --out docs/real-model/samples.md [--n 6]
+    python lab/scripts/real-model-samples.py --after /tmp/learn/export-seed0 \
+        --out docs/records/real-model/samples.md [--n 6]
 
 The prompts are the first ``--n`` pairs of seed 0's held-out split whose prompt fits in 128 tokens (same data settings
 as the learning run), whose chosen and rejected responses are printed beside the generations.

@@ -1,6 +1,6 @@
 """Re-time published benchmarks with their stored commands, in place, and print what moved.
 
-    python lab/scripts/retime-benches.py docs/bench/quickstart docs/bench/hh-body ...
+    python lab/scripts/retime-benches.py docs/records/bench/quickstart docs/records/bench/hh-body ...
 
 Each folder's ``bench.json`` names the command that wrote it; that command runs again (same preset, modes, steps,
 threads, output folder) and overwrites the folder. Printed per folder: the load the new rounds ran under, and per

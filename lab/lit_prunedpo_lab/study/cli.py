@@ -3,7 +3,8 @@
 Examples::
 
     lit-prunedpo-study --task quickstart --quick --out study_results/quickstart-quick
-    lit-prunedpo-study --task edited --modes vanilla,branch,sequence --budget 30 --steps 300 --out docs/study/edited
+    lit-prunedpo-study --task edited --modes vanilla,branch,sequence --budget 30 --steps 300 \
+        --out docs/records/study/edited
     python -m lit_prunedpo_lab.study.cli --task hh-rlhf --modes vanilla,position-coupled --no-matched --budget 90 \
         --steps 40
 

@@ -6,7 +6,8 @@ Examples::
     lit-prunedpo-paper cell --task hh-rlhf --family gpt2 --max-rows 1024 --warm-start-steps 100 --pareto \\
         --out paper_results/hh-rlhf-gpt2
     lit-prunedpo-paper report paper_results/edited-llama paper_results/hh-rlhf-gpt2 --out docs/paper
-    lit-prunedpo-paper reproduce docs/paper-results/cells/hh-rlhf-llama --seeds 30,31,32,33,34 --designs branch \
+    lit-prunedpo-paper reproduce docs/records/paper-results/cells/hh-rlhf-llama --seeds 30,31,32,33,34 \
+        --designs branch \
         --out paper_results/hh-rlhf-llama-again
 
 ``cell`` trains every design of one (task, model family) for the same number of epochs from each seed

@@ -119,7 +119,7 @@ def test_spec_files(tmp_path):
         load_spec(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).parents[3].glob("docs/study/*/spec.yaml")),
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[3].glob("docs/records/study/*/spec.yaml")),
                          ids=lambda p: p.parent.name)
 def test_the_published_specs_load(path):
     """Every spec a results page names in its command still reads, with the cells its map.json reports."""
