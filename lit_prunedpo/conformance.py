@@ -117,13 +117,13 @@ def _split_by_branch(plan: StepPlan) -> StepPlan:
 
 
 @contextlib.contextmanager
-def _modes(model: nn.Module, training: bool, noise_free: bool) -> Iterator[None]:
+def _modes(model: nn.Module, training: bool, dropout_free: bool) -> Iterator[None]:
     """Run with ``model`` in training (noise-free, as a step runs it) or eval mode; restore every module's mode."""
     from lit_prunedpo.dropout import dropout_free_training
 
     saved = {m: m.training for m in model.modules()}
     model.train(training)
-    if training and noise_free:
+    if training and dropout_free:
         dropout_free_training(model)
     try:
         yield
@@ -134,13 +134,13 @@ def _modes(model: nn.Module, training: bool, noise_free: bool) -> Iterator[None]
 
 @torch.no_grad()
 def layout_error(model: nn.Module, layout: Layout, scorer: TokenScorer, batch: PreferenceBatch,
-                 expected: Tensor, training: bool = False, noise_free: bool = True) -> float:
+                 expected: Tensor, training: bool = False, dropout_free: bool = True) -> float:
     """Largest ``|log p|`` difference between ``layout``'s scored log-probs (unpruned plan, then branch-split plan)
     and ``expected`` (:func:`plain_logps`); exceptions of the model's forward propagate."""
     executor = StepExecutor(layout, keeps_keys_values(model))
     plan = exact_plan(batch)
     worst = 0.0
-    with _modes(model, training, noise_free):
+    with _modes(model, training, dropout_free):
         for i, candidate in enumerate((plan, _split_by_branch(plan))):
             forwards = executor.forwards(candidate.groups, PairLengths.of(batch))
             if i and not any(f.laid_out.reads_previous for f in forwards.policy):
@@ -281,14 +281,14 @@ def _try(layout: Layout, models: Sequence[nn.Module], scorer: TokenScorer, probe
 
 
 def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenScorer, *, strict: bool = False,
-                  train_noise_check: bool = True, tolerance: float | None = None,
+                  dropout_check: bool = True, tolerance: float | None = None,
                   max_length: int = MAX_PROBE_LENGTH) -> LayoutChoice:
     """The layout to run ``models`` (the policy first, then frozen references) with: ``requested`` if it matches the
     plain forward on the probe, else (an :class:`AutoLayout`'s next candidate, or) the right-padded layout.
 
     Raises:
         ValueError: under ``strict``, when ``requested`` does not match, naming how; when no layout matches.
-        RuntimeError: when the policy's training-mode forward differs from its eval-mode one (``train_noise_check``).
+        RuntimeError: when the policy's training-mode forward differs from its eval-mode one (``dropout_check``).
     """
     policy = models[0]
     for model in models:
@@ -316,7 +316,7 @@ def choose_layout(requested: Layout, models: Sequence[nn.Module], scorer: TokenS
     if probes.unfinite:
         return LayoutChoice(chosen, f"layout: {_name(chosen)} for {type(policy).__name__}: not checked, the model's "
                                     "own forward is not finite on the conformance probe", tuple(refused))
-    if train_noise_check:
+    if dropout_check:
         probe = probes[policy]
         with in_float32([policy]):
             error = layout_error(policy, chosen, scorer, probe.batch, probe.expected, training=True)

@@ -254,7 +254,7 @@ class PrunedDPO(L.LightningModule):
             models = [self.policy, *self.reference.models()]
             if self.check_layout:
                 choice = choose_layout(self.layout, models, self.scorer, strict=self.strict_layout,
-                                       train_noise_check=self.disable_dropout)
+                                       dropout_check=self.disable_dropout)
             else:
                 choice = unchecked_layout(self.layout, models)
             self._layout_choice = choice

@@ -116,5 +116,5 @@ def test_a_reference_model_is_checked_too(tiny_source):
     """The frozen reference runs the chosen layout as well: a layout it cannot run is not chosen."""
     module = PrunedDPO(policy=tiny_source)
     models = [module.policy, build_tiny("mamba").eval()]
-    choice = choose_layout(AutoLayout(), models, TokenScorer(), train_noise_check=False)
+    choice = choose_layout(AutoLayout(), models, TokenScorer(), dropout_check=False)
     assert type(choice.layout) is not SharedPromptLayout

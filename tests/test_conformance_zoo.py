@@ -97,12 +97,12 @@ def test_every_layout_and_scorer_is_exact_or_refused(model_type, built):
     for layout_name, make_layout in LAYOUTS.items():
         for scorer_name, make_scorer in SCORERS.items():
             layout, scorer = make_layout(), make_scorer()
-            choice = choose_layout(layout, [model], scorer, train_noise_check=False)
+            choice = choose_layout(layout, [model], scorer, dropout_check=False)
             where = f"{model_type}, {layout_name} layout, {scorer_name} scorer ({choice.line})"
             if choice.layout is not layout:  # refused: the line names the layout and why, the fallback is exact
                 assert type(layout).__name__ in choice.line and "RightPaddedLayout" in choice.line, where
                 with pytest.raises(ValueError, match=type(layout).__name__):
-                    choose_layout(layout, [model], scorer, strict=True, train_noise_check=False)
+                    choose_layout(layout, [model], scorer, strict=True, dropout_check=False)
             error = layout_error(model, choice.layout, scorer, batch, expected)
             assert error <= 1e-4, f"{where}: off by {error:.3g} nats"
 
@@ -180,7 +180,7 @@ def test_eager_attention_is_exact_too(model_type):
     model = build_tiny(model_type, attn_implementation="eager").eval()
     batch = zoo_batch(min(model.get_input_embeddings().num_embeddings, 128))
     expected = plain_logps(model, batch)
-    choice = choose_layout(AutoLayout(), [model], TokenScorer(), train_noise_check=False)
+    choice = choose_layout(AutoLayout(), [model], TokenScorer(), dropout_check=False)
     if SAME_TRANSFORMERS:
         assert type(choice.layout).__name__ == PUBLISHED[model_type], choice.line
     assert layout_error(model, choice.layout, TokenScorer(), batch, expected) <= 1e-4, choice.line

@@ -109,9 +109,9 @@ def _stops(model, layout, scorer, autocast, weights):
     with a line naming the difference, or stops where no layout helps (a bug in the scorer)."""
     with running_in(model, autocast, weights):
         with pytest.raises(ValueError, match="does not run .* exactly: .*differ"):
-            choose_layout(layout, [model], scorer, strict=True, train_noise_check=False)
+            choose_layout(layout, [model], scorer, strict=True, dropout_check=False)
         try:
-            fallback = choose_layout(layout, [model], scorer, train_noise_check=False)
+            fallback = choose_layout(layout, [model], scorer, dropout_check=False)
         except ValueError as err:
             assert "no layout runs" in str(err) and "differ" in str(err)
         else:
@@ -169,7 +169,7 @@ def test_lightnings_16_bit_precisions_train_with_the_packed_layout(precision, tm
 @pytest.mark.parametrize("model_type", FIRST_TRIED)
 def test_the_first_tried_architectures_keep_their_float32_layout_in_bf16(model_type, name, autocast, weights):
     model = build_tiny(model_type).eval()
-    float32 = choose_layout(AutoLayout(), [model], TokenScorer(), train_noise_check=False).layout
+    float32 = choose_layout(AutoLayout(), [model], TokenScorer(), dropout_check=False).layout
     with running_in(model, autocast, weights):
-        choice = choose_layout(AutoLayout(), [model], TokenScorer(), train_noise_check=False)
+        choice = choose_layout(AutoLayout(), [model], TokenScorer(), dropout_check=False)
     assert type(choice.layout) is type(float32), choice.line

@@ -38,7 +38,7 @@ def measure(model_type: str) -> dict:
         context = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
         try:
             with context:
-                choice = choose_layout(AutoLayout(), [model], TokenScorer(), train_noise_check=False)
+                choice = choose_layout(AutoLayout(), [model], TokenScorer(), dropout_check=False)
                 probe = _Probes(256, {id(model): WorkingPrecision.of(model)})[model]
                 ratio = None
                 if type(choice.layout) is SharedPromptLayout and probe.precision.reduced:
