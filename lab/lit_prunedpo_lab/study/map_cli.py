@@ -7,6 +7,8 @@ Examples::
     lit-prunedpo-study-map --spec hh-rlhf --limit-minutes 60 --out study_results/map-hh
     lit-prunedpo-study-map --quick --out study_results/map-quick
     lit-prunedpo-study-map --spec my-map.yaml --budget 20 --limit-minutes 240 --out study_results/my-map
+    lit-prunedpo-study-map reproduce docs/records/study/map --seeds 30,31,32,33,34 --tune-seeds 200 --out map-again
+    lit-prunedpo-study-map compare docs/records/study/map map-again    # one line per verdict: do the intervals overlap
 
 The grid (:mod:`lit_prunedpo_lab.study.map_spec`): response length, the LM head's share of a step, batch size and
 pair similarity on generated tasks with a known best accuracy (:mod:`lit_prunedpo_lab.study.map_tasks`), and
@@ -64,14 +66,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from lit_prunedpo_lab.study import map_reproduce
 from lit_prunedpo_lab.study.arguments import UsageError, count, factor_list, mode_list, real, seed_list
 from lit_prunedpo_lab.study.map_cells import run_cell, study_argv
 from lit_prunedpo_lab.study.map_resume import cell_settings, resume_conflicts
 from lit_prunedpo_lab.study.outputs import OutputError, Refused, claim_folder
 
 MAP_DEFAULTS: dict[str, Any] = {"steps": 10, "evals": 5, "max_eval_pairs": 32, "seeds": [0, 1, 2, 3, 4],
-                                "tune_seeds": [100],
-                                "calibration_steps": 3, "noise_pairs": 16, "noise_draws": 24, "limit_minutes": 90.0}
+                                "tune_seeds": [100], "calibration_steps": 3, "noise_pairs": 16, "noise_draws": 24,
+                                "limit_minutes": 90.0}
 MAP_QUICK: dict[str, Any] = {"steps": 10, "evals": 3, "max_eval_pairs": 32, "seeds": [0, 1, 2], "tune_seeds": [100],
                              "calibration_steps": 2, "noise_pairs": 8, "noise_draws": 8, "limit_minutes": 5.0,
                              "budget": 1.0}
@@ -139,7 +142,10 @@ def claim_map_folder(out: Path, resume: bool, held: contextlib.ExitStack) -> Non
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the map described by ``argv`` (``sys.argv[1:]`` if ``None``); returns the exit status. An output folder
     refused, a resume with other settings or a file that cannot be written is one ``error:`` line (status 2 when
-    nothing ran, 1 when the map stopped)."""
+    nothing ran, 1 when the map stopped). ``reproduce`` and ``compare`` first: :mod:`.map_reproduce`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["reproduce"], ["compare"]):
+        return map_reproduce.main(argv, main)
     try:
         with contextlib.ExitStack() as held:  # --out's lock, released however the map ends
             return _map(argv, held)
@@ -156,7 +162,7 @@ def _map(argv: Sequence[str] | None, held: contextlib.ExitStack) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return _run_map(args, "lit-prunedpo-study-map " + " ".join(sys.argv[1:] if argv is None else argv), held)
+        return _run_map(args, "lit-prunedpo-study-map " + " ".join(argv), held)
     except UsageError as exc:
         parser.error(str(exc))
 
@@ -219,8 +225,9 @@ def _run_map(args: argparse.Namespace, command: str, held: contextlib.ExitStack)
             check_writable(out)
         except OSError as exc:
             raise UsageError(f"--out: {exc}") from None
-        if not args.plan_only:  # a plan writes nothing there
+        if not args.plan_only:  # a plan writes nothing there; the spec file is kept beside the records
             claim_map_folder(out, args.resume, held)
+            map_reproduce.keep_spec(args.spec, out)
 
     import torch
 
