@@ -119,6 +119,13 @@ def verdict_lines(published: Mapping[str, Any], new: Mapping[str, Any]) -> tuple
     return lines, misses
 
 
+def tally(payload: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    """``payload``'s loss verdicts over the (cell, mode) pairs ``other`` holds too: ``"0 WIN, 18 LOSS, 12 TIE"``."""
+    shared = {(r["name"], r["mode"]) for r in other.get("rows", [])}
+    verdicts = [r["loss_verdict"] for r in payload.get("rows", []) if (r["name"], r["mode"]) in shared]
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in ("WIN", "LOSS", "TIE"))
+
+
 def compare_maps(published: Path, new: Path) -> int:
     """Print the verdict lines of two map folders and a count; 1 if an interval did not overlap (or no verdict is
     shared), 2 when a folder is not a finished map, else 0."""
@@ -138,7 +145,8 @@ def compare_maps(published: Path, new: Path) -> int:
     if not lines:
         print(f"error: {published} and {new} hold no (cell, mode) verdict in common", file=sys.stderr)
         return 1
-    print(f"{len(lines) - misses} of {len(lines)} verdicts' intervals overlap the published ones"
+    print(f"{len(lines) - misses} of {len(lines)} verdicts' intervals overlap the published ones; verdicts "
+          f"published {tally(payloads[0], payloads[1])}, now {tally(payloads[1], payloads[0])}"
           + (f"; not finished: {'; '.join(unfinished)}" if unfinished else ""), file=sys.stderr)
     return 1 if misses else 0
 

@@ -29,7 +29,8 @@ def test_compare_says_the_first_wins_size_did_not_reproduce_and_the_rest_did(cap
         "vanilla@3 (cost-matched), now WIN 0.55x [0.34x-0.90x] vs vanilla@3 (cost-matched): overlaps",
         "unrelated-L64-head0.25-B8 stratified-coupled-exact-targets: published TIE 1.00x [0.96x-1.06x] vs vanilla@8, "
         "now TIE 0.79x [0.57x-1.06x] vs vanilla@8: overlaps"]
-    assert "2 of 3 verdicts' intervals overlap the published ones" in err
+    assert ("2 of 3 verdicts' intervals overlap the published ones; verdicts published 2 WIN, 0 LOSS, 1 TIE, now "
+            "2 WIN, 0 LOSS, 1 TIE") in err
     assert map_main(["compare", str(STUDY / "cv-map2"), str(STUDY / "cv-map2-30")]) == 0
     assert capsys.readouterr().out.count(": overlaps") == 2
 
