@@ -11,6 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from helpers import REPO
+
 #: 97.5 % quantiles of Student's t by degrees of freedom (the learning script's own table)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -96,6 +98,17 @@ def verdicts(data: dict) -> tuple[str, str, str, str]:
     found = [r["loss_verdict"] for r in data["rows"]]
     return (str(found.count("WIN")), str(found.count("LOSS")), str(found.count("TIE")),
             str(len({r["name"] for r in data["rows"]})))
+
+
+def remeasured(published: str):
+    """A re-measured map's wins, losses and ties, and how many of its verdicts' intervals overlap those of the map
+    at ``published`` of how many both hold (``lit-prunedpo-study-map compare``'s count)."""
+    def compute(data: dict) -> tuple[str, ...]:
+        from lit_prunedpo_lab.study.map_reproduce import verdict_lines
+
+        lines, misses = verdict_lines(load(REPO / published), data)
+        return (*verdicts(data)[:3], str(len(lines) - misses), str(len(lines)))
+    return compute
 
 
 def arm_ratio(arm: str, key: str = "loss_time_ratio"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, mib, paper,
-                            paper_row, peer, reproduced, spread, threads, verdicts, x)
+                            paper_row, peer, remeasured, reproduced, spread, threads, verdicts, x)
 from helpers import REPO
 from lit_prunedpo.intervals import paired_ratio_interval
 
@@ -35,6 +35,7 @@ CVCONF, CVLONG, CV512 = ("docs/records/study/cv-confirm/map.json", "docs/records
 DESIGNS = "docs/records/study/map-designs/map.json"
 #: the same cells re-measured with the arms interleaved on seeds 30-34 (2026-12-07)
 CVMAP30, CVMAP230 = "docs/records/study/cv-map-30/map.json", "docs/records/study/cv-map2-30/map.json"
+MAP30 = "docs/records/study/map-30/map.json"
 CVLONG30, CV51230 = "docs/records/study/cv-long-30/map.json", "docs/records/study/cv-l512-30/map.json"
 LONG = "docs/records/study/map-long/cells/unrelated-L512-head0.6-B8/study.json"
 LONG2 = "docs/records/study/map-long-confirm/cells/unrelated-L512-head0.6-B8/study.json"
@@ -341,6 +342,13 @@ TIME_TO_QUALITY = [
     Figure((T,), "{0} WIN, {18} LOSS, {12} TIE of {30} (cell, mode) verdicts. The noise model predicted \"vanilla "
            "better\" for every one of them and agrees with all {18} that were decided", MAP,
            lambda d: (*verdicts(d)[:3], str(len(d["rows"])),
+                      str(sum(r["agreement"] == "agrees" for r in d["rows"])))),
+    Figure((T,), "**{0} WIN, {20} LOSS, {10} TIE**, {29} of the {30} intervals overlapping the published ones", MAP30,
+           remeasured(MAP)),
+    Figure((T,), "(coupled positions, 64-token near-duplicates, 97 % head: {1.08x [0.71x-1.92x]})", MAP30,
+           loss_text("near-duplicate-L64-head0.97-B8", "position-coupled")),
+    Figure((T,), "said \"vanilla better\" in all {30} and agrees with all {20} decided", MAP30,
+           lambda d: (str(sum(r["prediction"] == "vanilla better" for r in d["rows"])),
                       str(sum(r["agreement"] == "agrees" for r in d["rows"])))),
     Figure((T,), "coupled positions {0.92x [0.80x-1.13x]} of vanilla's time", MAP,
            loss_text("unrelated-L256-head0.25-B8", "position-coupled")),
