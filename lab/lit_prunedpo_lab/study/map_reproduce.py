@@ -79,16 +79,9 @@ def reproduction_argv(argv: Sequence[str], seeds: Sequence[int], tune_seeds: Seq
                       resume: bool) -> list[str]:
     """``argv`` (a stored map command) with its seeds and output folder replaced (its tuning seeds too, when
     ``tune_seeds`` is given), the warm-start cache under ``out``; ``--resume`` when ``out`` holds a map already."""
-    replaced = _REPLACED + (("--tune-seeds",) if tune_seeds is not None else ())
-    kept, skip = [], False
-    for word in argv:
-        name = word.split("=", 1)[0]
-        if skip:
-            skip = False
-        elif name in replaced:
-            skip = "=" not in word
-        elif name not in _DROPPED:
-            kept.append(word)
+    from lit_prunedpo_lab.study.paper_reproduce import without_options
+
+    kept = without_options(argv, _REPLACED + (("--tune-seeds",) if tune_seeds is not None else ()), _DROPPED)
     kept += ["--seeds", ",".join(str(s) for s in seeds)]
     kept += ["--tune-seeds", ",".join(str(s) for s in tune_seeds)] if tune_seeds is not None else []
     kept += ["--out", str(out)]

@@ -42,12 +42,9 @@ def stored_argv(cell: Path) -> list[str]:
     return words[1:]
 
 
-def reproduction_argv(argv: Sequence[str], seeds: Sequence[int], out: Path, designs: str | None,
-                      resume: bool) -> list[str]:
-    """``argv`` (a stored ``cell`` command) with its seeds and output folder replaced, and, when ``designs`` is
-    given, its designs (``--pareto`` dropped)."""
-    replaced, dropped = _REPLACED + (("--designs",) if designs is not None else ()), _DROPPED + (
-        ("--pareto",) if designs is not None else ())
+def without_options(argv: Sequence[str], replaced: Sequence[str], dropped: Sequence[str]) -> list[str]:
+    """``argv`` less the ``replaced`` options (each with its value, ``--x v`` or ``--x=v``) and the ``dropped`` flags:
+    what a reproduction keeps of a stored command before adding its own values."""
     kept, skip = [], False
     for word in argv:
         name = word.split("=", 1)[0]
@@ -57,6 +54,16 @@ def reproduction_argv(argv: Sequence[str], seeds: Sequence[int], out: Path, desi
             skip = "=" not in word
         elif name not in dropped:
             kept.append(word)
+    return kept
+
+
+def reproduction_argv(argv: Sequence[str], seeds: Sequence[int], out: Path, designs: str | None,
+                      resume: bool) -> list[str]:
+    """``argv`` (a stored ``cell`` command) with its seeds and output folder replaced, and, when ``designs`` is
+    given, its designs (``--pareto`` dropped)."""
+    replaced, dropped = _REPLACED + (("--designs",) if designs is not None else ()), _DROPPED + (
+        ("--pareto",) if designs is not None else ())
+    kept = without_options(argv, replaced, dropped)
     kept += ["--seeds", ",".join(str(s) for s in seeds), "--out", str(out)]
     kept += ["--designs", designs] if designs is not None else []
     return kept + (["--resume"] if resume else [])
