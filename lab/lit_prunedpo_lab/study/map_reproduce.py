@@ -43,7 +43,9 @@ def keep_spec(spec: str | None, out: Path) -> Path | None:
 
 
 def stored_argv(folder: Path) -> list[str]:
-    """The arguments ``folder/map.json`` was made with, its ``--spec`` pointed at the copy kept in ``folder``.
+    """The arguments ``folder/map.json`` was made with, its ``--spec`` pointed at the copy kept in ``folder`` and,
+    when it ran without ``--budget``, the budget its plan fitted added: a map fitted to ``--limit-minutes`` would
+    otherwise fit another budget to other seeds (or another day's probes), and train other runs.
 
     Raises:
         ValueError: naming the file, when it records no map command, or its spec file is neither kept beside the
@@ -72,6 +74,12 @@ def stored_argv(folder: Path) -> list[str]:
         elif not Path(spec).is_file():
             raise ValueError(f"{folder / 'map.json'}: its spec {spec!r} does not exist and no copy (spec.yaml) is "
                              f"kept in {folder}; put the spec there to reproduce the map")
+    if not any(word.partition("=")[0] == "--budget" for word in argv):
+        budget = (stored.get("plan") or {}).get("budget_s")
+        if not isinstance(budget, (int, float)):
+            raise ValueError(f"{folder / 'map.json'}: its command gives no --budget and its plan records none "
+                             f"(plan.budget_s); add --budget to reproduce it with the same training per run")
+        argv += ["--budget", repr(float(budget))]
     return argv
 
 

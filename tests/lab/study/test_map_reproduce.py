@@ -79,6 +79,18 @@ def test_the_stored_commands_of_the_records_point_at_the_kept_spec():
     assert cv[cv.index("--spec") + 1] == str(STUDY / "cv-map" / "spec.yaml")
 
 
+def test_a_map_fitted_to_its_time_limit_is_reproduced_with_the_budget_it_fitted(tmp_path):
+    # map-long ran with --limit-minutes 95 and no --budget: on 5 seeds instead of 10 the same limit would fit a
+    # budget about twice as long, other runs than the published ones
+    long = stored_argv(STUDY / "map-long")
+    assert long[long.index("--limit-minutes") + 1] == "95" and long[-2:] == ["--budget", "35.2"]
+    assert stored_argv(STUDY / "map-long-head0.25").count("--budget") == 1  # its own --budget 35.2 is kept as is
+    (tmp_path / "map.json").write_text(json.dumps({"command": "lit-prunedpo-study-map --limit-minutes 9 --out x",
+                                                   "plan": {"limit_min": 9.0}}))
+    with pytest.raises(ValueError, match=r"map.json: its command gives no --budget and its plan records none"):
+        stored_argv(tmp_path)
+
+
 def test_a_stored_spec_that_is_gone_and_not_kept_is_refused(tmp_path):
     (tmp_path / "map.json").write_text(json.dumps({"command": "lit-prunedpo-study-map --spec /gone/s.yaml --out x"}))
     with pytest.raises(ValueError, match=r"its spec '/gone/s.yaml' does not exist and no copy \(spec.yaml\) is kept"):
