@@ -39,6 +39,8 @@ MAP30 = "docs/records/study/map-30/map.json"
 CVLONG30, CV51230 = "docs/records/study/cv-long-30/map.json", "docs/records/study/cv-l512-30/map.json"
 LONG = "docs/records/study/map-long/cells/unrelated-L512-head0.6-B8/study.json"
 LONG2 = "docs/records/study/map-long-confirm/cells/unrelated-L512-head0.6-B8/study.json"
+LONG30 = "docs/records/study/map-long-30/cells/unrelated-L512-head0.6-B8/study.json"
+LONG230 = "docs/records/study/map-long-confirm-30/cells/unrelated-L512-head0.6-B8/study.json"
 PAPER, SCALING = "docs/records/paper-results/paper.json", "docs/records/paper-results/scaling/scaling.json"
 REPRODUCED = "docs/records/paper-results/reproduced/paper.json"
 SCE, L512, L256 = "stratified-coupled-exact-targets", "unrelated-L512-head0.6-B8", "unrelated-L256-head0.6-B8"
@@ -362,6 +364,19 @@ TIME_TO_QUALITY = [
            "({0.59x [0.37x-1.00x]})", LONG2,
            lambda d: (arm_ratio("stratified-coupled@8", "loss_time_ratio_same_batch")(d),
                       arm_ratio("vanilla@5 (cost-matched)")(d))),
+    Figure((T,), "win over the batch it prunes held ({0.45x [0.20x-0.73x]}) and the smaller batch's did not ({0.75x "
+           "[0.41x-1.65x]};", LONG30,
+           lambda d: (arm_ratio("stratified-coupled@8", "loss_time_ratio_same_batch")(d),
+                      arm_ratio("vanilla@5 (cost-matched)")(d))),
+    Figure((T,), "the longer budget {1.51x [0.71x-3.69x]}, pruning {0.75x [0.51x-1.39x]})", LONG230,
+           lambda d: (arm_ratio("vanilla@5 (cost-matched)")(d),
+                      arm_ratio("stratified-coupled@8", "loss_time_ratio_same_batch")(d))),
+    Figure((T,), "coupled\n  positions included", "docs/records/study/map-long-30/map.json",
+           lambda d: () if [r["loss_verdict"] for r in d["rows"]] == ["TIE"] * 4 else ("not all TIE",)),
+    Figure((T,), "(pruning {0.45x}, the smaller batch {0.75x})", LONG30,
+           lambda d: tuple(arm_ratio(a, k)(d).split()[0] for a, k in (
+               ("stratified-coupled@8", "loss_time_ratio_same_batch"),
+               ("vanilla@5 (cost-matched)", "loss_time_ratio")))),
     Figure((T,), "**sequence pruning** lost on long unrelated pairs ({1.42x [1.21x-1.99x]})", DESIGNS,
            loss_text("unrelated-L256-head0.25-B8", "sequence")),
     Figure((T,), "(coupled positions {2.3}-{3.2}x, antithetic", MAP, noise),
