@@ -111,6 +111,11 @@ def remeasured(published: str):
     return compute
 
 
+def ratio_only(compute):
+    """The ratio alone of an interval text another helper computes: ``0.42x [0.26x-0.66x]`` -> ``0.42x``."""
+    return lambda data: compute(data).split()[0]
+
+
 def arm_ratio(arm: str, key: str = "loss_time_ratio"):
     """An arm's time to the loss target from a study's summary, ``0.42x [0.26x-0.66x]``."""
     def compute(data: dict) -> str:

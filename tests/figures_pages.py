@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, mib, paper,
-                            paper_row, peer, remeasured, reproduced, spread, threads, verdicts, x)
+                            paper_row, peer, ratio_only, remeasured, reproduced, spread, threads, verdicts, x)
 from helpers import REPO
 from lit_prunedpo.intervals import paired_ratio_interval
 
@@ -374,9 +374,8 @@ TIME_TO_QUALITY = [
     Figure((T,), "coupled\n  positions included", "docs/records/study/map-long-30/map.json",
            lambda d: () if [r["loss_verdict"] for r in d["rows"]] == ["TIE"] * 4 else ("not all TIE",)),
     Figure((T,), "(pruning {0.45x}, the smaller batch {0.75x})", LONG30,
-           lambda d: tuple(arm_ratio(a, k)(d).split()[0] for a, k in (
-               ("stratified-coupled@8", "loss_time_ratio_same_batch"),
-               ("vanilla@5 (cost-matched)", "loss_time_ratio")))),
+           lambda d: (ratio_only(arm_ratio("stratified-coupled@8", "loss_time_ratio_same_batch"))(d),
+                      ratio_only(arm_ratio("vanilla@5 (cost-matched)"))(d))),
     Figure((T,), "**sequence pruning** lost on long unrelated pairs ({1.42x [1.21x-1.99x]})", DESIGNS,
            loss_text("unrelated-L256-head0.25-B8", "sequence")),
     Figure((T,), "(coupled positions {2.3}-{3.2}x, antithetic", MAP, noise),

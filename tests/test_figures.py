@@ -12,12 +12,11 @@ Figures no stored file holds are listed in ``UNSOURCED``, each with where it cam
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import pytest
 
 from figure_sources import (Figure, arm_ratio, bench, learning, load, loss_text, map_row, memory_ratio, paper,
-                            paper_row, pct, peer, remeasured, spread, verdicts, x)
+                            paper_row, pct, peer, ratio_only, remeasured, spread, verdicts, x)
 from figures_pages import (BF16, CKPT, LEARNS, CV512, CV51230, CVCONF, CVLONG, CVLONG30, CVMAP, CVMAP2, CVMAP30,
                            DESIGNS, FP32, HBT, HGT, HH, LEARN, LONG, LONG2, LONG30, LONG230, MAP, MAP30, MED, MIXED,
                            CKPT_MIXED, PAGE_FIGURES, PAPER, SCALING, TTQ, against_trl, study_arm)
@@ -63,10 +62,6 @@ def scaling_headline(data: dict) -> tuple[str, ...]:
     return (f"{min(branch):.2f}", f"{max(branch):.2f}", f"{scaling('length', 'branch')[-1]:.2f}",
             f"{position[0]:.2f}", f"{position[-1]:.2f}", str(errors[0]), str(errors[-1]),
             f"{min(big):.2f}", f"{max(big):.2f}")
-
-
-def ratio_only(compute: Callable) -> Callable:
-    return lambda data: compute(data).split()[0]
 
 
 FIGURES = [
